@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := models/demo-en-de
+
+.PHONY: serve test lint typecheck unit install install-test demo-package clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Runtime only: what serving, batch-score and the load tests need (no torch, no transformers).
+$(VENV)/.installed-runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# Everything the suite needs: conversion (torch CPU wheel, onnx, nncf), transformers for parity, test tools.
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }
+	touch $@
+
+install: $(VENV)/.installed-runtime
+install-test: $(VENV)/.installed-test
+
+serve: $(VENV)/.installed-runtime
+	$(BIN)/mtgate serve
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check serving converters batch loadtest tests models/recipe
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q
+
+test: lint unit
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,204 @@
+"""TransformerSpec: one framework-neutral description of an encoder-decoder Transformer.
+
+Readers (``converters/marian.py``, ``converters/t2t.py``) fill it; ``converters/onnx_emitter.py`` turns it into
+ONNX graphs. Weights are float32 numpy arrays under the canonical names listed by :func:`expected_weights`.
+
+Conventions (every reader converts to these):
+- Dense kernels are stored ``[in, out]`` and applied as ``y = x @ W + b`` (TF layout; HF ``nn.Linear`` is transposed).
+- Embedding and output-projection matrices are ``[vocab, d_model]``; logits are ``h @ E.T (+ bias)``.
+- ``positions`` is a ``[max_positions, d_model]`` table added after the scaled token embedding; position p is row p,
+  in the encoder (source position) and the decoder (step index, the start token is step 0).
+- Norm names are the same for pre-norm and post-norm layers: ``self_attn_norm`` is the norm that belongs to the
+  self-attention sub-layer, applied before it (pre-norm) or after its residual add (post-norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+import numpy as np
+
+Activation = Literal["relu", "swish", "gelu"]
+LengthPenaltyKind = Literal["hf", "gnmt"]
+_SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("relu", "swish", "gelu")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Token ids with a fixed meaning. ``zero_embedding_id``: this id embeds to an all-zero vector (T2T's PAD 0)."""
+
+    pad: int
+    eos: int
+    decoder_start: int
+    unk: int | None = None
+    zero_embedding_id: int | None = None
+
+
+@dataclass(frozen=True)
+class DecodingDefaults:
+    """How the source framework decodes by default.
+
+    ``length_penalty_kind``: ``"hf"`` divides the summed log-prob by ``len ** length_penalty`` (transformers beam
+    search); ``"gnmt"`` divides by ``((5 + len) / 6) ** length_penalty`` (tensor2tensor). ``max_length`` caps generated
+    tokens including EOS (HF ``max_length - 1`` since HF counts the start token); ``extra_length``, when set, caps them at
+    ``source tokens (incl. EOS) + extra_length`` instead (T2T ``decode_length``). ``bad_word_ids`` are never generated;
+    ``forced_eos``: at the last allowed step only EOS may be chosen (HF ``forced_eos_token_id``).
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 1.0
+    length_penalty_kind: LengthPenaltyKind = "hf"
+    max_length: int = 256
+    extra_length: int | None = None
+    bad_word_ids: tuple[int, ...] = ()
+    forced_eos: bool = False
+    early_stopping: bool = False
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters. Booleans say which optional weights exist and where norms go."""
+
+    source_vocab_size: int
+    target_vocab_size: int
+    d_model: int
+    num_heads: int
+    encoder_layers: int
+    decoder_layers: int
+    ffn_dim: int
+    activation: Activation
+    pre_norm: bool
+    encoder_final_norm: bool
+    decoder_final_norm: bool
+    norm_epsilon: float
+    embedding_scale: float
+    max_positions: int
+    shared_embeddings: bool
+    tied_output: bool
+    attention_bias: bool
+    ffn_bias: bool
+    logits_bias: bool
+    encoder_embed_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+def _attention(prefix: str, d: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for proj in ("q", "k", "v", "o"):
+        shapes[f"{prefix}.{proj}.weight"] = (d, d)
+        if bias:
+            shapes[f"{prefix}.{proj}.bias"] = (d,)
+    return shapes
+
+
+def _norm(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.scale": (d,), f"{prefix}.bias": (d,)}
+
+
+def _ffn(prefix: str, d: int, f: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}.fc1.weight": (d, f), f"{prefix}.fc2.weight": (f, d)}
+    if bias:
+        shapes[f"{prefix}.fc1.bias"] = (f,)
+        shapes[f"{prefix}.fc2.bias"] = (d,)
+    return shapes
+
+
+def expected_weights(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight name this config needs, with its shape."""
+    d, f = config.d_model, config.ffn_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "encoder.embed_tokens": (config.source_vocab_size, d),
+        "positions": (config.max_positions, d),
+    }
+    if config.encoder_embed_bias:
+        shapes["encoder.embed_bias"] = (d,)
+    if not config.shared_embeddings:
+        shapes["decoder.embed_tokens"] = (config.target_vocab_size, d)
+    if not config.tied_output:
+        shapes["decoder.output_proj"] = (config.target_vocab_size, d)
+    if config.logits_bias:
+        shapes["decoder.output_bias"] = (config.target_vocab_size,)
+    for i in range(config.encoder_layers):
+        p = f"encoder.layers.{i}"
+        shapes |= _attention(f"{p}.self_attn", d, config.attention_bias) | _norm(f"{p}.self_attn_norm", d)
+        shapes |= _ffn(f"{p}.ffn", d, f, config.ffn_bias) | _norm(f"{p}.ffn_norm", d)
+    for i in range(config.decoder_layers):
+        p = f"decoder.layers.{i}"
+        shapes |= _attention(f"{p}.self_attn", d, config.attention_bias) | _norm(f"{p}.self_attn_norm", d)
+        shapes |= _attention(f"{p}.cross_attn", d, config.attention_bias) | _norm(f"{p}.cross_attn_norm", d)
+        shapes |= _ffn(f"{p}.ffn", d, f, config.ffn_bias) | _norm(f"{p}.ffn_norm", d)
+    if config.encoder_final_norm:
+        shapes |= _norm("encoder.final_norm", d)
+    if config.decoder_final_norm:
+        shapes |= _norm("decoder.final_norm", d)
+    return shapes
+
+
+@dataclass
+class TransformerSpec:
+    """A complete model: hyperparameters, special ids, decoding defaults and weights."""
+
+    config: TransformerConfig
+    special_ids: SpecialIds
+    decoding: DecodingDefaults
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check every option and weight; raise one ValueError listing all problems.
+
+        Raises:
+            ValueError: unsupported options, missing, unexpected, mis-shaped or non-finite weights.
+        """
+        problems = config_problems(self.config)
+        if problems:
+            # Shapes cannot be derived from an invalid config; report what we know.
+            raise ValueError("unsupported model:\n  " + "\n  ".join(problems))
+        expected = expected_weights(self.config)
+        for name, shape in expected.items():
+            array = self.weights.get(name)
+            if array is None:
+                problems.append(f"missing weight {name} {list(shape)}")
+            elif tuple(array.shape) != shape:
+                problems.append(f"weight {name} has shape {list(array.shape)}, expected {list(shape)}")
+            elif array.dtype != np.float32:
+                problems.append(f"weight {name} has dtype {array.dtype}, expected float32")
+            elif not np.isfinite(array).all():
+                problems.append(f"weight {name} contains NaN or Inf")
+        for name in sorted(set(self.weights) - set(expected)):
+            problems.append(f"unexpected weight {name}")
+        ids = self.special_ids
+        for label, value in (("pad", ids.pad), ("eos", ids.eos), ("decoder_start", ids.decoder_start)):
+            if not 0 <= value < self.config.target_vocab_size:
+                problems.append(f"special id {label}={value} is outside the target vocabulary")
+        if problems:
+            raise ValueError("invalid model:\n  " + "\n  ".join(problems))
+
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+
+def config_problems(config: TransformerConfig) -> list[str]:
+    """Reasons this config cannot be emitted (empty when it can)."""
+    problems: list[str] = []
+    if config.activation not in _SUPPORTED_ACTIVATIONS:
+        problems.append(
+            f"activation {config.activation!r} (supported activations are: {', '.join(_SUPPORTED_ACTIVATIONS)})"
+        )
+    if config.num_heads <= 0 or config.d_model % config.num_heads:
+        problems.append(f"d_model {config.d_model} is not divisible by num_heads {config.num_heads}")
+    for name in ("encoder_layers", "decoder_layers", "ffn_dim", "max_positions", "source_vocab_size",
+                 "target_vocab_size"):
+        if getattr(config, name) <= 0:
+            problems.append(f"{name} must be positive, got {getattr(config, name)}")
+    if config.shared_embeddings and config.source_vocab_size != config.target_vocab_size:
+        problems.append("shared_embeddings needs equal source and target vocabulary sizes")
+    return problems
+
+
+def config_from_dict(data: dict[str, Any]) -> TransformerConfig:
+    names = {f.name for f in fields(TransformerConfig)}
+    return TransformerConfig(**{k: v for k, v in data.items() if k in names})

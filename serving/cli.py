@@ -1,0 +1,73 @@
+"""The ``mtgate`` command. Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args)``.
+
+Modules are imported lazily so that, for example, ``mtgate translate`` never imports the converters (or torch).
+Exit codes: 0 success, 1 a gate or check failed, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help)
+_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("converters.convert_cli", "convert a Hugging Face Marian or tensor2tensor checkpoint into a model package"),
+    "verify": ("converters.verify", "check a package's checksums and the parity of every artifact"),
+    "translate": ("serving.translate_cli", "translate arguments or stdin lines"),
+    "serve": ("serving.serve_cli", "run the HTTP server"),
+    "batch-score": ("batch.cli", "translate and score a TFRecord, JSONL or text file"),
+    "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets"),
+    "validate": ("loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT"),
+    "bench": ("serving.bench", "engine tokens/s side by side with peers"),
+    "export-triton": ("deploy_tools.triton_export", "write a Triton model repository for a package"),
+}
+
+
+class UsageError(Exception):
+    """Bad arguments or input: reported as one line on stderr, exit code 2."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in _SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or name == only:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if a in _SUBCOMMANDS), None)
+    try:
+        parser = build_parser(only=command)
+    except ModuleNotFoundError as e:
+        sys.stderr.write(f"mtgate: {command}: not available in this install ({e})\n")
+        return 2
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(_SUBCOMMANDS[args.command][0])
+    try:
+        return int(module.run(args))
+    except UsageError as e:
+        sys.stderr.write(f"mtgate {args.command}: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("mtgate: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
