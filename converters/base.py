@@ -1,0 +1,61 @@
+"""What every checkpoint reader returns, and the base class readers implement.
+
+A reader (``MarianConverter``, ``T2TConverter``) only implements :meth:`Converter.load`; ``converters/convert.py``
+does the rest (validate -> emit ONNX -> OpenVINO -> int8 -> parity -> package) the same way for every framework.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from converters.spec import TransformerSpec
+
+
+class ConversionError(Exception):
+    """The source cannot be converted; the message lists every reason (one per line after the first)."""
+
+
+@dataclass
+class LoadedModel:
+    """A reader's result.
+
+    Attributes:
+        spec: the filled, not yet validated, TransformerSpec.
+        tokenizer: the manifest's ``tokenizer`` entry; its ``files`` map a role to a package-relative path
+            (e.g. ``{"vocab": "tokenizer/vocab.subwords"}``).
+        tokenizer_files: package-relative destination path -> source file to copy there.
+        source: the manifest's ``source`` entry (framework, path, anything needed to reproduce the conversion).
+        name: default package name.
+    """
+
+    spec: TransformerSpec
+    tokenizer: dict[str, Any]
+    tokenizer_files: dict[str, Path]
+    source: dict[str, Any]
+    name: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Converter(ABC):
+    """Reads one framework's checkpoint directory."""
+
+    framework: ClassVar[str]
+
+    def __init__(self, source_dir: Path) -> None:
+        self.source_dir = source_dir
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, source_dir: Path) -> bool:
+        """True when source_dir looks like this framework's checkpoint."""
+
+    @abstractmethod
+    def load(self) -> LoadedModel:
+        """Read the checkpoint into a TransformerSpec.
+
+        Raises:
+            ConversionError: listing every reason the checkpoint cannot be converted.
+        """
