@@ -1,0 +1,73 @@
+"""Domain errors of the serving engine, free of HTTP.
+
+The HTTP layer maps each type to a status in one table (``serving/api/errors.py``); the CLIs turn them into one line
+on stderr. Every error carries a human-readable message (``str(error)``) and a stable machine ``code``.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base of every error the engine raises on purpose. ``code`` is a stable machine-readable name."""
+
+    code = "serving_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServingError):
+    """The request cannot be served as given (HTTP 400/422)."""
+
+    code = "invalid_input"
+
+
+class InputTooLong(InvalidInput):
+    """A source text has more tokens than the model has positions (HTTP 413).
+
+    Attributes:
+        index: position of the offending text in the request.
+        tokens: its length in source tokens, EOS included.
+        limit: the model's maximum (``ModelInfo.max_input_tokens``).
+    """
+
+    code = "input_too_long"
+
+    def __init__(self, message: str, *, index: int = 0, tokens: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.index = index
+        self.tokens = tokens
+        self.limit = limit
+
+
+class ModelNotReady(ServingError):
+    """The model is not loaded or warmed up yet, or the server is draining (HTTP 503)."""
+
+    code = "model_not_ready"
+
+
+class Overloaded(ServingError):
+    """The batch queue is full (HTTP 503 with ``Retry-After``).
+
+    Attributes:
+        retry_after: seconds a client should wait before retrying.
+    """
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class InferenceFailed(ServingError):
+    """The runtime failed while translating (HTTP 500); the message names the stage and the runtime's reason."""
+
+    code = "inference_failed"
+
+
+class DeadlineExceeded(ServingError):
+    """The request's deadline passed before its translation was done (HTTP 504)."""
+
+    code = "deadline_exceeded"
