@@ -22,7 +22,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets"),
     "validate": ("loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT"),
     "bench": ("serving.bench", "engine tokens/s side by side with peers"),
-    "export-triton": ("deploy_tools.triton_export", "write a Triton model repository for a package"),
+    "export-triton": ("serving.triton_export", "write a Triton model repository for a package"),
 }
 
 
