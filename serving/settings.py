@@ -1,0 +1,116 @@
+"""Every setting of the HTTP server, in one pydantic-settings class (environment prefix ``MTGATE_``).
+
+Build it once (``ServingSettings()`` reads the environment, keyword arguments override it) and pass it to
+``serving.api.create_app``; nothing reads settings from a module global. Invalid values refuse to start.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# models/demo-en-de beside the source tree (also where the Docker image puts it).
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
+
+
+class ServingSettings(BaseSettings):
+    """Settings of ``mtgate serve``; each field can be set as ``MTGATE_<FIELD>`` in the environment.
+
+    Attributes:
+        model_dirs: model packages to serve; the first one is the default model (``MTGATE_MODEL_DIRS='["a","b"]'``).
+        backend: runtime to run the graphs with.
+        precision: which artifact of the package to load.
+        threads: intra-op threads of the runtime (None: the engine's default for this machine).
+        host: address to listen on.
+        port: TCP port to listen on.
+        max_batch_sentences: most sentences in one engine batch.
+        max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch.
+        max_batch_delay_ms: how long the oldest queued sentence may wait for a fuller batch.
+        queue_capacity: most sentences waiting per model; beyond it requests get 503 with Retry-After.
+        retry_after_s: the Retry-After value sent with that 503.
+        request_timeout_s: default deadline of a request; a client may only shorten it.
+        max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
+        max_chars_per_sentence: longest sentence accepted, in characters.
+        max_body_bytes: largest request body (bulk requests excepted).
+        max_bulk_body_bytes: largest body of a bulk NDJSON request.
+        bulk_window: sentences of one bulk request in flight at a time.
+        max_beam_size: largest beam a client may ask for.
+        max_output_tokens: largest ``max_length`` a client may ask for.
+        api_key: when set, inference routes require ``Authorization: Bearer <api_key>``.
+        grace_period_s: after SIGTERM, how long in-flight requests may take to finish.
+        drain_delay_s: after SIGTERM, keep answering (503 on new work) at least this long so that load balancers
+            notice the failing readiness probe before the socket closes.
+        warmup: translate a sentence before reporting ready.
+        log_level: logging level name.
+        log_format: ``text`` or ``json`` (one JSON object per line).
+        access_log: also log one line per HTTP request (uvicorn's access log).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MTGATE_", extra="ignore", validate_default=True)
+
+    model_dirs: list[Path] = Field(default_factory=lambda: [DEFAULT_MODEL_DIR], min_length=1)
+    backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
+    precision: Literal["fp32", "int8"] = "fp32"
+    threads: int | None = Field(default=None, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    max_batch_sentences: int = Field(default=32, ge=1)
+    max_batch_tokens: int = Field(default=8192, ge=1)
+    max_batch_delay_ms: float = Field(default=5.0, ge=0)
+    queue_capacity: int = Field(default=512, ge=1)
+    retry_after_s: int = Field(default=1, ge=0)
+    request_timeout_s: float = Field(default=30.0, gt=0)
+
+    max_sentences_per_request: int = Field(default=128, ge=1)
+    max_chars_per_sentence: int = Field(default=2000, ge=1)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_bulk_body_bytes: int = Field(default=64 << 20, ge=1024)
+    bulk_window: int = Field(default=64, ge=1)
+    max_beam_size: int = Field(default=8, ge=1)
+    max_output_tokens: int = Field(default=512, ge=1)
+
+    api_key: SecretStr | None = None
+    grace_period_s: float = Field(default=30.0, ge=0)
+    drain_delay_s: float = Field(default=0.0, ge=0)
+    warmup: bool = True
+    log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = False
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in logging.getLevelNamesMapping():
+            allowed = ", ".join(sorted(n for n in logging.getLevelNamesMapping() if n != "NOTSET"))
+            raise ValueError(f"unknown log level {value!r} (allowed: {allowed})")
+        return level
+
+    @field_validator("api_key")
+    @classmethod
+    def _non_empty_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("api_key is empty; unset it to disable authentication")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_limits(self) -> ServingSettings:
+        problems = []
+        if self.max_sentences_per_request > self.queue_capacity:
+            problems.append(
+                f"max_sentences_per_request ({self.max_sentences_per_request}) exceeds queue_capacity "
+                f"({self.queue_capacity}): such a request could never be queued"
+            )
+        if self.bulk_window > self.queue_capacity:
+            problems.append(f"bulk_window ({self.bulk_window}) exceeds queue_capacity ({self.queue_capacity})")
+        names = [p.name for p in self.model_dirs]
+        if len(set(self.model_dirs)) != len(self.model_dirs):
+            problems.append(f"a model directory is listed twice: {names}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
