@@ -1,0 +1,303 @@
+"""``mtgate loadtest``: run Locust headless against a server, gate on the targets file, write a report.
+
+Each scenario is one Locust subprocess (``--headless --run-time`` bounded, ``--csv --csv-full-history``); its
+stats CSVs are read back, every target is evaluated, a table goes to stdout and a Markdown + HTML report to
+``--report``. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
+``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the duration of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from loadtest.corpus import CorpusError, default_corpus, read_lines
+from loadtest.gate import evaluate, format_table
+from loadtest.report import ScenarioResult, write_report
+from loadtest.stats import StatsError, read_run
+from loadtest.targets import Scenario, TargetsError, load_targets
+
+logger = logging.getLogger(__name__)
+
+LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+STOP_TIMEOUT_S = 5  # lets in-flight requests finish after --run-time, so they are counted
+GRACE_S = 60  # beyond run time + stop timeout, a Locust process that has not exited is killed
+
+
+class LoadTestError(Exception):
+    """A run could not be carried out (server did not start, Locust failed): exit code 2."""
+
+
+def _usage_error(message: str) -> Exception:
+    # serving.cli owns UsageError; imported lazily so this module has no import-time dependency on serving.
+    from serving.cli import UsageError
+
+    return UsageError(message)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="server base URL, e.g. http://127.0.0.1:8000 (not with --start-server)")
+    parser.add_argument("--targets", type=Path, required=True, help="targets file (YAML), see loadtest/targets/")
+    parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
+                        help="run only this scenario (repeatable; default: all)")
+    parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
+    parser.add_argument("-m", "--model", type=Path, help="model package for --start-server")
+    parser.add_argument("--corpus", type=Path,
+                        help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
+    parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a host other than 127.0.0.1/localhost (only against servers you operate)")
+    parser.add_argument("--api-key", default=os.environ.get("MTGATE_LOADTEST_API_KEY"),
+                        help="bearer token sent to the server (default: $MTGATE_LOADTEST_API_KEY)")
+    parser.add_argument("--server-timeout", type=float, default=120.0,
+                        help="seconds to wait for a started server to become ready (default: 120)")
+
+
+# ---------------------------------------------------------------- host and server
+
+
+def check_host(url: str, allow_remote: bool) -> str:
+    """Normalise and check a base URL; only loopback hosts unless ``allow_remote``.
+
+    Raises:
+        ValueError: not an http(s) URL with a host, or a remote host without ``allow_remote``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--host {url!r} is not an http:// or https:// URL with a host")
+    if parts.hostname not in LOCAL_HOSTS and not allow_remote:
+        raise ValueError(f"--host {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
+                         "a server you operate elsewhere")
+    return url.rstrip("/")
+
+
+def _reachable(host: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{host}/v2/health/live", timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _ready(host: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{host}/v2/health/ready", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@contextmanager
+def start_server(package: Path, log_path: Path, timeout_s: float = 120.0) -> Iterator[LocalServer]:
+    """Run ``mtgate serve -m PACKAGE`` on a free 127.0.0.1 port until the block ends (then SIGTERM, then kill).
+
+    Raises:
+        LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
+               "--port", str(port)]
+    logger.info("starting server: %s", " ".join(command))
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _ready(url):
+            if process.poll() is not None:
+                raise LoadTestError(f"server exited with code {process.returncode}: {_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise LoadTestError(f"server not ready after {timeout_s:g} s: {_tail(log_path)}")
+            time.sleep(0.2)
+        logger.info("server ready at %s (pid %d)", url, process.pid)
+        yield LocalServer(url, process, log_path)
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def package_model_name(package: Path) -> str | None:
+    """The model name in a package's manifest (what the server calls it), or None when unreadable."""
+    try:
+        name = json.loads((package / "manifest.json").read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+# ---------------------------------------------------------------- Locust
+
+
+def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, model_name: str | None) -> list[str]:
+    """The headless Locust command line for one scenario (user classes last: --config-users takes the rest)."""
+    command = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *scenario.users,
+        "--headless", "--host", host,
+        "--users", str(scenario.concurrency), "--spawn-rate", f"{scenario.spawn_rate:g}",
+        "--run-time", f"{max(1, round(scenario.duration))}s", "--stop-timeout", str(STOP_TIMEOUT_S),
+        "--csv", str(prefix), "--csv-full-history", "--only-summary", "--exit-code-on-error", "0",
+        "--loglevel", "WARNING",
+        "--corpus", str(corpus), "--tokens-file", f"{prefix}_tokens.json",
+        "--bulk-size", str(scenario.bulk_size), "--think-time", f"{scenario.think_time_s:g}",
+    ]
+    if scenario.max_length is not None:
+        command += ["--max-length", str(scenario.max_length)]
+    if model_name:
+        command += ["--model-name", model_name]
+    weights = [{"user_class_name": name, "weight": w} for name, w in scenario.users.items()]
+    command += ["--config-users", json.dumps(weights)]
+    return command
+
+
+def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
+                 api_key: str | None = None) -> ScenarioResult:
+    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
+
+    Raises:
+        LoadTestError: Locust failed or overran its time, or its output is unreadable.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = directory / "locust"
+    command = locust_command(host, scenario, prefix, corpus, model_name)
+    env = dict(os.environ)
+    if api_key:
+        env["MTGATE_LOADTEST_API_KEY"] = api_key
+    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LOCUSTFILE.parents[1]), env.get("PYTHONPATH")]))
+    timeout = scenario.duration + STOP_TIMEOUT_S + GRACE_S
+    logger.info("scenario %s: %s", scenario.name, " ".join(command))
+    log_path = directory / "locust.log"
+    with log_path.open("wb") as log:
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired as e:
+            raise LoadTestError(f"scenario {scenario.name}: Locust still running after {timeout:g} s; killed") from e
+    if code != 0:
+        raise LoadTestError(f"scenario {scenario.name}: Locust exited with code {code}: {_tail(log_path)}")
+    try:
+        run = read_run(prefix)
+    except StatsError as e:
+        raise LoadTestError(f"scenario {scenario.name}: {e}") from e
+    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run))
+
+
+def resolve_corpus(override: Path | None, scenario: Scenario) -> Path:
+    """The sentence file for a scenario, checked to be readable: --corpus, else the scenario's, else the default.
+
+    Raises:
+        CorpusError: missing, unreadable or empty.
+    """
+    path = override or scenario.corpus or default_corpus()
+    read_lines(path)
+    return path
+
+
+def default_report_dir(kind: str) -> Path:
+    return Path("reports") / f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
+            model_name: str | None, api_key: str | None) -> list[ScenarioResult]:
+    """Run the scenarios in order; every one is bounded in time."""
+    results = []
+    for scenario in scenarios:
+        path = resolve_corpus(corpus, scenario)
+        sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
+                         f"against {host}\n")
+        results.append(run_scenario(host, scenario, report_dir / scenario.name, path,
+                                    scenario.model or model_name, api_key))
+    return results
+
+
+# ---------------------------------------------------------------- command
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        targets = load_targets(args.targets)
+        scenarios = targets.select(args.scenario)
+    except TargetsError as e:
+        raise _usage_error(str(e)) from e
+    if args.start_server == bool(args.host):
+        raise _usage_error("give either --host URL or --start-server -m PKG")
+    if args.start_server and args.model is None:
+        raise _usage_error("--start-server needs -m PKG")
+    report_dir: Path = args.report or default_report_dir("loadtest")
+    try:
+        for scenario in scenarios:  # check every corpus before starting anything
+            resolve_corpus(args.corpus, scenario)
+    except CorpusError as e:
+        raise _usage_error(str(e)) from e
+    try:
+        if args.start_server:
+            with start_server(args.model, report_dir / "server.log", args.server_timeout) as server:
+                results = run_all(server.url, scenarios, report_dir, args.corpus,
+                                  package_model_name(args.model), args.api_key)
+            host = server.url
+        else:
+            try:
+                host = check_host(args.host, args.allow_remote)
+            except ValueError as e:
+                raise _usage_error(str(e)) from e
+            if not _reachable(host):
+                raise _usage_error(f"cannot reach {host}")
+            results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key)
+    except (LoadTestError, CorpusError) as e:
+        sys.stderr.write(f"mtgate loadtest: error: {e}\n")
+        return 2
+    checks = [c for r in results for c in r.checks]
+    sys.stdout.write(format_table(checks))
+    md, page = write_report(report_dir, host, results)
+    ok = all(r.passed for r in results)
+    sys.stdout.write(f"{'PASS' if ok else 'FAIL'}: report {page} and {md}\n")
+    return 0 if ok else 1

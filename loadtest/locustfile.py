@@ -1,0 +1,381 @@
+"""Locust users for an mtgate server (or any server that speaks the same HTTP API or the Open Inference Protocol).
+
+Users (pick with Locust's positional class names; weights with ``--config-users``):
+
+- ``TranslateUser``: ``POST /v1/translate`` with one sentence.
+- ``BulkUser``: ``POST /v1/translate`` with ``--bulk-size`` sentences in one request.
+- ``StreamUser``: ``POST /v1/translate/stream`` (Server-Sent Events); two entries per request: type ``TTFE`` is the
+  time to the first event, type ``POST`` the time to the end of the stream.
+- ``TritonUser``: ``infer`` through ``tritonclient.http`` (Open Inference Protocol, BYTES input), so the same suite
+  measures a Triton deployment; it fires Locust request events itself.
+
+Sentences are drawn uniformly from ``--corpus`` (default: the bundled Multi30k test set), so requests follow the
+corpus's real length distribution. Every response is checked: one non-empty translation per input, otherwise the
+request counts as a failure. ``--tokens-file`` receives the translated-token counts (the stats CSVs have none).
+
+Run by hand::
+
+    locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 20s --host http://127.0.0.1:8000 TranslateUser
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import gevent
+import numpy as np
+from locust import FastHttpUser, User, events, task
+from locust.argument_parser import LocustArgumentParser
+from locust.env import Environment
+from locust.exception import StopUser
+
+from loadtest.corpus import CorpusError, default_corpus, read_lines
+from loadtest.stats import TTFE
+
+logger = logging.getLogger(__name__)
+
+TOKENS_SAMPLE_S = 1.0
+
+
+class WrongAnswer(Exception):
+    """The server answered, but not with one non-empty translation per input."""
+
+
+@dataclass
+class SuiteState:
+    """Everything the users share, kept on the Locust environment (never in module globals)."""
+
+    sentences: list[str]
+    rng: random.Random
+    bulk_size: int
+    max_length: int | None
+    model_name: str | None
+    think_time_s: float
+    tokens_file: Path | None
+    headers: dict[str, str]
+    input_tokens: int = 0
+    output_tokens: int = 0
+    translated: int = 0
+    started: float | None = None
+    stopped: float | None = None
+    history: list[tuple[float, int]] = field(default_factory=list)
+    sampler: gevent.Greenlet | None = None
+
+    def sample(self, n: int) -> list[str]:
+        return [self.rng.choice(self.sentences) for _ in range(n)]
+
+    def count(self, translations: list[dict[str, Any]]) -> None:
+        self.translated += len(translations)
+        for t in translations:
+            self.input_tokens += int(t.get("input_tokens") or 0)
+            self.output_tokens += int(t.get("output_tokens") or 0)
+
+
+def state_of(environment: Environment) -> SuiteState:
+    return cast(SuiteState, environment.mtgate_state)  # type: ignore[attr-defined]
+
+
+def _add_options(parser: LocustArgumentParser) -> None:
+    group = parser.add_argument_group("mtgate")
+    group.add_argument("--corpus", default="", env_var="MTGATE_CORPUS",
+                       help="sentence file, text or .gz, one per line (default: the bundled Multi30k test set)")
+    group.add_argument("--bulk-size", type=int, default=16, env_var="MTGATE_BULK_SIZE",
+                       help="sentences per BulkUser request (default: 16)")
+    group.add_argument("--max-length", type=int, default=0, env_var="MTGATE_MAX_LENGTH",
+                       help="max_length sent with /v1 requests (default: the server's)")
+    group.add_argument("--model-name", default="", env_var="MTGATE_MODEL_NAME",
+                       help="model for the TritonUser (default: the first model the server reports)")
+    group.add_argument("--think-time", type=float, default=0.0, env_var="MTGATE_THINK_TIME",
+                       help="seconds each user waits between requests (default: 0, back to back)")
+    group.add_argument("--tokens-file", default="", env_var="MTGATE_TOKENS_FILE",
+                       help="write translated-token counts and their history to this JSON file")
+    group.add_argument("--seed", type=int, default=0, env_var="MTGATE_SEED",
+                       help="seed for drawing sentences (default: 0)")
+    group.add_argument("--api-key", default="", env_var="MTGATE_LOADTEST_API_KEY",
+                       help="bearer token for servers that require one")
+
+
+def _init(environment: Environment, **_: Any) -> None:
+    options = environment.parsed_options
+    if options is None:  # used as a library without a command line
+        return
+    try:
+        sentences = read_lines(Path(options.corpus) if options.corpus else default_corpus())
+    except CorpusError as e:
+        sys.stderr.write(f"locustfile: {e}\n")
+        sys.exit(2)
+    environment.mtgate_state = SuiteState(  # type: ignore[attr-defined]
+        sentences=sentences,
+        rng=random.Random(options.seed),
+        bulk_size=max(1, options.bulk_size),
+        max_length=options.max_length or None,
+        model_name=options.model_name or None,
+        think_time_s=max(0.0, options.think_time),
+        tokens_file=Path(options.tokens_file) if options.tokens_file else None,
+        headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
+    )
+
+
+def _sample_tokens(state: SuiteState) -> None:
+    while True:
+        state.history.append((time.time(), state.output_tokens))
+        gevent.sleep(TOKENS_SAMPLE_S)
+
+
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    state = state_of(environment)
+    state.started = time.time()
+    state.sampler = gevent.spawn(_sample_tokens, state)
+
+
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    state = state_of(environment)
+    if state.sampler is not None:
+        state.sampler.kill(block=False)
+    state.stopped = time.time()
+    state.history.append((state.stopped, state.output_tokens))
+    if state.tokens_file is not None:
+        _write_json_atomically(state.tokens_file, {
+            "started": state.started,
+            "stopped": state.stopped,
+            "translated": state.translated,
+            "input_tokens": state.input_tokens,
+            "output_tokens": state.output_tokens,
+            "history": state.history,
+        })
+
+
+for _hook, _listener in ((events.init_command_line_parser, _add_options), (events.init, _init),
+                         (events.test_start, _on_test_start), (events.test_stop, _on_test_stop)):
+    _hook.add_listener(_listener)  # type: ignore[no-untyped-call]  # Locust's EventHook is untyped
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def check_translations(body: Any, expected: int) -> list[dict[str, Any]]:
+    """The ``translations`` of a /v1 response, or WrongAnswer unless there is one non-empty text per input."""
+    translations = body.get("translations") if isinstance(body, dict) else None
+    if not isinstance(translations, list):
+        raise WrongAnswer("response has no 'translations' list")
+    if len(translations) != expected:
+        raise WrongAnswer(f"{len(translations)} translations for {expected} inputs")
+    for i, t in enumerate(translations):
+        if not isinstance(t, dict) or not isinstance(t.get("text"), str) or not t["text"].strip():
+            raise WrongAnswer(f"translation {i} is empty")
+    return translations
+
+
+def _error_message(status: int, text: str) -> str:
+    try:
+        error = json.loads(text).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return f"HTTP {status}: {message or text[:200]}"
+
+
+class _RestUser(FastHttpUser):
+    abstract = True
+
+    def wait_time(self) -> float:
+        return state_of(self.environment).think_time_s
+
+    def _payload(self, text: str | list[str]) -> dict[str, Any]:
+        state = state_of(self.environment)
+        payload: dict[str, Any] = {"text": text}
+        if state.max_length is not None:
+            payload["max_length"] = state.max_length
+        return payload
+
+    def _translate(self, texts: list[str], name: str) -> None:
+        state = state_of(self.environment)
+        text: str | list[str] = texts[0] if name == "/v1/translate" else texts
+        with self.client.post("/v1/translate", json=self._payload(text), name=name, headers=state.headers,
+                              catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                return
+            try:
+                state.count(check_translations(resp.json(), len(texts)))
+            except (WrongAnswer, ValueError) as e:
+                resp.failure(f"wrong answer: {e}")
+
+
+class TranslateUser(_RestUser):
+    """One sentence per ``POST /v1/translate``."""
+
+    @task
+    def translate(self) -> None:
+        self._translate(state_of(self.environment).sample(1), "/v1/translate")
+
+
+class BulkUser(_RestUser):
+    """``--bulk-size`` sentences per ``POST /v1/translate``."""
+
+    @task
+    def translate_bulk(self) -> None:
+        self._translate(state_of(self.environment).sample(state_of(self.environment).bulk_size), "/v1/translate (bulk)")
+
+
+def parse_sse(lines: list[str]) -> list[tuple[str, str]]:
+    """Complete Server-Sent Events in ``lines`` as (event, data) pairs; the event name defaults to ``message``."""
+    out: list[tuple[str, str]] = []
+    event, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                out.append((event, "\n".join(data)))
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    return out
+
+
+class StreamUser(_RestUser):
+    """``POST /v1/translate/stream``: time to the first event and to the end of the stream, as two entries."""
+
+    @task
+    def translate_stream(self) -> None:
+        state = state_of(self.environment)
+        [sentence] = state.sample(1)
+        name = "/v1/translate/stream"
+        start = time.perf_counter()
+        # identity: the raw reads below must not see a compressed body
+        headers = {**state.headers, "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        with self.client.post(name, json=self._payload(sentence), name=name, stream=True, headers=headers,
+                              catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                return
+            try:
+                # Byte by byte until the first event is complete (a server may send it in several writes), then
+                # the rest in large reads: geventhttpclient's read(n) waits for n bytes.
+                head = bytearray()
+                for byte in resp.iter_content(chunk_size=1, decode_content=False):
+                    head += byte
+                    if (head.endswith(b"\n\n") or head.endswith(b"\r\n\r\n")) and b"data:" in head:
+                        break
+                if head:
+                    self.environment.events.request.fire(
+                        request_type=TTFE, name=name, response_time=(time.perf_counter() - start) * 1000,
+                        response_length=len(head), exception=None, context={})
+                body = bytes(head) + b"".join(resp.iter_content(chunk_size=1 << 16, decode_content=False))
+                size = len(body)
+                lines = body.decode("utf-8").replace("\r\n", "\n").split("\n")
+                resp.request_meta["response_time"] = (time.perf_counter() - start) * 1000
+                resp.request_meta["response_length"] = size
+                state.count(self._check_stream(parse_sse([*lines, ""])))
+            except (WrongAnswer, ValueError, OSError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                resp.request_meta["response_time"] = (time.perf_counter() - start) * 1000
+                resp.failure(f"wrong answer: {e}")
+
+    @staticmethod
+    def _check_stream(sse: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        if not sse:
+            raise WrongAnswer("stream ended without an event")
+        for event, data in sse:
+            if event == "error":
+                raise WrongAnswer(f"error event: {data[:200]}")
+        # The last event carries the finished translation (the server's "done" event).
+        final = json.loads(sse[-1][1])
+        if isinstance(final, dict) and "translations" in final:
+            return check_translations(final, 1)
+        return check_translations({"translations": [final]}, 1)
+
+
+class TritonUser(User):
+    """``infer`` through ``tritonclient.http``: one sentence per request, BYTES in, BYTES out.
+
+    Input and output names come from the model metadata, so a Triton deployment of the same model works unchanged.
+    """
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        import tritonclient.http as httpclient  # gevent-based, safe inside Locust
+
+        self._httpclient = httpclient
+        parts = urlsplit(self.host or "")
+        if not parts.hostname:
+            raise ValueError(f"TritonUser needs --host http://HOST:PORT (got {self.host!r})")
+        # tritonclient wants host:port[/path] without a scheme; one client per user (it is not thread-safe).
+        url = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}{parts.path.rstrip('/')}"
+        self.client = httpclient.InferenceServerClient(url, ssl=parts.scheme == "https", network_timeout=120.0)
+        self.model = ""
+        self.input_name = ""
+        self.output_name = ""
+
+    def wait_time(self) -> float:
+        return state_of(self.environment).think_time_s
+
+    def on_start(self) -> None:
+        state = state_of(self.environment)
+        start_time, start = time.time(), time.perf_counter()
+        try:
+            self.model = state.model_name or self._first_model()
+            meta = self.client.get_model_metadata(self.model, headers=state.headers)
+            self.input_name = next(i["name"] for i in meta["inputs"] if i["datatype"] == "BYTES")
+            self.output_name = next(o["name"] for o in meta["outputs"] if o["datatype"] == "BYTES")
+        except Exception as e:  # counted as a failed request; this user cannot run without the metadata
+            self.environment.events.request.fire(
+                request_type="V2", name="/v2/models/{model} (metadata)",
+                response_time=(time.perf_counter() - start) * 1000, response_length=0,
+                exception=e if not isinstance(e, StopIteration) else WrongAnswer("model has no BYTES input/output"),
+                context={}, start_time=start_time)
+            raise StopUser() from e
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def _first_model(self) -> str:
+        # The repository index is a Triton extension; mtgate answers it too.
+        index = self.client.get_model_repository_index(headers=state_of(self.environment).headers)
+        names = [m["name"] for m in index if m.get("state", "READY") == "READY"]
+        if not names:
+            raise ValueError("the server reports no ready model; pass --model-name")
+        return str(names[0])
+
+    @task
+    def infer(self) -> None:
+        state = state_of(self.environment)
+        [sentence] = state.sample(1)
+        name = f"/v2/models/{self.model}/infer"
+        start_time, start = time.time(), time.perf_counter()
+        exception: Exception | None = None
+        length = 0
+        try:
+            inp = self._httpclient.InferInput(self.input_name, [1, 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[sentence.encode("utf-8")]], dtype=object))
+            out = self._httpclient.InferRequestedOutput(self.output_name)
+            result = self.client.infer(self.model, [inp], outputs=[out], headers=state.headers)
+            texts = result.as_numpy(self.output_name)
+            length = int(result.get_response().get("outputs", [{}])[0].get("parameters", {}).get("binary_data_size", 0))
+            if texts is None or texts.size != 1:
+                raise WrongAnswer(f"expected 1 output, got {None if texts is None else texts.size}")
+            value = texts.reshape(-1)[0]
+            text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+            if not text.strip():
+                raise WrongAnswer("translation 0 is empty")
+            state.count([{"text": text}])
+        except Exception as e:  # every client error is a failed request, as Locust's own clients count them
+            exception = e
+        self.environment.events.request.fire(
+            request_type="V2", name=name, response_time=(time.perf_counter() - start) * 1000,
+            response_length=length, exception=exception, context={}, start_time=start_time)

@@ -1,0 +1,242 @@
+"""Read what one headless Locust run wrote: ``PREFIX_stats.csv``, ``PREFIX_stats_history.csv``,
+``PREFIX_failures.csv`` (Locust's ``--csv PREFIX --csv-full-history``) and ``PREFIX_tokens.json`` (our locustfile's
+``--tokens-file``). Times are milliseconds, as Locust writes them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PERCENTILES: tuple[str, ...] = ("50%", "66%", "75%", "80%", "90%", "95%", "98%", "99%", "99.9%", "99.99%", "100%")
+TTFE = "TTFE"  # request type the locustfile gives time-to-first-event entries
+AGGREGATED = "Aggregated"
+
+
+class StatsError(Exception):
+    """Locust's output is missing or not in the expected format (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of ``_stats.csv``: a request type and name (or the ``Aggregated`` row)."""
+
+    type: str
+    name: str
+    requests: int
+    failures: int
+    median_ms: float | None
+    average_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    average_size: float
+    rps: float
+    failures_per_s: float
+    percentiles: dict[str, float | None]
+
+    @property
+    def label(self) -> str:
+        return f"{self.type} {self.name}".strip()
+
+    @property
+    def is_first_event(self) -> bool:
+        return self.type == TTFE
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.failures / self.requests if self.requests else None
+
+    def percentile(self, p: str) -> float | None:
+        return self.percentiles.get(p)
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One row of ``_stats_history.csv`` (written every second; percentiles over Locust's 10 s window)."""
+
+    timestamp: float
+    users: int
+    type: str
+    name: str
+    rps: float
+    failures_per_s: float
+    percentiles: dict[str, float | None]
+    total_requests: int
+    total_failures: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One row of ``_failures.csv``."""
+
+    method: str
+    name: str
+    error: str
+    occurrences: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Translated-token counts from the locustfile (``--tokens-file``)."""
+
+    started: float
+    stopped: float
+    translated: int
+    input_tokens: int
+    output_tokens: int
+    history: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return max(self.stopped - self.started, 1e-9)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Everything one run measured."""
+
+    entries: list[Entry]
+    aggregated: Entry
+    history: list[HistoryPoint]
+    failures: list[Failure]
+    tokens: Tokens | None
+
+    @property
+    def request_entries(self) -> list[Entry]:
+        """Whole requests (what latency, error-rate and throughput targets are about)."""
+        return [e for e in self.entries if not e.is_first_event]
+
+    @property
+    def first_event_entries(self) -> list[Entry]:
+        """Streaming time-to-first-event entries."""
+        return [e for e in self.entries if e.is_first_event]
+
+
+def _number(value: str, path: Path, column: str) -> float | None:
+    if value in ("N/A", ""):
+        return None
+    try:
+        number = float(value)
+    except ValueError as e:
+        raise StatsError(f"{path}: column {column!r} has {value!r}, not a number") from e
+    return number if math.isfinite(number) else None
+
+
+def _required(value: str, path: Path, column: str) -> float:
+    number = _number(value, path, column)
+    return 0.0 if number is None else number
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise StatsError(f"{path}: not a Locust stats file (missing columns: {', '.join(missing)})")
+            return list(reader)
+    except FileNotFoundError as e:
+        raise StatsError(f"{path}: no such file (did Locust run?)") from e
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise StatsError(f"{path}: unreadable ({e})") from e
+
+
+_STATS_COLUMNS = ("Type", "Name", "Request Count", "Failure Count", "Median Response Time", "Average Response Time",
+                  "Min Response Time", "Max Response Time", "Average Content Size", "Requests/s", "Failures/s",
+                  *PERCENTILES)
+_HISTORY_COLUMNS = ("Timestamp", "User Count", "Type", "Name", "Requests/s", "Failures/s", *PERCENTILES,
+                    "Total Request Count", "Total Failure Count")
+
+
+def read_entries(path: Path) -> list[Entry]:
+    """All rows of a ``_stats.csv``, the ``Aggregated`` row last."""
+    entries = []
+    for row in _rows(path, _STATS_COLUMNS):
+        entries.append(Entry(
+            type=row["Type"],
+            name=row["Name"],
+            requests=int(_required(row["Request Count"], path, "Request Count")),
+            failures=int(_required(row["Failure Count"], path, "Failure Count")),
+            median_ms=_number(row["Median Response Time"], path, "Median Response Time"),
+            average_ms=_number(row["Average Response Time"], path, "Average Response Time"),
+            min_ms=_number(row["Min Response Time"], path, "Min Response Time"),
+            max_ms=_number(row["Max Response Time"], path, "Max Response Time"),
+            average_size=_required(row["Average Content Size"], path, "Average Content Size"),
+            rps=_required(row["Requests/s"], path, "Requests/s"),
+            failures_per_s=_required(row["Failures/s"], path, "Failures/s"),
+            percentiles={p: _number(row[p], path, p) for p in PERCENTILES},
+        ))
+    return entries
+
+
+def read_history(path: Path) -> list[HistoryPoint]:
+    return [
+        HistoryPoint(
+            timestamp=_required(row["Timestamp"], path, "Timestamp"),
+            users=int(_required(row["User Count"], path, "User Count")),
+            type=row["Type"],
+            name=row["Name"],
+            rps=_required(row["Requests/s"], path, "Requests/s"),
+            failures_per_s=_required(row["Failures/s"], path, "Failures/s"),
+            percentiles={p: _number(row[p], path, p) for p in PERCENTILES},
+            total_requests=int(_required(row["Total Request Count"], path, "Total Request Count")),
+            total_failures=int(_required(row["Total Failure Count"], path, "Total Failure Count")),
+        )
+        for row in _rows(path, _HISTORY_COLUMNS)
+    ]
+
+
+def read_failures(path: Path) -> list[Failure]:
+    if not path.exists():
+        return []
+    return [
+        Failure(row["Method"], row["Name"], row["Error"], int(_required(row["Occurrences"], path, "Occurrences")))
+        for row in _rows(path, ("Method", "Name", "Error", "Occurrences"))
+    ]
+
+
+def read_tokens(path: Path) -> Tokens | None:
+    """The locustfile's token counts, or None when the file is absent (for example, an older run)."""
+    if not path.exists():
+        return None
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        return Tokens(
+            started=float(data["started"]),
+            stopped=float(data["stopped"]),
+            translated=int(data["translated"]),
+            input_tokens=int(data["input_tokens"]),
+            output_tokens=int(data["output_tokens"]),
+            history=[(float(t), int(n)) for t, n in data.get("history", [])],
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise StatsError(f"{path}: not a token-count file ({e})") from e
+
+
+def read_run(prefix: Path) -> RunStats:
+    """Read every file of the run written with ``--csv PREFIX``.
+
+    Raises:
+        StatsError: a required file is missing or malformed, or it has no ``Aggregated`` row.
+    """
+    base = str(prefix)
+    entries = read_entries(Path(base + "_stats.csv"))
+    aggregated = [e for e in entries if e.name == AGGREGATED and not e.type]
+    if not aggregated:
+        raise StatsError(f"{base}_stats.csv: no Aggregated row")
+    history_path = Path(base + "_stats_history.csv")
+    return RunStats(
+        entries=[e for e in entries if e is not aggregated[-1]],
+        aggregated=aggregated[-1],
+        history=read_history(history_path) if history_path.exists() else [],
+        failures=read_failures(Path(base + "_failures.csv")),
+        tokens=read_tokens(Path(base + "_tokens.json")),
+    )
