@@ -1,0 +1,413 @@
+"""``batch-score`` (also ``mtgate batch-score``): translate and score TFRecord, JSONL or text files.
+
+    batch-score data/newstest-*.tfrecord -m models/demo-en-de -o scored.tfrecord
+    batch-score test.en --references test.de -o test.hyp.de           # plain text, BLEU/chrF/TER
+    batch-score input.jsonl --server http://127.0.0.1:8000              # through a running mtgate serve / Triton
+
+Writes the output (by default each input Example plus ``outputs`` and ``score``), ``<output>.rejects.jsonl`` and
+``<output>.summary.json``; prints one summary line. Exit codes: 0 done, 1 some records were rejected (unless
+``--allow-rejects``) or the run failed, 2 bad arguments or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from batch.records import (
+    FORMATS,
+    Format,
+    InputError,
+    InputFile,
+    Record,
+    RecordParser,
+    Schema,
+    detect_schema,
+    load_vocab,
+    resolve_inputs,
+    scan,
+)
+from batch.runner import (
+    EngineConfig,
+    Job,
+    JobError,
+    LocalChunkWorker,
+    ProcessExecutor,
+    ThreadExecutor,
+    available_cores,
+    plan_parallelism,
+    run_job,
+)
+from serving.cli import UsageError
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_SUFFIX: dict[str, str] = {"tfrecord": ".tfrecord", "jsonl": ".jsonl", "text": ".txt"}
+_REMOTE_WORKERS = 4
+_SHARD_ENV = "JOB_COMPLETION_INDEX"
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return n
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``)."""
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
+    src = parser.add_argument_group("model")
+    src.add_argument("-m", "--model", type=Path, default=None,
+                     help="model package directory (default: the bundled demo model models/demo-en-de)")
+    src.add_argument("--server", default=None, metavar="URL",
+                     help="translate through a server (mtgate serve or Triton) over the Open Inference Protocol")
+    src.add_argument("--model-name", default=None, help="model name on the server (default: its default model)")
+    src.add_argument("--runtime", choices=("onnxruntime", "openvino"), default="onnxruntime")
+    src.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
+    src.add_argument("--beam-size", type=_positive, default=None, help="beam width (default: the model's)")
+    src.add_argument("--max-length", type=_positive, default=None, help="most output tokens (default: the model's)")
+    io = parser.add_argument_group("input and output")
+    io.add_argument("-o", "--output", type=Path, default=None,
+                    help="output file (default: INPUT.scored.EXT beside the input; with --num-shards > 1 the shard "
+                         "is added to the name: OUT-00003-of-00010.EXT)")
+    io.add_argument("--input-format", choices=("auto", *FORMATS), default="auto")
+    io.add_argument("--output-format", choices=FORMATS, default=None,
+                    help="default: tfrecord for TFRecord input, jsonl for JSONL, text for text")
+    io.add_argument("--input-key", default=None,
+                    help="feature/field with the source (default: the first of inputs, source, text, src)")
+    io.add_argument("--reference-key", default=None,
+                    help="feature/field with the reference (default: targets, if present)")
+    io.add_argument("--references", nargs="+", default=None, metavar="FILE",
+                    help="reference file(s) for plain-text input, one line per input line")
+    io.add_argument("--vocab", type=Path, default=None,
+                    help="T2T .subwords vocabulary decoding int64 id features (default: the package's)")
+    io.add_argument("--rejects", type=Path, default=None, help="rejects file (default: OUT.rejects.jsonl)")
+    io.add_argument("--summary", type=Path, default=None, help="summary file (default: OUT.summary.json)")
+    run = parser.add_argument_group("throughput and reliability")
+    run.add_argument("--workers", type=_positive, default=None,
+                     help="worker processes (default: one per core; with --server: 4 concurrent requests)")
+    run.add_argument("--threads", type=_positive, default=None,
+                     help="runtime threads per worker (default: cores / workers)")
+    run.add_argument("--max-tokens", type=_positive, default=2048,
+                     help="most padded source tokens per batch (default: 2048)")
+    run.add_argument("--max-batch-size", type=_positive, default=64, help="most sentences per batch (default: 64)")
+    run.add_argument("--chunk-size", type=_positive, default=1000,
+                     help="records per committed chunk, the unit of resume (default: 1000)")
+    run.add_argument("--num-shards", type=_positive, default=1, help="split the records over this many jobs")
+    run.add_argument("--shard-index", type=_non_negative, default=None,
+                     help=f"which shard this job handles (default: ${_SHARD_ENV}, set by Kubernetes Indexed Jobs, "
+                          "else 0)")
+    run.add_argument("--allow-rejects", action="store_true", help="exit 0 even if some records were rejected")
+    run.add_argument("--dry-run", action="store_true",
+                     help="report the detected schema and the record count, translate nothing")
+    run.add_argument("--restart", action="store_true",
+                     help="discard an unfinished run of a different command instead of refusing to start")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _shard(args: argparse.Namespace) -> tuple[int, int]:
+    num = int(args.num_shards)
+    index = args.shard_index
+    if index is None:
+        env = os.environ.get(_SHARD_ENV)
+        if env is not None and num > 1:
+            try:
+                index = int(env)
+            except ValueError:
+                raise UsageError(f"${_SHARD_ENV}={env!r} is not an integer") from None
+        else:
+            index = 0
+    if not 0 <= index < num:
+        raise UsageError(f"--shard-index {index} out of range for --num-shards {num} (0..{num - 1})")
+    return num, index
+
+
+def _default_output(inputs: list[InputFile], output_format: str) -> Path:
+    paths = [i.path for i in inputs]
+    if len(paths) == 1:
+        stem = paths[0].name
+        for suffix in (".tfrecords", ".tfrecord", ".tfr", ".jsonl", ".ndjson", ".json", ".txt"):
+            if stem.lower().endswith(suffix):
+                stem = stem[: -len(suffix)]
+                break
+    else:
+        stem = re.sub(r"[-_.0-9]+$", "", os.path.commonprefix([p.name for p in paths])) or "batch-score"
+    return paths[0].parent / f"{stem}.scored{_OUTPUT_SUFFIX[output_format]}"
+
+
+def _shard_name(path: Path, num: int, index: int) -> Path:
+    if num == 1:
+        return path
+    suffix = path.suffix if path.suffix in _OUTPUT_SUFFIX.values() else ""
+    stem = path.name[: len(path.name) - len(suffix)] if suffix else path.name
+    return path.with_name(f"{stem}-{index:05d}-of-{num:05d}{suffix}")
+
+
+def _side_file(output: Path, ending: str) -> Path:
+    name = output.name
+    for suffix in _OUTPUT_SUFFIX.values():
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return output.with_name(name + ending)
+
+
+def _model_dir(args: argparse.Namespace) -> Path:
+    if args.model is not None:
+        model: Path = args.model
+        if not model.is_dir():
+            raise UsageError(f"{model}: no such model package directory")
+        return model
+    from serving.settings import DEFAULT_MODEL_DIR
+
+    if not (DEFAULT_MODEL_DIR / "manifest.json").is_file():
+        raise UsageError(f"no model given and the bundled demo model is not installed ({DEFAULT_MODEL_DIR}); "
+                         "pass -m DIR or --server URL")
+    return DEFAULT_MODEL_DIR
+
+
+def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:
+    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists."""
+    from serving.package import PackageError, find_artifact, read_manifest
+
+    try:
+        manifest = read_manifest(model_dir)
+        find_artifact(manifest, runtime, precision)
+    except PackageError as e:
+        raise UsageError(str(e)) from e
+    tokenizer = manifest.get("tokenizer", {})
+    vocab = None
+    if tokenizer.get("kind") == "t2t_subword":
+        files = [str(v) for v in (tokenizer.get("files") or {}).values()]
+        subwords = [f for f in files if f.endswith(".subwords")] or files
+        if subwords:
+            vocab = model_dir / subwords[0]
+    return manifest, vocab
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run batch-score; returns the exit code (raises UsageError for bad arguments or input)."""
+    if args.server and args.model is not None:
+        raise UsageError("give either -m/--model or --server, not both")
+    num_shards, shard_index = _shard(args)
+    try:
+        inputs = resolve_inputs(args.inputs, args.input_format, args.references)
+    except InputError as e:
+        raise UsageError(str(e)) from e
+
+    engine_info: dict[str, Any]
+    package_vocab: Path | None = None
+    model_dir: Path | None = None
+    target = None
+    if args.server:
+        engine_info = {"server": args.server}
+    else:
+        model_dir = _model_dir(args)
+        manifest, package_vocab = _package_info(model_dir, args.runtime, args.precision)
+        engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"), "version": manifest.get("version"),
+                       "runtime": args.runtime, "precision": args.precision}
+    vocab_path: Path | None = args.vocab or package_vocab
+    if args.vocab is not None and not args.vocab.is_file():
+        raise UsageError(f"{args.vocab}: no such vocabulary file")
+
+    try:
+        schema = detect_schema(inputs, args.input_key, args.reference_key)
+    except InputError as e:
+        raise UsageError(str(e)) from e
+    if schema.needs_vocab and vocab_path is None:
+        raise UsageError("the inputs hold int64 token ids (T2T datagen); pass --vocab FILE.subwords (the model "
+                         "package has no subword vocabulary)" if model_dir else
+                         "the inputs hold int64 token ids (T2T datagen); pass --vocab FILE.subwords to decode them")
+    if not schema.needs_vocab:
+        vocab_path = None
+
+    output_format: Format = args.output_format or ("text" if schema.format == "text" else schema.format)
+    output = _shard_name(args.output or _default_output(inputs, output_format), num_shards, shard_index)
+    resolved_inputs = {p.resolve() for i in inputs for p in (i.path, i.references) if p is not None}
+    if output.resolve() in resolved_inputs:
+        raise UsageError(f"{output}: the output would overwrite an input; choose another -o")
+    rejects = args.rejects or _side_file(output, ".rejects.jsonl")
+    summary = args.summary or _side_file(output, ".summary.json")
+    job = Job(inputs=inputs, schema=schema, vocab=vocab_path, output=output, output_format=output_format,
+              rejects=rejects, summary=summary, chunk_size=args.chunk_size, num_shards=num_shards,
+              shard_index=shard_index)
+
+    if args.dry_run:
+        return _dry_run(job)
+
+    cores = available_cores()
+    if args.server:
+        from batch.remote import RemoteChunkWorker, RemoteError, connect
+
+        try:
+            target = connect(args.server, args.model_name)
+        except RemoteError as e:
+            raise UsageError(str(e)) from e
+        engine_info = target.describe()
+        workers = args.workers or _REMOTE_WORKERS
+        engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_tokens,
+                              max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
+                              model_name=target.model)
+        remote_target = target
+
+        def make_executor() -> Any:
+            return ThreadExecutor(lambda: RemoteChunkWorker(remote_target, engine.max_batch_size, engine.beam_size,
+                                                            engine.max_length), threads=workers)
+    else:
+        workers, threads = plan_parallelism(args.workers, args.threads, cores)
+        engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
+                              beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_tokens,
+                              max_batch_size=args.max_batch_size, workers=workers, threads=threads)
+        engine_info |= {"workers": workers, "threads_per_worker": threads}
+
+        def make_executor() -> Any:
+            if engine.workers == 1:
+                first = LocalChunkWorker.load(engine)
+                return ThreadExecutor(lambda: first, threads=1, first=first)
+            return ProcessExecutor(engine)
+
+    logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
+    try:
+        result = run_job(job, engine, make_executor=make_executor, progress=not args.no_progress,
+                         restart=args.restart, engine_info=engine_info)
+    except JobError as e:
+        raise UsageError(str(e)) from e
+    except Exception as e:  # noqa: BLE001 - a failed run: one line, committed chunks stay for the rerun
+        if not _is_run_failure(e):
+            raise
+        logger.debug("run failed", exc_info=True)
+        sys.stderr.write(f"batch-score: failed: {_one_line(e)} (committed chunks are kept in {job.state_dir}; "
+                         "rerun the same command to resume)\n")
+        return 1
+    sys.stdout.write(_summary_line(result.summary, job) + "\n")
+    sys.stdout.flush()
+    if result.rejects and not args.allow_rejects:
+        sys.stderr.write(f"batch-score: {result.rejects} record(s) rejected (see {job.rejects}); "
+                         "exit 1 (--allow-rejects to accept)\n")
+        return 1
+    return 0
+
+
+def _is_run_failure(e: Exception) -> bool:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from batch.remote import RemoteError
+    from serving.errors import ServingError
+
+    if isinstance(e, BrokenProcessPool | RemoteError | ServingError | OSError):
+        return True
+    # tritonclient's InferenceServerException: network errors and 5xx from the server
+    return type(e).__name__ == "InferenceServerException"
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _summary_line(summary: dict[str, Any], job: Job) -> str:
+    from batch.scoring import describe
+
+    parts = [f"batch-score: {summary['translated']} of {summary['records']} records translated"]
+    if summary["rejects"]:
+        parts.append(f", {summary['rejects']} rejected ({job.rejects})")
+    parts.append(f" in {summary['wall_seconds']:.1f} s")
+    if summary["this_run"]["translated"]:
+        parts.append(f" ({summary['records_per_second']:.1f} records/s, {summary['tokens_per_second']:.0f} tokens/s)")
+    if summary["resumed"]["chunks"]:
+        parts.append(f", resumed {summary['resumed']['records']} records")
+    scores = describe(summary.get("scores"))
+    if scores:
+        parts.append(f"; {scores}")
+    parts.append(f" -> {job.output}")
+    return "".join(parts)
+
+
+def _dry_run(job: Job) -> int:
+    vocab = load_vocab(job.vocab) if job.vocab else None
+    try:
+        parser = RecordParser(job.schema, vocab)
+    except InputError as e:
+        raise UsageError(str(e)) from e
+    total = readable = 0
+    with_reference = 0
+    problems: list[str] = []
+    for entry in scan(job.inputs, want=job.owns):
+        if not job.owns(entry.index):
+            continue
+        total += 1
+        parsed = parser.parse(entry)
+        if isinstance(parsed, Record):
+            readable += 1
+            with_reference += parsed.reference is not None
+        elif len(problems) < 5:
+            problems.append(f"  record {parsed.index} ({parsed.file}:{parsed.position}): {parsed.reason}")
+    names = ", ".join(i.path.name for i in job.inputs[:3]) + (", ..." if len(job.inputs) > 3 else "")
+    lines = [
+        f"inputs: {len(job.inputs)} file(s) ({names})",
+        f"schema: {_schema_line(job.schema, job.vocab)}",
+        f"records: {total} ({readable} readable, {total - readable} malformed, {with_reference} with a reference)"
+        + (f" in shard {job.shard_index} of {job.num_shards}" if job.num_shards > 1 else ""),
+        *problems,
+        f"output: {job.output} ({job.output_format})",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _schema_line(schema: Schema, vocab: Path | None) -> str:
+    line = schema.describe()
+    if vocab is not None:
+        line += f"; ids decoded with {vocab}"
+    return line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
+                                     "files with a model package or a server.")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``batch-score``."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except UsageError as e:
+        sys.stderr.write(f"batch-score: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("batch-score: interrupted (rerun the same command to resume)\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

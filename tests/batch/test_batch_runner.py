@@ -1,0 +1,170 @@
+"""batch/runner.py with a fake translator: chunking, ordering, commit/resume, shards, rejects, fingerprints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from batch.records import detect_schema, resolve_inputs  # noqa: E402
+from batch.runner import (  # noqa: E402
+    EngineConfig,
+    Job,
+    JobError,
+    LocalChunkWorker,
+    StateDir,
+    ThreadExecutor,
+    make_batches,
+    plan_parallelism,
+    run_job,
+)
+from serving.errors import InputTooLong  # noqa: E402
+
+
+@dataclass(frozen=True)
+class _Info:
+    max_input_tokens: int = 12
+
+
+@dataclass(frozen=True)
+class _Translation:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    score: float
+
+
+class FakeTranslator:
+    """Upper-cases; one token per word plus EOS; refuses sentences containing 'refuse'; can fail after N batches."""
+
+    info = _Info()
+
+    def __init__(self, fail_after_batches: int | None = None) -> None:
+        self.fail_after = fail_after_batches
+        self.batches: list[list[str]] = []
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(t.split()) + 1 for t in texts]
+
+    def translate(self, texts: Sequence[str], options: Any = None) -> list[_Translation]:
+        if self.fail_after is not None and len(self.batches) >= self.fail_after:
+            raise RuntimeError("worker crashed")
+        if any("refuse" in t for t in texts):
+            raise InputTooLong("refused")
+        self.batches.append(list(texts))
+        return [_Translation(t.upper(), len(t.split()) + 1, len(t.split()) + 1, -0.25 * len(t)) for t in texts]
+
+
+def write_input(path: Path, n: int, refuse: Sequence[int] = ()) -> list[str]:
+    sentences = [("refuse " if i in refuse else "") + " ".join(["w"] * (1 + i % 7)) + f" {i}" for i in range(n)]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for s in sentences:
+            ex = tf.train.Example()
+            ex.features.feature["inputs"].bytes_list.value.append(s.encode())
+            ex.features.feature["targets"].bytes_list.value.append(s.upper().encode())
+            writer.write(ex.SerializeToString())
+    return sentences
+
+
+def make_job(tmp_path: Path, source: Path, name: str = "out.tfrecord", **kw: Any) -> Job:
+    inputs = resolve_inputs([str(source)])
+    out = tmp_path / name
+    return Job(inputs, detect_schema(inputs), None, out, "tfrecord", out.with_suffix(".rejects.jsonl"),
+               out.with_suffix(".summary.json"), **kw)
+
+
+def run(job: Job, translator: FakeTranslator, **kw: Any) -> Any:
+    worker = LocalChunkWorker(translator, None, max_tokens=16, max_batch_size=4)
+    return run_job(job, EngineConfig(model_dir=job.output.parent), progress=False,
+                   make_executor=lambda: ThreadExecutor(lambda: worker, 1, first=worker), **kw)
+
+
+def outputs(path: Path) -> list[tuple[str, str]]:
+    out = []
+    for raw in tf.compat.v1.io.tf_record_iterator(str(path)):
+        ex = tf.train.Example.FromString(raw)
+        out.append((ex.features.feature["inputs"].bytes_list.value[0].decode(),
+                    ex.features.feature["outputs"].bytes_list.value[0].decode()))
+    return out
+
+
+def test_make_batches_bounds_padded_tokens_and_is_deterministic() -> None:
+    lengths = [5, 1, 9, 3, 3, 7, 2, 8, 1, 4]
+    batches = make_batches(lengths, max_tokens=12, max_batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) <= 3 and len(b) * max(lengths[i] for i in b) <= 12 or len(b) == 1
+        assert [lengths[i] for i in b] == sorted(lengths[i] for i in b)
+    assert make_batches(lengths, 12, 3) == batches
+    assert plan_parallelism(None, None, 8) == (8, 1) and plan_parallelism(2, None, 8) == (2, 4)
+
+
+def test_run_preserves_order_rejects_and_summarises(tmp_path: Path) -> None:
+    sentences = write_input(tmp_path / "in.tfrecord", 23, refuse=[5, 17])
+    job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=5)
+    result = run(job, FakeTranslator())
+    expected = [(s, s.upper()) for i, s in enumerate(sentences) if i not in (5, 17)]
+    assert outputs(job.output) == expected
+    rejects = [json.loads(line) for line in job.rejects.read_text().splitlines()]
+    assert [r["index"] for r in rejects] == [5, 17] and "refused" in rejects[0]["reason"]
+    summary = json.loads(job.summary.read_text())
+    assert (summary["records"], summary["translated"], summary["rejects"]) == (23, 21, 2)
+    assert summary["scores"]["references"] == 21 and summary["scores"]["chrf"]["score"] == 100.0
+    assert result.rejects == 2 and not job.state_dir.exists()
+
+
+def test_interrupted_run_resumes_to_identical_bytes(tmp_path: Path) -> None:
+    write_input(tmp_path / "in.tfrecord", 40)
+    reference = make_job(tmp_path, tmp_path / "in.tfrecord", "ref.tfrecord", chunk_size=6)
+    run(reference, FakeTranslator())
+
+    job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=6)
+    with pytest.raises(RuntimeError, match="worker crashed"):
+        run(job, FakeTranslator(fail_after_batches=5))
+    committed = sorted(p.name for p in job.state_dir.glob("*.json") if p.name != "job.json")
+    assert committed and not job.output.exists()
+    second = FakeTranslator()
+    result = run(job, second)
+    assert job.output.read_bytes() == reference.output.read_bytes()
+    translated_again = sum(len(b) for b in second.batches)
+    assert translated_again == 40 - 6 * len(committed)  # committed chunks are not translated again
+    assert result.summary["resumed"]["chunks"] == len(committed)
+
+
+def test_state_of_another_command_is_refused_unless_restart(tmp_path: Path) -> None:
+    write_input(tmp_path / "in.tfrecord", 12)
+    job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=4)
+    with pytest.raises(RuntimeError):
+        run(job, FakeTranslator(fail_after_batches=1))
+    other = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=5)
+    with pytest.raises(JobError, match="different command"):
+        run(other, FakeTranslator())
+    run(other, FakeTranslator(), restart=True)
+    assert len(outputs(other.output)) == 12
+
+
+def test_a_second_run_on_the_same_output_is_locked_out(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "o.partial", {"a": 1})
+    state.open(restart=False)
+    with pytest.raises(JobError, match="another batch-score run"):
+        StateDir(tmp_path / "o.partial", {"a": 1}).open(restart=False)
+    state.close()
+
+
+def test_shards_partition_the_records(tmp_path: Path) -> None:
+    sentences = write_input(tmp_path / "in.tfrecord", 17)
+    seen: list[str] = []
+    for k in range(3):
+        job = make_job(tmp_path, tmp_path / "in.tfrecord", f"out-{k}.tfrecord", chunk_size=2, num_shards=3,
+                       shard_index=k)
+        run(job, FakeTranslator())
+        got = [src for src, _ in outputs(job.output)]
+        assert got == sentences[k::3]
+        seen += got
+    assert sorted(seen) == sorted(sentences)
