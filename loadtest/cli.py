@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -119,8 +119,9 @@ class LocalServer:
 
 
 @contextmanager
-def start_server(package: Path, log_path: Path, timeout_s: float = 120.0) -> Iterator[LocalServer]:
-    """Run ``mtgate serve -m PACKAGE`` on a free 127.0.0.1 port until the block ends (then SIGTERM, then kill).
+def start_server(package: Path, log_path: Path, timeout_s: float = 120.0,
+                 extra_args: Sequence[str] = ()) -> Iterator[LocalServer]:
+    """Run ``mtgate serve -m PACKAGE [extra_args]`` on a free 127.0.0.1 port until the block ends (then SIGTERM).
 
     Raises:
         LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
@@ -129,7 +130,7 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0) -> Ite
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
-               "--port", str(port)]
+               "--port", str(port), *extra_args]
     logger.info("starting server: %s", " ".join(command))
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -231,13 +232,14 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
     return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run))
 
 
-def resolve_corpus(override: Path | None, scenario: Scenario) -> Path:
-    """The sentence file for a scenario, checked to be readable: --corpus, else the scenario's, else the default.
+def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | None = None) -> Path:
+    """The sentence file for a scenario, checked to be readable: ``override`` (--corpus), else the scenario's,
+    else ``default``, else the bundled test set.
 
     Raises:
         CorpusError: missing, unreadable or empty.
     """
-    path = override or scenario.corpus or default_corpus()
+    path = override or scenario.corpus or default or default_corpus()
     read_lines(path)
     return path
 
@@ -247,11 +249,15 @@ def default_report_dir(kind: str) -> Path:
 
 
 def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
-            model_name: str | None, api_key: str | None) -> list[ScenarioResult]:
-    """Run the scenarios in order; every one is bounded in time."""
+            model_name: str | None, api_key: str | None, default_corpus: Path | None = None) -> list[ScenarioResult]:
+    """Run the scenarios in order; every one is bounded in time.
+
+    Raises:
+        LoadTestError: a run failed; CorpusError: a sentence file is unusable.
+    """
     results = []
     for scenario in scenarios:
-        path = resolve_corpus(corpus, scenario)
+        path = resolve_corpus(corpus, scenario, default_corpus)
         sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
                          f"against {host}\n")
         results.append(run_scenario(host, scenario, report_dir / scenario.name, path,

@@ -3,7 +3,8 @@
 Users (pick with Locust's positional class names; weights with ``--config-users``):
 
 - ``TranslateUser``: ``POST /v1/translate`` with one sentence.
-- ``BulkUser``: ``POST /v1/translate`` with ``--bulk-size`` sentences in one request.
+- ``BatchUser``: ``POST /v1/translate`` with a list of ``--bulk-size`` sentences.
+- ``BulkUser``: ``POST /v1/translate/bulk`` with ``--bulk-size`` NDJSON lines (results stream back as NDJSON).
 - ``StreamUser``: ``POST /v1/translate/stream`` (Server-Sent Events); two entries per request: type ``TTFE`` is the
   time to the first event, type ``POST`` the time to the end of the stream.
 - ``TritonUser``: ``infer`` through ``tritonclient.http`` (Open Inference Protocol, BYTES input), so the same suite
@@ -27,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -225,12 +227,50 @@ class TranslateUser(_RestUser):
         self._translate(state_of(self.environment).sample(1), "/v1/translate")
 
 
+class BatchUser(_RestUser):
+    """``--bulk-size`` sentences as one JSON list per ``POST /v1/translate``."""
+
+    @task
+    def translate_batch(self) -> None:
+        state = state_of(self.environment)
+        self._translate(state.sample(state.bulk_size), "/v1/translate (batch)")
+
+
 class BulkUser(_RestUser):
-    """``--bulk-size`` sentences per ``POST /v1/translate``."""
+    """``--bulk-size`` sentences per ``POST /v1/translate/bulk`` (NDJSON in, NDJSON out in completion order)."""
 
     @task
     def translate_bulk(self) -> None:
-        self._translate(state_of(self.environment).sample(state_of(self.environment).bulk_size), "/v1/translate (bulk)")
+        state = state_of(self.environment)
+        texts = state.sample(state.bulk_size)
+        body = "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts))
+        path = "/v1/translate/bulk" + (f"?max_length={state.max_length}" if state.max_length is not None else "")
+        headers = {**state.headers, "Content-Type": "application/x-ndjson"}
+        with self.client.post(path, data=body, name="/v1/translate/bulk", headers=headers,
+                              catch_response=True) as resp:
+            if resp.status_code != 200:
+                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                return
+            try:
+                state.count(check_bulk_lines((resp.text or "").splitlines(), len(texts)))
+            except (WrongAnswer, ValueError) as e:
+                resp.failure(f"wrong answer: {e}")
+
+
+def check_bulk_lines(lines: list[str], expected: int) -> list[dict[str, Any]]:
+    """The results of a bulk response, in input order, or WrongAnswer unless every input has a non-empty text."""
+    results: dict[int, dict[str, Any]] = {}
+    for line in filter(None, (raw.strip() for raw in lines)):
+        item = json.loads(line)
+        if not isinstance(item, dict) or not isinstance(item.get("index"), int):
+            raise WrongAnswer(f"bulk line without an index: {line[:200]}")
+        if "error" in item:
+            error = item["error"]
+            raise WrongAnswer(f"line {item['index']}: {error.get('message') if isinstance(error, dict) else error}")
+        results[item["index"]] = item
+    if sorted(results) != list(range(expected)):
+        raise WrongAnswer(f"{len(results)} results for {expected} lines")
+    return check_translations({"translations": [results[i] for i in range(expected)]}, expected)
 
 
 def parse_sse(lines: list[str]) -> list[tuple[str, str]]:
@@ -307,6 +347,8 @@ class TritonUser(User):
     Input and output names come from the model metadata, so a Triton deployment of the same model works unchanged.
     """
 
+    token_outputs = ("INPUT_TOKENS", "OUTPUT_TOKENS")  # requested too when the model has them (mtgate does)
+
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         import tritonclient.http as httpclient  # gevent-based, safe inside Locust
@@ -321,6 +363,7 @@ class TritonUser(User):
         self.model = ""
         self.input_name = ""
         self.output_name = ""
+        self.counted: list[str] = []
 
     def wait_time(self) -> float:
         return state_of(self.environment).think_time_s
@@ -333,6 +376,7 @@ class TritonUser(User):
             meta = self.client.get_model_metadata(self.model, headers=state.headers)
             self.input_name = next(i["name"] for i in meta["inputs"] if i["datatype"] == "BYTES")
             self.output_name = next(o["name"] for o in meta["outputs"] if o["datatype"] == "BYTES")
+            self.counted = [o["name"] for o in meta["outputs"] if o["name"] in self.token_outputs]
         except Exception as e:  # counted as a failed request; this user cannot run without the metadata
             self.environment.events.request.fire(
                 request_type="V2", name="/v2/models/{model} (metadata)",
@@ -345,12 +389,18 @@ class TritonUser(User):
         self.client.close()
 
     def _first_model(self) -> str:
-        # The repository index is a Triton extension; mtgate answers it too.
-        index = self.client.get_model_repository_index(headers=state_of(self.environment).headers)
-        names = [m["name"] for m in index if m.get("state", "READY") == "READY"]
+        headers = state_of(self.environment).headers
+        try:  # Triton: the model repository extension
+            index = self.client.get_model_repository_index(headers=headers)
+            names = [str(m["name"]) for m in index if m.get("state", "READY") == "READY"]
+        except self._httpclient.InferenceServerException:  # mtgate: its /v1 model list
+            request = urllib.request.Request(f"{(self.host or '').rstrip('/')}/v1/models", headers=headers)
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                models = json.loads(resp.read())["models"]
+            names = [str(m["name"]) for m in sorted(models, key=lambda m: not m.get("default"))]
         if not names:
-            raise ValueError("the server reports no ready model; pass --model-name")
-        return str(names[0])
+            raise WrongAnswer("the server reports no ready model; pass --model-name")
+        return names[0]
 
     @task
     def infer(self) -> None:
@@ -363,17 +413,19 @@ class TritonUser(User):
         try:
             inp = self._httpclient.InferInput(self.input_name, [1, 1], "BYTES")
             inp.set_data_from_numpy(np.array([[sentence.encode("utf-8")]], dtype=object))
-            out = self._httpclient.InferRequestedOutput(self.output_name)
-            result = self.client.infer(self.model, [inp], outputs=[out], headers=state.headers)
+            outputs = [self._httpclient.InferRequestedOutput(n) for n in (self.output_name, *self.counted)]
+            result = self.client.infer(self.model, [inp], outputs=outputs, headers=state.headers)
             texts = result.as_numpy(self.output_name)
-            length = int(result.get_response().get("outputs", [{}])[0].get("parameters", {}).get("binary_data_size", 0))
+            length = sum(int(o.get("parameters", {}).get("binary_data_size", 0))
+                         for o in result.get_response().get("outputs", []))
             if texts is None or texts.size != 1:
                 raise WrongAnswer(f"expected 1 output, got {None if texts is None else texts.size}")
             value = texts.reshape(-1)[0]
             text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
             if not text.strip():
                 raise WrongAnswer("translation 0 is empty")
-            state.count([{"text": text}])
+            counts = {name.lower(): int(result.as_numpy(name).reshape(-1)[0]) for name in self.counted}
+            state.count([{"text": text, **counts}])
         except Exception as e:  # every client error is a failed request, as Locust's own clients count them
             exception = e
         self.environment.events.request.fire(

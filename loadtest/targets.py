@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The user classes defined in loadtest/locustfile.py (kept here as names so this module never imports Locust).
-USER_CLASSES: tuple[str, ...] = ("TranslateUser", "BulkUser", "StreamUser", "TritonUser")
+USER_CLASSES: tuple[str, ...] = ("TranslateUser", "BatchUser", "BulkUser", "StreamUser", "TritonUser")
 MAX_DURATION_S = 3600.0
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")

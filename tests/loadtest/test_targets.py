@@ -50,7 +50,7 @@ def test_every_problem_is_reported_with_its_location() -> None:
     for fragment in ("scenarios[1].name:", "scenarios[1].concurrency:", "scenarios[1].duration: duration 'forever'",
                      "scenarios[1].targets.p95_ms: Input should be greater than 0",
                      "scenarios[1].targets.max_error_rate:", "scenarios[1].targets.p96_ms: Extra inputs",
-                     "scenarios[2].users: unknown user class NoSuchUser (known: TranslateUser, BulkUser, StreamUser, "
+                     "scenarios[2].users: unknown user class NoSuchUser (known: TranslateUser, BatchUser, BulkUser, StreamUser, "
                      "TritonUser)", "extra: Extra inputs"):
         assert fragment in text, text
     assert len(lines) == 8

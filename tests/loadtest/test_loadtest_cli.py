@@ -1,0 +1,72 @@
+"""``mtgate loadtest`` and ``mtgate validate``: bad input is one line on stderr and exit 2, before any run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest.cli import check_host, free_port
+from serving.cli import main
+
+TARGETS = Path(__file__).resolve().parents[2] / "loadtest" / "targets" / "smoke.yaml"
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_only_loopback_hosts_unless_allowed() -> None:
+    assert check_host("http://127.0.0.1:8000/", False) == "http://127.0.0.1:8000"
+    assert check_host("http://localhost:1", False) == "http://localhost:1"
+    assert check_host("http://[::1]:8000", False) == "http://[::1]:8000"
+    with pytest.raises(ValueError, match="pass --allow-remote"):
+        check_host("http://example.com:8000", False)
+    assert check_host("https://example.com", True) == "https://example.com"
+    with pytest.raises(ValueError, match="not an http"):
+        check_host("127.0.0.1:8000", True)
+
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = _error(capsys, ["loadtest", "--host", "http://10.1.2.3:8000", "--targets", str(TARGETS),
+                          "--report", str(tmp_path / "r")])
+    assert "is not 127.0.0.1 or localhost; pass --allow-remote" in err
+    assert "give either --host" in _error(capsys, ["loadtest", "--targets", str(TARGETS)])
+    assert "--start-server needs -m PKG" in _error(capsys, ["loadtest", "--start-server", "--targets", str(TARGETS)])
+    assert "no such file" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1",
+                                             "--targets", str(tmp_path / "nope.yaml")])
+    assert "no scenario nope" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1", "--targets",
+                                                 str(TARGETS), "--scenario", "nope"])
+    port = free_port()  # nothing listens there
+    assert f"cannot reach http://127.0.0.1:{port}" in _error(
+        capsys, ["loadtest", "--host", f"http://127.0.0.1:{port}", "--targets", str(TARGETS),
+                 "--report", str(tmp_path / "r")])
+    assert "empty.txt: no sentences" in _error(
+        capsys, ["loadtest", "--host", f"http://127.0.0.1:{port}", "--targets", str(TARGETS),
+                 "--corpus", str(_empty(tmp_path))])
+    assert not (tmp_path / "r").exists()
+
+
+def _empty(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n", encoding="utf-8")
+    return path
+
+
+def test_validate_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("a\nb\n", encoding="utf-8")
+    ref.write_text("a\n", encoding="utf-8")
+    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    assert "has 2 lines but" in err
+    ref.write_text("a\nb\n", encoding="utf-8")
+    err = _error(capsys, ["validate", "--candidate", str(tmp_path / "nope"), "--testset", str(src), str(ref)])
+    assert "not a directory" in err
+    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    assert "no manifest.json" in err
+    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref),
+                          "--targets", str(TARGETS), "--scenario", "nope"])
+    assert "no scenario nope" in err
