@@ -44,8 +44,17 @@ class Converter(ABC):
 
     framework: ClassVar[str]
 
-    def __init__(self, source_dir: Path) -> None:
+    def __init__(self, source_dir: Path, **options: Any) -> None:
+        """Remember the checkpoint directory and the reader options.
+
+        Arguments:
+            source_dir: the checkpoint directory.
+            **options: framework-specific reader options from the command line (e.g. ``hparams_set``,
+                ``vocab``, ``target_space_id`` for tensor2tensor); ``convert`` passes only those the user set.
+                A reader raises ConversionError for an option it does not understand.
+        """
         self.source_dir = source_dir
+        self.options = options
 
     @classmethod
     @abstractmethod

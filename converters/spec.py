@@ -44,6 +44,8 @@ class DecodingDefaults:
     tokens including EOS (HF ``max_length - 1`` since HF counts the start token); ``extra_length``, when set, caps them at
     ``source tokens (incl. EOS) + extra_length`` instead (T2T ``decode_length``). ``bad_word_ids`` are never generated;
     ``forced_eos``: at the last allowed step only EOS may be chosen (HF ``forced_eos_token_id``).
+    ``renormalize_logits``: log-softmax again after the decoding rules (bad words, forced EOS) masked some ids, so beam
+    scores are over the allowed ids only (HF ``renormalize_logits``; opus-mt generation configs set it).
     """
 
     beam_size: int = 4
@@ -54,6 +56,7 @@ class DecodingDefaults:
     bad_word_ids: tuple[int, ...] = ()
     forced_eos: bool = False
     early_stopping: bool = False
+    renormalize_logits: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,33 @@
+"""Runtimes behind one protocol: ``OnnxRuntimeBackend`` and ``OpenVinoBackend`` (imported lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serving.backends.base import Backend, BackendUnavailable, EncoderOutput, empty_past
+
+__all__ = ["Backend", "BackendUnavailable", "EncoderOutput", "create_backend", "empty_past"]
+
+
+def create_backend(runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None) -> Backend:
+    """Open the artifact's two graphs with the named runtime.
+
+    Arguments:
+        runtime: ``"onnxruntime"`` or ``"openvino"``.
+        encoder_path: the encoder graph (``.onnx`` or ``.xml``).
+        decoder_path: the decoder-step graph.
+        threads: intra-op threads (None: the runtime's default).
+
+    Raises:
+        ValueError: unknown runtime.
+        BackendUnavailable: the runtime package is not installed.
+    """
+    if runtime == "onnxruntime":
+        from serving.backends.onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(encoder_path, decoder_path, threads)
+    if runtime == "openvino":
+        from serving.backends.openvino import OpenVinoBackend
+
+        return OpenVinoBackend(encoder_path, decoder_path, threads)
+    raise ValueError(f"unknown runtime {runtime!r} (supported runtimes are: onnxruntime, openvino)")

@@ -1,0 +1,454 @@
+"""Hugging Face Marian (opus-mt layout) -> TransformerSpec.
+
+A local directory with ``config.json`` (``model_type: marian``), ``model.safetensors`` (or a sharded
+``model.safetensors.index.json``, or ``pytorch_model.bin``), ``source.spm``, ``target.spm``, ``vocab.json`` and
+optionally ``generation_config.json``. No hub access.
+
+The math is transformers' ``MarianMTModel``: post-norm layers, no final norms, token embedding times
+``sqrt(d_model)`` when ``scale_embedding``, a sinusoidal position table (sines in the first half, cosines in the
+second, not interleaved), ``lm_head`` tied to the embedding and ``final_logits_bias`` added to the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.base import ConversionError, Converter, LoadedModel
+from converters.spec import DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
+
+logger = logging.getLogger(__name__)
+
+# HF activation names -> ours. HF "gelu" is the exact erf form; the tanh approximations are not supported.
+_SUPPORTED_ACTIVATIONS: dict[str, str] = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+
+# MarianConfig defaults (transformers 4.x), used when config.json omits a key.
+_CONFIG_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 58101,
+    "decoder_vocab_size": None,
+    "max_position_embeddings": 1024,
+    "encoder_layers": 12,
+    "encoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16,
+    "decoder_layers": 12,
+    "decoder_ffn_dim": 4096,
+    "decoder_attention_heads": 16,
+    "activation_function": "gelu",
+    "d_model": 1024,
+    "decoder_start_token_id": 58100,
+    "scale_embedding": False,
+    "pad_token_id": 58100,
+    "eos_token_id": 0,
+    "forced_eos_token_id": 0,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+}
+
+# Options older converted configs carry that transformers' Marian code ignores: a value other than the one below
+# means the checkpoint was trained with an architecture MarianMTModel (and we) do not implement.
+_FIXED_OPTIONS: dict[str, Any] = {
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "add_final_layer_norm": False,
+    "static_position_embeddings": True,
+    "add_bias_logits": False,
+    "is_encoder_decoder": True,
+}
+
+# Generation options we cannot honour; a non-default value is logged and recorded in the manifest's source entry.
+_IGNORED_GENERATION: dict[str, Any] = {
+    "do_sample": False,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "forced_bos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+}
+
+_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
+    """transformers' ``MarianSinusoidalPositionalEmbedding`` table, computed the same way (float64, then float32)."""
+    pos = np.arange(num_positions, dtype=np.float64)[:, None]
+    j = np.arange(dim, dtype=np.float64)[None, :]
+    position_enc = pos / np.power(10000, 2 * np.floor(j / 2) / dim)
+    out = np.empty((num_positions, dim), dtype=np.float32)
+    sentinel = dim // 2 if dim % 2 == 0 else dim // 2 + 1
+    out[:, :sentinel] = np.sin(position_enc[:, 0::2]).astype(np.float32)
+    out[:, sentinel:] = np.cos(position_enc[:, 1::2]).astype(np.float32)
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConversionError(f"{path}: unreadable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return data
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    # numpy has no bfloat16: a bf16 value is the high half of the float32 with the same bits.
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of one .safetensors file as float32 (other float dtypes cast; bf16 decoded by hand)."""
+    from safetensors import safe_open
+
+    header_len = int.from_bytes(_head(path, 8), "little")
+    header = json.loads(_head(path, 8 + header_len)[8:])
+    tensors: dict[str, np.ndarray] = {}
+    bf16 = {name for name, info in header.items() if name != "__metadata__" and info.get("dtype") == "BF16"}
+    if bf16:
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+        for name in bf16:
+            begin, end = header[name]["data_offsets"]
+            raw = np.frombuffer(data[begin:end].tobytes(), dtype="<u2").reshape(header[name]["shape"])
+            tensors[name] = _bf16_to_f32(raw)
+    with safe_open(str(path), framework="numpy") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            if name not in bf16:
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def _head(path: Path, n: int) -> bytes:
+    with path.open("rb") as f:
+        return f.read(n)
+
+
+def _load_torch_bin(path: Path) -> dict[str, np.ndarray]:
+    # Only the legacy PyTorch format needs torch; imported here so nothing else pulls it in.
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    return {name: t.detach().to(torch.float32).numpy() for name, t in state.items() if t.is_floating_point()}
+
+
+def load_marian_weights(source_dir: Path) -> dict[str, np.ndarray]:
+    """Every floating tensor of the checkpoint, keyed by its HF name, as float32 numpy arrays."""
+    try:
+        if (source_dir / "model.safetensors").is_file():
+            raw = _load_safetensors(source_dir / "model.safetensors")
+        elif (source_dir / "model.safetensors.index.json").is_file():
+            index = _read_json(source_dir / "model.safetensors.index.json")
+            raw = {}
+            for shard in sorted(set(index.get("weight_map", {}).values())):
+                raw |= _load_safetensors(source_dir / shard)
+        elif (source_dir / "pytorch_model.bin").is_file():
+            raw = _load_torch_bin(source_dir / "pytorch_model.bin")
+        else:
+            raise ConversionError(f"{source_dir}: no weights (expected one of: {', '.join(_WEIGHT_FILES)})")
+    except ConversionError:
+        raise
+    except Exception as e:  # a corrupt file raises anything from OSError to safetensors' own errors
+        raise ConversionError(f"{source_dir}: unreadable weights ({type(e).__name__}: {e})") from e
+    weights: dict[str, np.ndarray] = {}
+    for name, array in raw.items():
+        if np.issubdtype(array.dtype, np.floating):
+            # fp16 -> fp32 is exact, so the converted model equals what transformers runs after loading.
+            weights[name] = np.ascontiguousarray(array, dtype=np.float32)
+    return weights
+
+
+class MarianConverter(Converter):
+    """Reads a Hugging Face Marian directory (opus-mt layout) into a TransformerSpec."""
+
+    framework = "marian"
+
+    @classmethod
+    def detect(cls, source_dir: Path) -> bool:
+        config = source_dir / "config.json"
+        if not config.is_file():
+            return False
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return False
+        return isinstance(data, dict) and data.get("model_type") == "marian"
+
+    def load(self) -> LoadedModel:
+        """Read config, generation config, tokenizer files and weights.
+
+        Returns:
+            The spec (float32 weights under canonical names), the tokenizer manifest entry and its files.
+
+        Raises:
+            ConversionError: listing every unsupported option and missing file at once.
+        """
+        src = self.source_dir
+        problems: list[str] = [f"option {name!r} does not apply to Marian checkpoints" for name in self.options]
+        hf = _CONFIG_DEFAULTS | _read_json(src / "config.json")
+        problems += _config_problems(hf)
+        missing = [name for name in _TOKENIZER_FILES if not (src / name).is_file()]
+        shared = bool(hf["share_encoder_decoder_embeddings"])
+        if not shared and not (src / "target_vocab.json").is_file():
+            missing.append("target_vocab.json (separate source and target vocabularies)")
+        if missing:
+            problems.append(f"missing vocab/tokenizer file(s): {', '.join(missing)}")
+        if not any((src / name).is_file() for name in _WEIGHT_FILES):
+            problems.append(f"no weights (expected one of: {', '.join(_WEIGHT_FILES)})")
+        gen, ignored, gen_problems = _generation_settings(src, hf)
+        problems += gen_problems
+        if problems:
+            raise ConversionError(f"{src}: cannot convert this Marian checkpoint:\n  " + "\n  ".join(problems))
+
+        vocab_size = int(hf["vocab_size"])
+        target_vocab_size = vocab_size if shared else int(hf["decoder_vocab_size"] or vocab_size)
+        d_model = int(hf["d_model"])
+        config = TransformerConfig(
+            source_vocab_size=vocab_size,
+            target_vocab_size=target_vocab_size,
+            d_model=d_model,
+            num_heads=int(hf["encoder_attention_heads"]),
+            encoder_layers=int(hf["encoder_layers"]),
+            decoder_layers=int(hf["decoder_layers"]),
+            ffn_dim=int(hf["encoder_ffn_dim"]),
+            activation=_SUPPORTED_ACTIVATIONS[hf["activation_function"]],  # type: ignore[arg-type]
+            pre_norm=False,
+            encoder_final_norm=False,
+            decoder_final_norm=False,
+            norm_epsilon=1e-5,  # torch.nn.LayerNorm default; Marian layers use it
+            embedding_scale=math.sqrt(d_model) if hf["scale_embedding"] else 1.0,
+            max_positions=int(hf["max_position_embeddings"]),
+            shared_embeddings=shared,
+            tied_output=bool(hf["tie_word_embeddings"]),
+            attention_bias=True,
+            ffn_bias=True,
+            logits_bias=False,  # set below when final_logits_bias is present and non-zero
+        )
+        vocab = _read_json(src / "vocab.json")
+        unk = vocab.get("<unk>")
+        special = SpecialIds(
+            pad=int(hf["pad_token_id"]),
+            eos=int(hf["eos_token_id"]),
+            decoder_start=int(hf["decoder_start_token_id"] if hf["decoder_start_token_id"] is not None
+                              else hf["pad_token_id"]),
+            unk=int(unk) if isinstance(unk, int) else None,
+        )
+        weights, logits_bias, weight_problems = _map_weights(load_marian_weights(src), config)
+        if weight_problems:
+            raise ConversionError(f"{src}: cannot convert this Marian checkpoint:\n  " + "\n  ".join(weight_problems))
+        if logits_bias:
+            config = TransformerConfig(**(config.__dict__ | {"logits_bias": True}))
+        spec = TransformerSpec(config=config, special_ids=special, decoding=gen, weights=weights)
+
+        files = {"source_spm": "tokenizer/source.spm", "target_spm": "tokenizer/target.spm",
+                 "vocab": "tokenizer/vocab.json"}
+        tokenizer_files = {files[role]: src / name for role, name in
+                           (("source_spm", "source.spm"), ("target_spm", "target.spm"), ("vocab", "vocab.json"))}
+        if not shared:
+            files["target_vocab"] = "tokenizer/target_vocab.json"
+            tokenizer_files[files["target_vocab"]] = src / "target_vocab.json"
+        tokenizer: dict[str, Any] = {"kind": "sentencepiece", "files": files, "unk": special.unk}
+        source: dict[str, Any] = {"framework": self.framework, "path": str(src.absolute())}
+        if ignored:
+            source["ignored_generation_options"] = ignored
+        return LoadedModel(spec=spec, tokenizer=tokenizer, tokenizer_files=tokenizer_files, source=source,
+                           name=src.absolute().name)
+
+
+def _config_problems(hf: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    activation = hf["activation_function"]
+    if activation not in _SUPPORTED_ACTIVATIONS:
+        problems.append(f"activation_function {activation!r} (supported: {', '.join(_SUPPORTED_ACTIVATIONS)})")
+    for name, supported in _FIXED_OPTIONS.items():
+        if name in hf and hf[name] != supported:
+            problems.append(f"{name}={json.dumps(hf[name])} (only {json.dumps(supported)} is supported)")
+    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if hf[enc] != hf[dec]:
+            problems.append(f"{enc}={hf[enc]} differs from {dec}={hf[dec]} (must be equal)")
+    architectures = hf.get("architectures")
+    if isinstance(architectures, list) and architectures and "MarianMTModel" not in architectures:
+        problems.append(f"architectures {architectures} (only MarianMTModel is supported)")
+    shared = hf["share_encoder_decoder_embeddings"]
+    if shared and hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
+        problems.append(f"decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']} "
+                        "while share_encoder_decoder_embeddings is true")
+    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                 "encoder_ffn_dim", "max_position_embeddings", "pad_token_id", "eos_token_id"):
+        if not isinstance(hf[name], int) or isinstance(hf[name], bool):
+            problems.append(f"{name}={json.dumps(hf[name])} is not an integer")
+    return problems
+
+
+def _generation_settings(src: Path, hf: dict[str, Any]) -> tuple[DecodingDefaults, dict[str, Any], list[str]]:
+    """Decoding defaults as transformers' ``generate`` would use them.
+
+    generation_config.json wins; without it transformers builds one from config.json's generation keys.
+    """
+    path = src / "generation_config.json"
+    gen = _read_json(path) if path.is_file() else hf
+    problems: list[str] = []
+    ignored = {k: gen[k] for k, default in _IGNORED_GENERATION.items() if k in gen and gen[k] not in (default, None)}
+    if ignored:
+        logger.warning("%s: generation options not supported by mtgate decoding, ignored: %s", src, ignored)
+    eos = gen.get("eos_token_id", hf["eos_token_id"])
+    if isinstance(eos, list):
+        eos = eos[0] if len(eos) == 1 else eos
+    if eos != hf["eos_token_id"]:
+        problems.append(f"generation eos_token_id={json.dumps(eos)} differs from the model's {hf['eos_token_id']}")
+    if gen.get("decoder_start_token_id", hf["decoder_start_token_id"]) != hf["decoder_start_token_id"]:
+        problems.append("generation decoder_start_token_id differs from the model's")
+    forced = gen.get("forced_eos_token_id", hf["forced_eos_token_id"] if gen is hf else None)
+    if forced is not None and forced != hf["eos_token_id"]:
+        problems.append(f"forced_eos_token_id={forced} is not the EOS id {hf['eos_token_id']}")
+    bad: list[int] = []
+    for seq in gen.get("bad_words_ids") or []:
+        if isinstance(seq, list) and len(seq) == 1 and isinstance(seq[0], int):
+            bad.append(seq[0])
+        else:
+            problems.append(f"bad_words_ids entry {json.dumps(seq)} (only single-token entries are supported)")
+    early = gen.get("early_stopping", False)
+    if early == "never":
+        ignored["early_stopping"] = "never"
+        logger.warning("%s: early_stopping='never' is decoded as early_stopping=false", src)
+        early = False
+    # HF counts the decoder start token in max_length; max_new_tokens, when set, wins and counts generated tokens.
+    if gen.get("max_new_tokens") is not None:
+        max_length = int(gen["max_new_tokens"])
+    else:
+        max_length = int(gen.get("max_length") or 20) - 1
+    defaults = DecodingDefaults(
+        beam_size=int(gen.get("num_beams") or 1),
+        length_penalty=float(gen.get("length_penalty", 1.0)),
+        length_penalty_kind="hf",
+        max_length=max_length,
+        bad_word_ids=tuple(bad),
+        forced_eos=forced is not None,
+        early_stopping=bool(early),
+        renormalize_logits=bool(gen.get("renormalize_logits", False)),
+    )
+    if defaults.max_length < 1:
+        problems.append(f"max_length {max_length + 1} leaves no room for a generated token")
+    return defaults, ignored, problems
+
+
+def _linear(w: np.ndarray) -> np.ndarray:
+    # nn.Linear stores [out, in]; the spec wants [in, out]. A mis-shaped tensor is kept as is so validate() names it.
+    return np.ascontiguousarray(w.T) if w.ndim == 2 else w
+
+
+def _map_weights(
+    hf_weights: dict[str, np.ndarray], config: TransformerConfig
+) -> tuple[dict[str, np.ndarray], bool, list[str]]:
+    """HF names -> canonical names. Returns (weights, has a non-zero logits bias, problems)."""
+    problems: list[str] = []
+    # Checkpoints saved from MarianModel (not MarianMTModel) have no "model." prefix.
+    prefix = "model." if any(k.startswith("model.") for k in hf_weights) else ""
+    remaining = dict(hf_weights)
+    weights: dict[str, np.ndarray] = {}
+
+    def take(name: str) -> np.ndarray | None:
+        return remaining.pop(prefix + name, None) if prefix + name in remaining else remaining.pop(name, None)
+
+    shared = take("shared.weight")
+    enc_embed = take("encoder.embed_tokens.weight")
+    dec_embed = take("decoder.embed_tokens.weight")
+    lm_head = remaining.pop("lm_head.weight", None)
+    if config.shared_embeddings:
+        # Tied copies may all be saved (older checkpoints); any of them is the shared matrix.
+        embed = next((a for a in (shared, enc_embed, dec_embed) if a is not None), None)
+        if embed is None:
+            problems.append("missing tensor model.shared.weight (the shared embedding)")
+        else:
+            weights["encoder.embed_tokens"] = embed
+        decoder_embed = embed
+    else:
+        if enc_embed is None:
+            enc_embed = shared
+        if enc_embed is None:
+            problems.append("missing tensor model.encoder.embed_tokens.weight")
+        else:
+            weights["encoder.embed_tokens"] = enc_embed
+        if dec_embed is None:
+            problems.append("missing tensor model.decoder.embed_tokens.weight")
+        else:
+            weights["decoder.embed_tokens"] = dec_embed
+        decoder_embed = dec_embed
+    if not config.tied_output:
+        if lm_head is None:
+            problems.append("missing tensor lm_head.weight (tie_word_embeddings is false)")
+        else:
+            weights["decoder.output_proj"] = lm_head
+    elif lm_head is not None and decoder_embed is not None and lm_head.shape == decoder_embed.shape \
+            and not np.array_equal(lm_head, decoder_embed):
+        problems.append("lm_head.weight differs from the embedding although tie_word_embeddings is true")
+
+    bias = remaining.pop("final_logits_bias", None)
+    has_bias = False
+    if bias is not None:
+        if bias.size == config.target_vocab_size:
+            bias = bias.reshape(config.target_vocab_size)
+            has_bias = bool(np.any(bias != 0))
+            if has_bias:
+                weights["decoder.output_bias"] = bias
+        else:
+            problems.append(f"final_logits_bias has shape {list(bias.shape)}, expected [1, {config.target_vocab_size}]")
+
+    positions = sinusoidal_positions(config.max_positions, config.d_model)
+    for side in ("encoder", "decoder"):
+        stored = take(f"{side}.embed_positions.weight")
+        # Older checkpoints saved the table; transformers then uses the stored values, and so do we.
+        if stored is not None and stored.shape == positions.shape and not np.allclose(stored, positions, atol=1e-4):
+            problems.append(f"{side}.embed_positions.weight is not the sinusoidal table (learned positions are "
+                            "not supported)")
+        elif stored is not None and side == "encoder" and stored.shape == positions.shape:
+            positions = stored
+    weights["positions"] = positions
+
+    def set_linear(dst: str, src: str) -> None:
+        for suffix in ("weight", "bias"):
+            array = take(f"{src}.{suffix}")
+            if array is not None:
+                weights[f"{dst}.{suffix}"] = _linear(array) if suffix == "weight" else array
+
+    def set_layer_norm(dst: str, src: str) -> None:
+        scale, offset = take(f"{src}.weight"), take(f"{src}.bias")
+        if scale is not None:
+            weights[f"{dst}.scale"] = scale
+        if offset is not None:
+            weights[f"{dst}.bias"] = offset
+
+    def set_attention(dst: str, src: str) -> None:
+        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+            set_linear(f"{dst}.{ours}", f"{src}.{theirs}")
+
+    for i in range(config.encoder_layers):
+        p, h = f"encoder.layers.{i}", f"encoder.layers.{i}"
+        set_attention(f"{p}.self_attn", f"{h}.self_attn")
+        set_layer_norm(f"{p}.self_attn_norm", f"{h}.self_attn_layer_norm")
+        set_linear(f"{p}.ffn.fc1", f"{h}.fc1")
+        set_linear(f"{p}.ffn.fc2", f"{h}.fc2")
+        set_layer_norm(f"{p}.ffn_norm", f"{h}.final_layer_norm")
+    for i in range(config.decoder_layers):
+        p, h = f"decoder.layers.{i}", f"decoder.layers.{i}"
+        set_attention(f"{p}.self_attn", f"{h}.self_attn")
+        set_layer_norm(f"{p}.self_attn_norm", f"{h}.self_attn_layer_norm")
+        set_attention(f"{p}.cross_attn", f"{h}.encoder_attn")
+        set_layer_norm(f"{p}.cross_attn_norm", f"{h}.encoder_attn_layer_norm")
+        set_linear(f"{p}.ffn.fc1", f"{h}.fc1")
+        set_linear(f"{p}.ffn.fc2", f"{h}.fc2")
+        set_layer_norm(f"{p}.ffn_norm", f"{h}.final_layer_norm")
+    for name in sorted(remaining):
+        problems.append(f"unexpected tensor {name} {list(remaining[name].shape)} (not part of MarianMTModel with "
+                        "this config)")
+    return weights, has_bias, problems

@@ -1,0 +1,363 @@
+"""TransformerSpec -> two ONNX graphs: ``encoder.onnx`` and the one-token ``decoder.onnx`` step.
+
+Built node by node with ``onnx.helper`` (no tracing), standard opset-17 ops only, so ONNX Runtime and OpenVINO run
+the same graphs. I/O names and shapes are the contract in docs/architecture.md:
+
+- encoder: ``input_ids [B,S]`` -> ``memory [B,S,D]``, ``cross_kv [L,2,B,H,S,Dh]``, ``src_bias [B,1,1,S]``
+- decoder: ``input_ids [B,1]``, ``step`` (int64 scalar), ``past_kv [L,2,B,H,T,Dh]``, ``cross_kv``, ``src_bias``
+  -> ``log_probs [B,V]``, ``present_kv [L,2,B,H,T+1,Dh]``
+
+Speed choices:
+- the encoder projects every decoder layer's cross-attention keys/values in ONE matmul (``[D, L*2*D]``), once per
+  sentence;
+- self-attention uses one fused QKV matmul; ``1/sqrt(Dh)`` is folded into the query weights;
+- the decoder never concatenates a layer's cache: it scores the past keys and the new key separately and softmaxes
+  the concatenated scores, then grows the whole cache with one concat at the end (one cache copy per step);
+- the encoder's embedding copy has the scale (and a zero row for ``zero_embedding_id``) folded in;
+- logits use ``Gemm(transB=1)`` on the [V, D] embedding, so a tied matrix is stored once in the decoder.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from converters.spec import TransformerSpec
+
+logger = logging.getLogger(__name__)
+
+OPSET = 17
+# Additive attention bias at source padding. T2T uses -1e9; transformers uses finfo(float32).min. Both make the
+# softmax weight exactly 0 in float32; -1e9 stays finite in reduced-precision (bf16/fp16) runtimes.
+MASK_VALUE = -1e9
+# Protobuf cannot serialize more than 2 GiB; bigger models keep their weights in an external data file.
+_EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+class _Graph:
+    """A small builder: unique names, initializers, nodes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._counter = 0
+        self._consts: dict[tuple[str, bytes], str] = {}
+
+    def _fresh(self, hint: str) -> str:
+        self._counter += 1
+        return f"{hint}_{self._counter}"
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        # np.ascontiguousarray would turn a 0-d array into 1-d; scalar Gather indices must stay 0-d.
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C", copy=False), name))
+        return name
+
+    def const(self, values: int | list[int] | list[float] | np.ndarray, dtype: type = np.int64) -> str:
+        array: np.ndarray = np.asarray(values, dtype=dtype)
+        key = (str(array.dtype) + str(array.shape), array.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.weight(self._fresh("const"), array)
+        return self._consts[key]
+
+    def op(self, op_type: str, inputs: list[str], hint: str | None = None, outputs: int = 1,
+           **attrs: Any) -> str:
+        names = [self._fresh(hint or op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
+        return names[0]
+
+    def op_multi(self, op_type: str, inputs: list[str], outputs: int, hint: str, **attrs: Any) -> list[str]:
+        names = [self._fresh(hint) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
+        return names
+
+    def rename_output(self, value: str, name: str) -> None:
+        self.nodes.append(helper.make_node("Identity", [value], [name]))
+
+    def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], doc: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mtgate")
+        model.ir_version = 8  # opset 17's IR; readable by every runtime version we support
+        model.doc_string = doc
+        return model
+
+
+class _Emitter:
+    """Shared sub-layers over one spec."""
+
+    def __init__(self, spec: TransformerSpec, g: _Graph) -> None:
+        self.spec = spec
+        self.c = spec.config
+        self.w = spec.weights
+        self.g = g
+        self.d = self.c.d_model
+        self.h = self.c.num_heads
+        self.dh = self.c.head_dim
+
+    def linear(self, x: str, prefix: str, kernel: np.ndarray | None = None, bias: np.ndarray | None = None) -> str:
+        kernel = self.w[f"{prefix}.weight"] if kernel is None else kernel
+        if bias is None:
+            bias = self.w.get(f"{prefix}.bias")
+        y = self.g.op("MatMul", [x, self.g.weight(f"{prefix}.weight", kernel)], hint=f"{prefix}.matmul")
+        if bias is not None:
+            y = self.g.op("Add", [y, self.g.weight(f"{prefix}.bias", bias)], hint=f"{prefix}.add")
+        return y
+
+    def norm(self, x: str, prefix: str) -> str:
+        scale = self.g.weight(f"{prefix}.scale", self.w[f"{prefix}.scale"])
+        bias = self.g.weight(f"{prefix}.bias", self.w[f"{prefix}.bias"])
+        return self.g.op("LayerNormalization", [x, scale, bias], hint=prefix, axis=-1,
+                         epsilon=float(self.c.norm_epsilon))
+
+    def activation(self, x: str) -> str:
+        kind = self.c.activation
+        if kind == "relu":
+            return self.g.op("Relu", [x])
+        if kind == "swish":
+            return self.g.op("Mul", [x, self.g.op("Sigmoid", [x])], hint="swish")
+        # Exact (erf) GELU; ONNX Runtime fuses this pattern into its Gelu kernel.
+        erf = self.g.op("Erf", [self.g.op("Mul", [x, self.g.const([1.0 / math.sqrt(2.0)], np.float32)])])
+        one_plus = self.g.op("Add", [erf, self.g.const([1.0], np.float32)])
+        return self.g.op("Mul", [self.g.op("Mul", [x, self.g.const([0.5], np.float32)]), one_plus], hint="gelu")
+
+    def ffn(self, x: str, prefix: str) -> str:
+        return self.linear(self.activation(self.linear(x, f"{prefix}.fc1")), f"{prefix}.fc2")
+
+    def sublayer(self, x: str, prefix: str, body: str, fn: Callable[[str], str]) -> str:
+        """Residual + norm around ``fn``: pre-norm ``x + f(LN(x))`` or post-norm ``LN(x + f(x))``."""
+        if self.c.pre_norm:
+            return self.g.op("Add", [x, fn(self.norm(x, f"{prefix}.{body}_norm"))], hint=f"{prefix}.{body}_res")
+        return self.norm(self.g.op("Add", [x, fn(x)], hint=f"{prefix}.{body}_res"), f"{prefix}.{body}_norm")
+
+    def qkv_weights(self, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Fused [D, 3D] kernel (q | k | v) with the 1/sqrt(Dh) query scale folded in."""
+        scale = np.float32(self.dh ** -0.5)
+        kernel = np.concatenate([self.w[f"{prefix}.q.weight"] * scale, self.w[f"{prefix}.k.weight"],
+                                 self.w[f"{prefix}.v.weight"]], axis=1)
+        bias = None
+        if self.c.attention_bias:
+            bias = np.concatenate([self.w[f"{prefix}.q.bias"] * scale, self.w[f"{prefix}.k.bias"],
+                                   self.w[f"{prefix}.v.bias"]])
+        return kernel, bias
+
+    def query(self, x: str, prefix: str) -> str:
+        scale = np.float32(self.dh ** -0.5)
+        bias = self.w.get(f"{prefix}.q.bias")
+        return self.linear(x, f"{prefix}.q", kernel=self.w[f"{prefix}.q.weight"] * scale,
+                           bias=None if bias is None else bias * scale)
+
+    def output_projection(self, ctx: str, prefix: str) -> str:
+        return self.linear(ctx, f"{prefix}.o")
+
+    def input_embedding_table(self, table: np.ndarray, fold_zero_row: bool) -> np.ndarray:
+        """Embedding with the scale folded in (and the zero-embedding row zeroed when allowed)."""
+        out = table * np.float32(self.c.embedding_scale)
+        zero_id = self.spec.special_ids.zero_embedding_id
+        if fold_zero_row and zero_id is not None:
+            out[zero_id] = 0.0
+        return out.astype(np.float32)
+
+
+def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
+    c = spec.config
+    g = _Graph("mtgate_encoder")
+    e = _Emitter(spec, g)
+    d, h, dh = c.d_model, c.num_heads, c.head_dim
+
+    ids = "input_ids"
+    table = g.weight("encoder.embed_tokens", e.input_embedding_table(spec.weights["encoder.embed_tokens"], True))
+    x = g.op("Gather", [table, ids], hint="embed", axis=0)
+    if c.encoder_embed_bias:
+        x = g.op("Add", [x, g.weight("encoder.embed_bias", spec.weights["encoder.embed_bias"])], hint="embed_bias")
+    seq_len = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])], hint="src_len")
+    positions = g.op("Slice", [g.weight("positions", spec.weights["positions"]), g.const([0]), seq_len,
+                               g.const([0])], hint="positions")
+    x = g.op("Add", [x, positions], hint="embed_pos")
+
+    is_pad = g.op("Cast", [g.op("Equal", [ids, g.const([spec.special_ids.pad])])], to=TensorProto.FLOAT)
+    bias = g.op("Mul", [is_pad, g.const([MASK_VALUE], np.float32)])
+    g.rename_output(g.op("Unsqueeze", [bias, g.const([1, 2])]), "src_bias")
+
+    for i in range(c.encoder_layers):
+        p = f"encoder.layers.{i}"
+
+        def self_attention(y: str, p: str = p) -> str:
+            kernel, qkv_bias = e.qkv_weights(f"{p}.self_attn")
+            qkv = e.linear(y, f"{p}.self_attn.qkv", kernel=kernel, bias=qkv_bias)  # [B,S,3D]
+            qkv = g.op("Reshape", [qkv, g.const([0, 0, 3, h, dh])])
+            qkv = g.op("Transpose", [qkv], perm=[2, 0, 3, 1, 4])  # [3,B,H,S,Dh]
+            q, k, v = (g.op("Gather", [qkv, g.const(j)], axis=0) for j in range(3))
+            scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])], hint=f"{p}.scores")
+            probs = g.op("Softmax", [g.op("Add", [scores, "src_bias"])], axis=-1)
+            ctx = g.op("Transpose", [g.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])  # [B,S,H,Dh]
+            return e.output_projection(g.op("Reshape", [ctx, g.const([0, 0, d])]), f"{p}.self_attn")
+
+        x = e.sublayer(x, p, "self_attn", self_attention)
+        x = e.sublayer(x, p, "ffn", functools.partial(e.ffn, prefix=f"{p}.ffn"))
+    if c.encoder_final_norm:
+        x = e.norm(x, "encoder.final_norm")
+    g.rename_output(x, "memory")
+
+    # Every decoder layer's cross-attention K and V from one [D, L*2*D] matmul.
+    kernels, biases = [], []
+    for i in range(c.decoder_layers):
+        for proj in ("k", "v"):
+            kernels.append(spec.weights[f"decoder.layers.{i}.cross_attn.{proj}.weight"])
+            if c.attention_bias:
+                biases.append(spec.weights[f"decoder.layers.{i}.cross_attn.{proj}.bias"])
+    kv = e.linear(x, "decoder.cross_kv", kernel=np.concatenate(kernels, axis=1),
+                  bias=np.concatenate(biases) if biases else None)
+    kv = g.op("Reshape", [kv, g.const([0, 0, c.decoder_layers, 2, h, dh])])
+    g.rename_output(g.op("Transpose", [kv], perm=[2, 3, 0, 4, 1, 5]), "cross_kv")
+
+    float_t = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "src_len"])]
+    outputs = [
+        helper.make_tensor_value_info("memory", float_t, ["batch", "src_len", d]),
+        helper.make_tensor_value_info("cross_kv", float_t, [c.decoder_layers, 2, "batch", h, "src_len", dh]),
+        helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
+    ]
+    return g.model(inputs, outputs, "mtgate encoder: input_ids -> memory, cross_kv, src_bias")
+
+
+def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
+    c = spec.config
+    g = _Graph("mtgate_decoder")
+    e = _Emitter(spec, g)
+    d, h, dh, n_layers = c.d_model, c.num_heads, c.head_dim, c.decoder_layers
+    zero_id = spec.special_ids.zero_embedding_id
+
+    embed_name = "encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"
+    embed = spec.weights[embed_name]
+    output_table: str | None = None
+    if c.tied_output:
+        # One matrix for input and output: keep it raw and apply scale / zero row as cheap [B,1,D] ops.
+        table = output_table = g.weight(embed_name, embed)
+        x = g.op("Gather", [table, "input_ids"], hint="embed", axis=0)
+        if c.embedding_scale != 1.0:
+            x = g.op("Mul", [x, g.const([c.embedding_scale], np.float32)], hint="embed_scale")
+        if zero_id is not None:
+            keep = g.op("Cast", [g.op("Not", [g.op("Equal", [g.op("Unsqueeze", ["input_ids", g.const([2])]),
+                                                              g.const([zero_id])])])], to=TensorProto.FLOAT)
+            x = g.op("Mul", [x, keep], hint="zero_embedding")
+    else:
+        table = g.weight(embed_name, e.input_embedding_table(embed, True))
+        x = g.op("Gather", [table, "input_ids"], hint="embed", axis=0)
+    position = g.op("Gather", [g.weight("positions", spec.weights["positions"]), "step"], hint="position", axis=0)
+    x = g.op("Add", [x, position], hint="embed_pos")  # [B,1,D] + [D]
+
+    # Views of the caches with (layer, k/v) flattened so that each Gather takes one [B,H,*,Dh] block.
+    # allowzero: at step 0 the past length is a real 0, not "copy this dimension".
+    past = g.op("Reshape", ["past_kv", g.op("Concat", [g.const([2 * n_layers]), g.op("Shape", ["past_kv"], start=2)],
+                                             axis=0)], hint="past_flat", allowzero=1)
+    cross = g.op("Reshape", ["cross_kv", g.op("Concat", [g.const([2 * n_layers]),
+                                                         g.op("Shape", ["cross_kv"], start=2)], axis=0)],
+                 hint="cross_flat", allowzero=1)
+
+    new_kv: list[str] = []
+    for i in range(n_layers):
+        p = f"decoder.layers.{i}"
+
+        def self_attention(y: str, p: str = p, i: int = i) -> str:
+            kernel, qkv_bias = e.qkv_weights(f"{p}.self_attn")
+            qkv = e.linear(y, f"{p}.self_attn.qkv", kernel=kernel, bias=qkv_bias)  # [B,1,3D]
+            qkv = g.op("Transpose", [g.op("Reshape", [qkv, g.const([0, 3, h, 1, dh])])], perm=[1, 0, 2, 3, 4])
+            q = g.op("Gather", [qkv, g.const(0)], axis=0)  # [B,H,1,Dh]
+            kv = g.op("Slice", [qkv, g.const([1]), g.const([3]), g.const([0])], hint=f"{p}.new_kv")  # [2,B,H,1,Dh]
+            new_kv.append(g.op("Unsqueeze", [kv, g.const([0])]))
+            k_new = g.op("Gather", [qkv, g.const(1)], axis=0)
+            v_new = g.op("Gather", [qkv, g.const(2)], axis=0)
+            past_k = g.op("Gather", [past, g.const(2 * i)], axis=0, hint=f"{p}.past_k")  # [B,H,T,Dh]
+            past_v = g.op("Gather", [past, g.const(2 * i + 1)], axis=0, hint=f"{p}.past_v")
+            # Score the cached keys and the new key apart; no per-layer cache concat.
+            scores_past = g.op("MatMul", [q, g.op("Transpose", [past_k], perm=[0, 1, 3, 2])])  # [B,H,1,T]
+            score_new = g.op("ReduceSum", [g.op("Mul", [q, k_new]), g.const([3])], keepdims=1)  # [B,H,1,1]
+            probs = g.op("Softmax", [g.op("Concat", [scores_past, score_new], axis=3)], axis=-1)
+            probs_past = g.op("Slice", [probs, g.const([0]), g.const([-1]), g.const([3])])
+            prob_new = g.op("Slice", [probs, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([3])])
+            ctx = g.op("Add", [g.op("MatMul", [probs_past, past_v]), g.op("Mul", [prob_new, v_new])])
+            # [B,H,1,Dh] has the memory order of [B,1,H*Dh]: a reshape, no transpose.
+            return e.output_projection(g.op("Reshape", [ctx, g.const([0, 1, d])]), f"{p}.self_attn")
+
+        def cross_attention(y: str, p: str = p, i: int = i) -> str:
+            q = g.op("Reshape", [e.query(y, f"{p}.cross_attn"), g.const([0, h, 1, dh])])  # [B,H,1,Dh]
+            k = g.op("Gather", [cross, g.const(2 * i)], axis=0, hint=f"{p}.cross_k")  # [B,H,S,Dh]
+            v = g.op("Gather", [cross, g.const(2 * i + 1)], axis=0, hint=f"{p}.cross_v")
+            scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])])  # [B,H,1,S]
+            probs = g.op("Softmax", [g.op("Add", [scores, "src_bias"])], axis=-1)
+            ctx = g.op("MatMul", [probs, v])
+            return e.output_projection(g.op("Reshape", [ctx, g.const([0, 1, d])]), f"{p}.cross_attn")
+
+        x = e.sublayer(x, p, "self_attn", self_attention)
+        x = e.sublayer(x, p, "cross_attn", cross_attention)
+        x = e.sublayer(x, p, "ffn", functools.partial(e.ffn, prefix=f"{p}.ffn"))
+    if c.decoder_final_norm:
+        x = e.norm(x, "decoder.final_norm")
+
+    hidden = g.op("Reshape", [x, g.const([0, d])], hint="last_hidden")  # [B,D]
+    if output_table is None:
+        output_table = g.weight("decoder.output_proj", spec.weights["decoder.output_proj"])
+    gemm_inputs = [hidden, output_table]
+    if c.logits_bias:
+        gemm_inputs.append(g.weight("decoder.output_bias", spec.weights["decoder.output_bias"]))
+    logits = g.op("Gemm", gemm_inputs, hint="logits", transB=1)
+    g.rename_output(g.op("LogSoftmax", [logits], axis=-1), "log_probs")
+    stacked = g.op("Concat", new_kv, axis=0, hint="new_kv")  # [L,2,B,H,1,Dh]
+    g.rename_output(g.op("Concat", ["past_kv", stacked], axis=4), "present_kv")
+
+    float_t = TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
+        helper.make_tensor_value_info("step", TensorProto.INT64, []),
+        helper.make_tensor_value_info("past_kv", float_t, [n_layers, 2, "batch", h, "past_len", dh]),
+        helper.make_tensor_value_info("cross_kv", float_t, [n_layers, 2, "batch", h, "src_len", dh]),
+        helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),
+        helper.make_tensor_value_info("present_kv", float_t, [n_layers, 2, "batch", h, "present_len", dh]),
+    ]
+    return g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present_kv")
+
+
+def build_models(spec: TransformerSpec) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The encoder and decoder-step ModelProtos for a validated spec."""
+    return _encoder(spec), _decoder(spec)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    if model.ByteSize() > _EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def emit_onnx(spec: TransformerSpec, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``encoder.onnx`` and ``decoder.onnx`` for a validated spec into ``out_dir``.
+
+    Arguments:
+        spec: a spec that passed ``validate()``.
+        out_dir: directory to write into (created).
+
+    Returns:
+        (encoder path, decoder path).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    encoder, decoder = build_models(spec)
+    encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
+    for model, path in ((encoder, encoder_path), (decoder, decoder_path)):
+        _save(model, path)
+        # The path form also checks models whose weights went to an external file.
+        onnx.checker.check_model(str(path))
+    logger.info("wrote %s (%.1f MB) and %s (%.1f MB)", encoder_path, encoder_path.stat().st_size / 1e6,
+                decoder_path, decoder_path.stat().st_size / 1e6)
+    return encoder_path, decoder_path

@@ -1,0 +1,152 @@
+"""A plain numpy forward pass of a TransformerSpec: the framework-neutral parity reference.
+
+Same I/O as the ONNX graphs (docs/architecture.md), written the textbook way (per-layer cache concat, explicit
+head split, unfused projections) and computed in float64, so it shares no shortcut with ``onnx_emitter`` and its
+own rounding error is far below what it checks. Slow; used by ``convert`` and ``verify`` on a few short inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from converters.onnx_emitter import MASK_VALUE
+from converters.spec import TransformerSpec
+
+
+def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    out: np.ndarray = (x - mean) / np.sqrt(var + eps) * scale + bias
+    return out
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return out
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; math.erf per element is exact enough and only used on small reference inputs.
+    import math
+
+    return np.asarray(np.vectorize(math.erf, otypes=[np.float64])(x))
+
+
+class ReferenceModel:
+    """encode / decode_step in numpy with the ONNX graphs' I/O (outputs float32)."""
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        self.spec = spec
+        self.c = spec.config
+        self.w = {name: array.astype(np.float64) for name, array in spec.weights.items()}
+
+    # --- pieces -----------------------------------------------------------------------------------------------
+    def _linear(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        y = x @ self.w[f"{prefix}.weight"]
+        bias = self.w.get(f"{prefix}.bias")
+        return y if bias is None else y + bias
+
+    def _norm(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        return _layer_norm(x, self.w[f"{prefix}.scale"], self.w[f"{prefix}.bias"], self.c.norm_epsilon)
+
+    def _act(self, x: np.ndarray) -> np.ndarray:
+        if self.c.activation == "relu":
+            return np.asarray(np.maximum(x, 0.0))
+        if self.c.activation == "swish":
+            return np.asarray(x / (1.0 + np.exp(-x)))
+        return np.asarray(0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))))
+
+    def _ffn(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        return self._linear(self._act(self._linear(x, f"{prefix}.fc1")), f"{prefix}.fc2")
+
+    def _split(self, x: np.ndarray) -> np.ndarray:
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.c.num_heads, self.c.head_dim).transpose(0, 2, 1, 3)
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(self.c.head_dim)
+        if bias is not None:
+            scores = scores + bias
+        ctx = _softmax(scores) @ v  # [B,H,Tq,Dh]
+        b, _, t, _ = ctx.shape
+        return np.asarray(ctx.transpose(0, 2, 1, 3).reshape(b, t, self.c.d_model))
+
+    def _sublayer(self, x: np.ndarray, prefix: str, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        if self.c.pre_norm:
+            return np.asarray(x + fn(self._norm(x, f"{prefix}_norm")))
+        return self._norm(x + fn(x), f"{prefix}_norm")
+
+    def _embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        x = table[ids] * self.c.embedding_scale
+        zero_id = self.spec.special_ids.zero_embedding_id
+        if zero_id is not None:
+            x = x * (ids != zero_id)[..., None]
+        return np.asarray(x)
+
+    # --- the contract -----------------------------------------------------------------------------------------
+    def encode(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids [B,S] -> (memory [B,S,D], cross_kv [L,2,B,H,S,Dh], src_bias [B,1,1,S])."""
+        c = self.c
+        s = input_ids.shape[1]
+        x = self._embed(self.w["encoder.embed_tokens"], input_ids)
+        if c.encoder_embed_bias:
+            x = x + self.w["encoder.embed_bias"]
+        x = x + self.w["positions"][:s]
+        bias = np.where(input_ids == self.spec.special_ids.pad, MASK_VALUE, 0.0)[:, None, None, :]
+        for i in range(c.encoder_layers):
+            p = f"encoder.layers.{i}"
+
+            def attn(y: np.ndarray, p: str = p) -> np.ndarray:
+                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}")) for n in "qkv")
+                return self._linear(self._attend(q, k, v, bias), f"{p}.self_attn.o")
+
+            x = self._sublayer(x, f"{p}.self_attn", attn)
+            x = self._sublayer(x, f"{p}.ffn", functools.partial(self._ffn, prefix=f"{p}.ffn"))
+        if c.encoder_final_norm:
+            x = self._norm(x, "encoder.final_norm")
+        cross = np.stack([
+            np.stack([self._split(self._linear(x, f"decoder.layers.{i}.cross_attn.{n}")) for n in "kv"])
+            for i in range(c.decoder_layers)
+        ])
+        return x.astype(np.float32), cross.astype(np.float32), bias.astype(np.float32)
+
+    def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
+                    src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One token per row -> (log_probs [B,V], present_kv [L,2,B,H,T+1,Dh])."""
+        c = self.c
+        table = self.w["encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"]
+        x = self._embed(table, input_ids) + self.w["positions"][step]
+        past = past_kv.astype(np.float64)
+        cross = cross_kv.astype(np.float64)
+        bias = src_bias.astype(np.float64)
+        present = []
+        for i in range(c.decoder_layers):
+            p = f"decoder.layers.{i}"
+
+            def self_attn(y: np.ndarray, p: str = p, i: int = i) -> np.ndarray:
+                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}")) for n in "qkv")
+                k = np.concatenate([past[i, 0], k], axis=2)
+                v = np.concatenate([past[i, 1], v], axis=2)
+                present.append(np.stack([k, v]))
+                return self._linear(self._attend(q, k, v, None), f"{p}.self_attn.o")
+
+            def cross_attn(y: np.ndarray, p: str = p, i: int = i) -> np.ndarray:
+                q = self._split(self._linear(y, f"{p}.cross_attn.q"))
+                return self._linear(self._attend(q, cross[i, 0], cross[i, 1], bias), f"{p}.cross_attn.o")
+
+            x = self._sublayer(x, f"{p}.self_attn", self_attn)
+            x = self._sublayer(x, f"{p}.cross_attn", cross_attn)
+            x = self._sublayer(x, f"{p}.ffn", functools.partial(self._ffn, prefix=f"{p}.ffn"))
+        if c.decoder_final_norm:
+            x = self._norm(x, "decoder.final_norm")
+        out = self.w["decoder.output_proj"] if not c.tied_output else table
+        logits = x[:, 0] @ out.T
+        if c.logits_bias:
+            logits = logits + self.w["decoder.output_bias"]
+        log_probs = logits - logits.max(axis=-1, keepdims=True)
+        log_probs = log_probs - np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
+        return log_probs.astype(np.float32), np.stack(present).astype(np.float32)

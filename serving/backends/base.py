@@ -1,0 +1,62 @@
+"""The runtime contract: one encoder call per batch, one decoder-step call per generated token.
+
+Graph I/O is fixed in docs/architecture.md; every backend runs the same two graphs (ONNX, or OpenVINO IR derived
+from it). A backend owns one session per graph and is used from one thread at a time (the batcher's worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """What the encoder returns for a batch.
+
+    Attributes:
+        memory: final encoder states ``[B, S, D]``.
+        cross_kv: every decoder layer's cross-attention keys (0) and values (1), ``[L, 2, B, H, S, Dh]``.
+        src_bias: additive attention bias ``[B, 1, 1, S]``: 0 at tokens, a large negative number at padding.
+    """
+
+    memory: np.ndarray
+    cross_kv: np.ndarray
+    src_bias: np.ndarray
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Runs the encoder and the decoder-step graphs."""
+
+    def encode(self, input_ids: np.ndarray) -> EncoderOutput:
+        """Encode right-padded source ids ``[B, S]`` (int64)."""
+        ...
+
+    def decode_step(
+        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Feed one token per row (``[B, 1]``) at position ``step``; return ``(log_probs [B, V], present_kv)``."""
+        ...
+
+
+class BackendUnavailable(RuntimeError):
+    """The runtime a backend needs is not installed (the message says which package to install)."""
+
+
+def empty_past(cross_kv: np.ndarray) -> np.ndarray:
+    """The step-0 self-attention cache ``[L, 2, B, H, 0, Dh]`` matching an encoder output's ``cross_kv``."""
+    layers, _, batch, heads, _, head_dim = cross_kv.shape
+    return np.zeros((layers, 2, batch, heads, 0, head_dim), dtype=np.float32)
+
+
+def as_ids(input_ids: np.ndarray) -> np.ndarray:
+    """int64, C-contiguous (no copy when it already is)."""
+    return np.ascontiguousarray(input_ids, dtype=np.int64)
+
+
+def as_floats(array: np.ndarray) -> np.ndarray:
+    """float32, C-contiguous (no copy when it already is)."""
+    return np.ascontiguousarray(array, dtype=np.float32)
