@@ -202,6 +202,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=2, help="greedy val BLEU every N epochs (0: never)")
     parser.add_argument("--export-only", action="store_true", help="export the latest checkpoint and stop")
+    parser.add_argument(
+        "--init-from", type=Path, help="start from an exported model (e.g. the bundled source) instead of random weights"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -216,6 +219,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     config = make_config(args.vocab_size, args)
     model = MarianMTModel(config)
+    if args.init_from is not None:
+        # Continuing from a published export: its weights (fp16 on disk) seed a fresh run with a fresh optimizer.
+        model = MarianMTModel.from_pretrained(args.init_from, torch_dtype=torch.float32)
+        model.config.dropout = args.dropout
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
     ckpt_path = args.work / "checkpoint.pt"
     epoch, step, history = 0, 0, []
@@ -254,7 +261,7 @@ def main() -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             n_tok = int((labels != -100).sum())
-            total_loss += float(loss) * n_tok
+            total_loss += float(loss.detach()) * n_tok
             total_tokens += n_tok
             if step % 50 == 0:
                 logger.info("epoch %d step %d loss %.3f lr %.2e", epoch + 1, step, float(loss), lr_at(step, args))
