@@ -330,7 +330,9 @@ class DynamicBatcher(Generic[P, R]):
             remaining=len(payloads),
         )
         now = time.monotonic()
-        pending.items = [_Item(pending, i, p, max(1, int(c)), now) for i, (p, c) in enumerate(zip(payloads, costs, strict=True))]
+        pending.items = [
+            _Item(pending, i, p, max(1, int(c)), now) for i, (p, c) in enumerate(zip(payloads, costs, strict=True))
+        ]
         self._groups.setdefault(key, []).extend(pending.items)
         self._queued += len(pending.items)
         self._outstanding.add(pending)

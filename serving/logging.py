@@ -34,15 +34,15 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(settings: ServingSettings) -> None:
     """Send every logger (ours and uvicorn's) to stderr at ``settings.log_level`` in ``settings.log_format``."""
-    formatter: dict[str, Any] = (
-        {"()": JsonFormatter} if settings.log_format == "json" else {"format": _TEXT_FORMAT}
-    )
+    formatter: dict[str, Any] = {"()": JsonFormatter} if settings.log_format == "json" else {"format": _TEXT_FORMAT}
     logging.config.dictConfig(
         {
             "version": 1,
             "disable_existing_loggers": False,
             "formatters": {"default": formatter},
-            "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}},
+            "handlers": {
+                "stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+            },
             "root": {"handlers": ["stderr"], "level": settings.log_level},
             "loggers": {
                 "uvicorn": {"handlers": [], "propagate": True, "level": settings.log_level},

@@ -30,21 +30,32 @@ class ServingMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "mtgate_requests_total", "HTTP requests by route template, method and status", ["route", "method", "status"],
+            "mtgate_requests_total",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
             registry=r,
         )
         self.request_seconds = Histogram(
-            "mtgate_request_duration_seconds", "HTTP request duration until the response is complete", ["route"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "mtgate_request_duration_seconds",
+            "HTTP request duration until the response is complete",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.inflight = Gauge("mtgate_inflight_requests", "inference requests being served", registry=r)
         self.queue_seconds = Histogram(
-            "mtgate_queue_wait_seconds", "time a sentence waits in the batch queue before its batch runs", ["model"],
-            buckets=_QUEUE_BUCKETS, registry=r,
+            "mtgate_queue_wait_seconds",
+            "time a sentence waits in the batch queue before its batch runs",
+            ["model"],
+            buckets=_QUEUE_BUCKETS,
+            registry=r,
         )
         self.compute_seconds = Histogram(
-            "mtgate_batch_compute_seconds", "engine time per batch (tokenize, decode, detokenize)", ["model"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "mtgate_batch_compute_seconds",
+            "engine time per batch (tokenize, decode, detokenize)",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
             "mtgate_batch_size", "sentences per engine batch", ["model"], buckets=_BATCH_BUCKETS, registry=r
@@ -54,7 +65,8 @@ class ServingMetrics:
         self.dropped = Counter(
             "mtgate_dropped_sentences_total",
             "sentences refused or removed from the queue, by reason (overloaded, deadline, cancelled, failed, shutdown)",
-            ["model", "reason"], registry=r,
+            ["model", "reason"],
+            registry=r,
         )
         self.sentences = Counter("mtgate_sentences_total", "sentences translated", ["model"], registry=r)
         self.input_tokens = Counter("mtgate_input_tokens_total", "source tokens translated", ["model"], registry=r)
@@ -65,8 +77,9 @@ class ServingMetrics:
         self.model_load_seconds = Gauge(
             "mtgate_model_load_seconds", "time to load and warm up a model", ["model"], registry=r
         )
-        self.ready = Gauge("mtgate_ready", "1 when every model is loaded and warm and the server is not draining",
-                           registry=r)
+        self.ready = Gauge(
+            "mtgate_ready", "1 when every model is loaded and warm and the server is not draining", registry=r
+        )
 
     def observer(self, model: str) -> BatchObserver:
         """A batch observer that records the batcher's events under ``model``."""
@@ -103,8 +116,13 @@ class _ModelObserver:
         self._metrics.batches.labels(self._model, "ok" if stats.ok else "error").inc()
         logger.info(
             "batch model=%s batch_size=%d padded_tokens=%d queue_ms=%.1f infer_ms=%.1f ok=%s request_ids=%s",
-            self._model, stats.size, stats.padded_cost, 1000 * max(stats.queue_waits, default=0.0),
-            1000 * stats.compute_s, stats.ok, ",".join(stats.tags),
+            self._model,
+            stats.size,
+            stats.padded_cost,
+            1000 * max(stats.queue_waits, default=0.0),
+            1000 * stats.compute_s,
+            stats.ok,
+            ",".join(stats.tags),
         )
 
     def on_dropped(self, reason: str, items: int) -> None:

@@ -106,8 +106,6 @@ class ServingSettings(BaseSettings):
                 f"max_sentences_per_request ({self.max_sentences_per_request}) exceeds queue_capacity "
                 f"({self.queue_capacity}): such a request could never be queued"
             )
-        if self.bulk_window > self.queue_capacity:
-            problems.append(f"bulk_window ({self.bulk_window}) exceeds queue_capacity ({self.queue_capacity})")
         names = [p.name for p in self.model_dirs]
         if len(set(self.model_dirs)) != len(self.model_dirs):
             problems.append(f"a model directory is listed twice: {names}")

@@ -198,7 +198,9 @@ def test_a_bad_item_fails_only_its_own_request() -> None:
         batcher = make(recorder, max_delay_s=0.05)
         batcher.start()
         out = await asyncio.gather(
-            batcher.submit(["good1"], [1]), batcher.submit(["boom"], [1]), batcher.submit(["good2"], [1]),
+            batcher.submit(["good1"], [1]),
+            batcher.submit(["boom"], [1]),
+            batcher.submit(["good2"], [1]),
             return_exceptions=True,
         )
         await batcher.stop()

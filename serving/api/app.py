@@ -1,0 +1,101 @@
+"""``create_app(settings, translator=None)``: the FastAPI application of ``mtgate serve``.
+
+The model is loaded and warmed up in the background from the lifespan, so that ``/v2/health/live`` answers at once and
+``/v2/health/ready`` turns 200 only when the model can serve. Tests pass a ``translator`` (a fake or an already loaded
+engine) instead of loading ``settings.model_dirs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, Response
+
+from serving import __version__
+from serving.api import v1, v2
+from serving.api.deps import ServiceDep
+from serving.api.errors import install_error_handlers
+from serving.api.middleware import ServerMiddleware
+from serving.api.service import TranslationService, TranslatorLike
+from serving.metrics import CONTENT_TYPE, ServingMetrics
+from serving.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: ServingSettings, translator: TranslatorLike | Sequence[TranslatorLike] | None = None
+) -> FastAPI:
+    """Build the app.
+
+    Arguments:
+        settings: every server setting (limits, batching, models to load, API key).
+        translator: serve this translator (or these) instead of loading ``settings.model_dirs``.
+
+    Returns:
+        The FastAPI app; its ``state.service`` is the :class:`TranslationService`.
+    """
+    translators: Sequence[TranslatorLike] = (
+        () if translator is None else [translator] if not isinstance(translator, Sequence) else translator
+    )
+    metrics = ServingMetrics()
+    service = TranslationService(settings, metrics, translators)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        loading = asyncio.create_task(service.load(), name="load-models")
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await service.stop()
+
+    app = FastAPI(
+        title="mtgate",
+        version=__version__,
+        description="Machine translation on CPU: `/v1` REST (JSON, SSE streaming, NDJSON bulk), `/v2` Open Inference "
+        "Protocol (tritonclient), `/metrics` (Prometheus).",
+        lifespan=lifespan,
+        # tritonclient sends JSON without a Content-Type; the /v2 infer route parses its raw body anyway.
+        strict_content_type=False,
+    )
+    app.state.service = service
+    app.state.settings = settings
+    app.add_middleware(ServerMiddleware, service=service)
+    install_error_handlers(app)
+    app.include_router(v1.router)
+    app.include_router(v2.router)
+
+    page = resources.files("serving.api").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        """A page to try the server."""
+        return HTMLResponse(page)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics(service: ServiceDep) -> Response:
+        """Prometheus metrics."""
+        service.metrics.ready.set(1 if service.ready else 0)
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/health", include_in_schema=False)
+    async def health(request: Request, service: ServiceDep) -> dict[str, object]:
+        """Readiness details for humans (probes use /v2/health/*)."""
+        return {
+            "ready": service.ready,
+            "draining": service.draining,
+            "failed": service.failed,
+            "models": {name: runner.ready for name, runner in service.models.items()},
+            "inflight": service.inflight,
+        }
+
+    return app

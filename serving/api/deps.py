@@ -1,0 +1,76 @@
+"""FastAPI dependencies shared by the routes: the service, the API key check, request context, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+
+from serving.api.errors import ClientDisconnected, Unauthorized
+from serving.api.service import TranslationService
+
+T = TypeVar("T")
+
+
+def get_service(request: Request) -> TranslationService:
+    service: TranslationService = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[TranslationService, Depends(get_service)]
+
+
+def require_api_key(request: Request, service: ServiceDep) -> None:
+    """When an API key is configured, demand ``Authorization: Bearer <key>`` (compared in constant time)."""
+    key = service.settings.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("this server requires an API key: send 'Authorization: Bearer <key>'")
+    if not hmac.compare_digest(token.strip().encode(), key.get_secret_value().encode()):
+        raise Unauthorized("invalid API key")
+
+
+ApiKeyDep = Annotated[None, Depends(require_api_key)]
+
+
+def request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", ""))
+
+
+def request_started(request: Request) -> float:
+    started = getattr(request.state, "started", None)
+    return float(started) if started is not None else time.monotonic()
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (or once the response is complete). Only call after the body is read."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it (dropping its queued sentences).
+
+    Raises:
+        ClientDisconnected: the client went away first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    if task.cancelled() or not task.done():
+        raise ClientDisconnected("client disconnected before the translation was ready")
+    return task.result()

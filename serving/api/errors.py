@@ -1,0 +1,173 @@
+"""Errors -> HTTP, in one place: one table from error type to status, one way to render a body, one handler.
+
+Bodies differ by API family only: ``/v2/...`` (Open Inference Protocol) answers ``{"error": "<message>"}``, which
+``tritonclient`` parses; every other route answers ``{"error": {"code": ..., "message": ...}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from serving.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    InputTooLong,
+    InvalidInput,
+    ModelNotReady,
+    Overloaded,
+    ServingError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ModelNotFound(ServingError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+    code = "model_not_found"
+
+
+class LimitExceeded(InvalidInput):
+    """A request exceeds one of the server's size limits (HTTP 413); the message names the limit.
+
+    Attributes:
+        limit: the setting's name (e.g. ``max_sentences_per_request``).
+    """
+
+    code = "limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class Unauthorized(ServingError):
+    """Missing or wrong API key (HTTP 401)."""
+
+    code = "unauthorized"
+
+
+class ClientDisconnected(ServingError):
+    """The client went away before its answer was ready; its pending work was cancelled (logged as 499)."""
+
+    code = "client_disconnected"
+
+
+# The one table. Lookup walks the exception's MRO, so subclasses inherit their parent's status.
+STATUS: dict[type[ServingError], int] = {
+    InputTooLong: 413,
+    LimitExceeded: 413,
+    InvalidInput: 400,
+    Unauthorized: 401,
+    ModelNotFound: 404,
+    ClientDisconnected: 499,
+    InferenceFailed: 500,
+    ModelNotReady: 503,
+    Overloaded: 503,
+    DeadlineExceeded: 504,
+    ServingError: 500,
+}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+def status_of(error: ServingError) -> int:
+    """The HTTP status of a domain error."""
+    for cls in type(error).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]  # type: ignore[index]
+    return 500
+
+
+def headers_of(error: ServingError) -> dict[str, str]:
+    """Extra response headers a domain error calls for."""
+    if isinstance(error, Overloaded):
+        return {"Retry-After": str(max(0, round(error.retry_after)))}
+    if isinstance(error, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    return {}
+
+
+def is_v2(path: str) -> bool:
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_response(
+    path: str, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The error body of the API family ``path`` belongs to."""
+    body: object = {"error": message} if is_v2(path) else {"error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def serving_error_response(path: str, error: ServingError) -> Response:
+    """Render a domain error; the one place that decides its status, body and headers."""
+    status = status_of(error)
+    if status >= 500 and not isinstance(error, ModelNotReady | Overloaded | DeadlineExceeded):
+        logger.error("%s %s: %s", status, path, error)
+    else:
+        logger.info("%s %s: %s", status, path, error)
+    return error_response(path, status, error.code, str(error), headers_of(error))
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        msg = item.get("msg", "invalid")
+        if item.get("type") == "model_attributes_type" and isinstance(item.get("input"), bytes | str):
+            msg = "the request body must be a JSON object (send Content-Type: application/json)"
+        elif item.get("type") == "json_invalid":
+            msg = f"invalid JSON ({item.get('ctx', {}).get('error', 'decode error')})"
+        parts.append(f"{loc}: {msg}")
+    more = len(error.errors()) - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error through :func:`error_response`: domain errors, validation errors, 404/405, crashes."""
+
+    async def on_serving_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServingError)
+        return serving_error_response(request.url.path, exc)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        message = _validation_message(exc)
+        logger.info("422 %s: %s", request.url.path, message)
+        return error_response(request.url.path, 422, "validation_error", message)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        return error_response(request.url.path, exc.status_code, code, message, exc.headers)
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(request.url.path, 500, "internal_error", f"internal error: {type(exc).__name__}")
+
+    app.add_exception_handler(ServingError, on_serving_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_crash)

@@ -1,0 +1,285 @@
+"""Open Inference Protocol (KServe v2) infer bodies, JSON and Triton's binary tensor extension; no HTTP, no numpy.
+
+A translation model takes one BYTES input ``INPUT_TEXT`` of any shape (each element one UTF-8 sentence; tritonclient
+users typically send ``[N, 1]``) and returns outputs of the same shape: ``OUTPUT_TEXT`` (BYTES), ``INPUT_TOKENS`` and
+``OUTPUT_TOKENS`` (INT32) and ``SCORE`` (FP32). Request parameters ``beam_size``, ``max_length`` and ``timeout``
+(microseconds, Triton's schedule-policy extension) are honoured.
+
+Binary extension (Triton ``extension_binary_data.md``): the body is a JSON header of ``Inference-Header-Content-Length``
+bytes followed by each binary tensor in the order the JSON lists them; a BYTES tensor is, per element, a 4-byte
+little-endian length and the raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.errors import InvalidInput
+
+INPUT_NAME = "INPUT_TEXT"
+OUTPUT_DATATYPES: dict[str, str] = {
+    "OUTPUT_TEXT": "BYTES",
+    "INPUT_TOKENS": "INT32",
+    "OUTPUT_TOKENS": "INT32",
+    "SCORE": "FP32",
+}
+_MAX_INT32 = 2**31 - 1
+
+
+@dataclass
+class InferRequest:
+    """A parsed infer request: the sentences (flattened, row-major), their shape and what to send back."""
+
+    id: str | None
+    texts: list[str]
+    shape: list[int]
+    outputs: list[tuple[str, bool]]  # (output name, answer in binary)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def int_parameter(self, name: str) -> int | None:
+        value = self.parameters.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(f"parameter {name!r} must be an integer, got {value!r}")
+        return value
+
+
+def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
+    """The model metadata document (``GET /v2/models/{name}``)."""
+    return {
+        "name": name,
+        "versions": [version],
+        "platform": platform,
+        "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1, 1]}],
+        "outputs": [{"name": n, "datatype": d, "shape": [-1, 1]} for n, d in OUTPUT_DATATYPES.items()],
+    }
+
+
+def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
+    """Parse an infer request body.
+
+    Arguments:
+        body: the whole (decompressed) request body.
+        header_length: the ``Inference-Header-Content-Length`` header, if any (absent: the body is all JSON).
+
+    Raises:
+        InvalidInput: with a message that says what is wrong, for anything malformed.
+    """
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        try:
+            n = int(header_length.strip())
+        except ValueError:
+            raise InvalidInput(f"Inference-Header-Content-Length is not an integer: {header_length!r}") from None
+        if n < 0 or n > len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length {n} is outside the body's {len(body)} bytes")
+        if n == 0:
+            raise InvalidInput("raw binary requests (Inference-Header-Content-Length: 0) are not supported")
+        header, binary = body[:n], body[n:]
+    if not header.strip():
+        raise InvalidInput("empty request body; expected an inference request JSON object")
+    try:
+        doc = json.loads(header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInput(f"request is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request must be a JSON object with an 'inputs' list")
+
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    parameters = _object(doc.get("parameters"), "parameters")
+
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput(f"request needs a non-empty 'inputs' list with one BYTES input {INPUT_NAME!r}")
+    offset = 0
+    texts: list[str] | None = None
+    shape: list[int] = []
+    for position, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise InvalidInput(f"inputs[{position}] must be an object")
+        name = tensor.get("name")
+        if name != INPUT_NAME:
+            raise InvalidInput(f"unexpected input {name!r}; this model takes one BYTES input {INPUT_NAME!r}")
+        if texts is not None:
+            raise InvalidInput(f"input {INPUT_NAME!r} given twice")
+        datatype = tensor.get("datatype")
+        if datatype != "BYTES":
+            raise InvalidInput(f"input {INPUT_NAME!r} must have datatype BYTES, got {datatype!r}")
+        shape = _shape(tensor.get("shape"))
+        count = math.prod(shape)
+        size = _object(tensor.get("parameters"), f"inputs[{position}].parameters").get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidInput(f"binary_data_size of {INPUT_NAME!r} must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidInput(
+                    f"binary_data_size {size} of {INPUT_NAME!r} exceeds the {len(binary) - offset} binary bytes sent"
+                )
+            texts = decode_bytes_tensor(binary[offset : offset + size], count)
+            offset += size
+        else:
+            if "data" not in tensor:
+                raise InvalidInput(f"input {INPUT_NAME!r} has neither 'data' nor parameters.binary_data_size")
+            texts = _flatten_strings(tensor["data"])
+            if len(texts) != count:
+                raise InvalidInput(
+                    f"input {INPUT_NAME!r} has {len(texts)} elements but its shape {shape} needs {count}"
+                )
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data follow the tensors; sizes do not add up")
+    assert texts is not None
+
+    outputs = _outputs(doc.get("outputs"), parameters)
+    return InferRequest(id=request_id, texts=texts, shape=shape, outputs=outputs, parameters=parameters)
+
+
+def decode_bytes_tensor(raw: bytes, count: int) -> list[str]:
+    """Split ``count`` length-prefixed elements and decode each as UTF-8.
+
+    Raises:
+        InvalidInput: truncated data, extra bytes, or an element that is not UTF-8.
+    """
+    texts: list[str] = []
+    offset = 0
+    for i in range(count):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"binary {INPUT_NAME!r} ends before element {i} of {count}")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidInput(
+                f"binary {INPUT_NAME!r} element {i} claims {length} bytes; only {len(raw) - offset} left"
+            )
+        try:
+            texts.append(raw[offset : offset + length].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{INPUT_NAME!r} element {i} is not valid UTF-8") from None
+        offset += length
+    if offset != len(raw):
+        raise InvalidInput(f"binary {INPUT_NAME!r} has {len(raw) - offset} bytes beyond its {count} elements")
+    return texts
+
+
+def encode_bytes_tensor(values: Sequence[str]) -> bytes:
+    parts = []
+    for value in values:
+        data = value.encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def encode_infer_response(
+    request: InferRequest, model: str, version: str, translations: Sequence[Any]
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers; binary outputs follow the JSON header in the order it lists them."""
+    values: dict[str, list[Any]] = {
+        "OUTPUT_TEXT": [t.text for t in translations],
+        "INPUT_TOKENS": [min(int(t.input_tokens), _MAX_INT32) for t in translations],
+        "OUTPUT_TOKENS": [min(int(t.output_tokens), _MAX_INT32) for t in translations],
+        "SCORE": [_float_or_nan(t.score) for t in translations],
+    }
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, binary in request.outputs:
+        datatype = OUTPUT_DATATYPES[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": request.shape}
+        data = values[name]
+        if binary:
+            raw = _encode_binary(datatype, data)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in data]
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": entries}
+    if request.id is not None:
+        doc = {"id": request.id, **doc}
+    # ensure_ascii: the header length the client slices by is then both characters and bytes.
+    header = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    if not chunks:
+        return header, {"Content-Type": "application/json"}
+    return header + b"".join(chunks), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+
+
+def _encode_binary(datatype: str, data: list[Any]) -> bytes:
+    if datatype == "BYTES":
+        return encode_bytes_tensor(data)
+    if datatype == "INT32":
+        return struct.pack(f"<{len(data)}i", *data)
+    return struct.pack(f"<{len(data)}f", *data)
+
+
+def _float_or_nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"'{where}' must be an object")
+    return value
+
+
+def _shape(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise InvalidInput(f"input {INPUT_NAME!r} needs a 'shape' list of non-negative integers, got {value!r}")
+    if len(value) > 8:
+        raise InvalidInput(f"input {INPUT_NAME!r} shape has {len(value)} dimensions; at most 8 are accepted")
+    return list(value)
+
+
+def _flatten_strings(data: Any) -> list[str]:
+    out: list[str] = []
+    stack = [iter([data])]
+    depth = 0
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                depth += 1
+                if depth > 9:
+                    raise InvalidInput(f"input {INPUT_NAME!r} data is nested too deeply")
+                stack.append(iter(item))
+                break
+            if not isinstance(item, str):
+                raise InvalidInput(f"input {INPUT_NAME!r} data must hold strings, got {type(item).__name__}")
+            out.append(item)
+        else:
+            stack.pop()
+            depth -= 1
+    return out
+
+
+def _outputs(value: Any, parameters: dict[str, Any]) -> list[tuple[str, bool]]:
+    default_binary = parameters.get("binary_data_output", False)
+    if not isinstance(default_binary, bool):
+        raise InvalidInput("parameter 'binary_data_output' must be true or false")
+    if value is None:
+        return [(name, default_binary) for name in OUTPUT_DATATYPES]
+    if not isinstance(value, list):
+        raise InvalidInput("'outputs' must be a list")
+    outputs: list[tuple[str, bool]] = []
+    for position, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise InvalidInput(f"outputs[{position}] must be an object")
+        name = entry.get("name")
+        if name not in OUTPUT_DATATYPES:
+            raise InvalidInput(f"unknown output {name!r}; this model has {', '.join(OUTPUT_DATATYPES)}")
+        binary = _object(entry.get("parameters"), f"outputs[{position}].parameters").get("binary_data", default_binary)
+        if not isinstance(binary, bool):
+            raise InvalidInput(f"outputs[{position}].parameters.binary_data must be true or false")
+        outputs.append((name, binary))
+    return outputs

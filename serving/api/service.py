@@ -1,0 +1,396 @@
+"""The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
+
+A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
+:meth:`TranslationService.admit` for streaming); the service checks limits, counts tokens, admits the texts into the
+model's :class:`~serving.batching.DynamicBatcher` and returns the engine's translations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from serving.api.errors import LimitExceeded, ModelNotFound
+from serving.batching import BatchLimits, DynamicBatcher, Pending, StepCallback
+from serving.errors import InputTooLong, InvalidInput, ModelNotReady, ServingError
+from serving.metrics import ServingMetrics
+from serving.package import PackageError, read_manifest
+from serving.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+WARMUP_TEXTS = ["Hello world.", "This is a warm-up sentence for the translation server."]
+
+
+class ModelInfoLike(Protocol):
+    """What the server reads from ``Translator.info`` (``serving.engine.ModelInfo``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def runtime(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def max_input_tokens(self) -> int: ...
+
+
+class TranslationLike(Protocol):
+    """One result of ``Translator.translate`` (``serving.engine.Translation``)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+    @property
+    def score(self) -> float | None: ...
+
+
+class TranslatorLike(Protocol):
+    """The engine contract the server needs (``serving.engine.Translator``; ``tests.fakes.EchoTranslator``)."""
+
+    @property
+    def info(self) -> Any: ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+    def translate(self, texts: Sequence[str], options: Any, on_step: Any = None) -> Sequence[Any]: ...
+
+
+@dataclass(frozen=True)
+class Options:
+    """Decoding options of a request, already checked against the server's limits; hashable (a batch key)."""
+
+    beam_size: int | None = None
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class _Key:
+    options: Options
+    streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
+
+
+def finite_score(score: float | None) -> float | None:
+    """A score JSON can carry (NaN and infinities become None)."""
+    return score if score is not None and math.isfinite(score) else None
+
+
+class ModelRunner:
+    """One served model: its translator (loaded on the worker thread) and its batcher."""
+
+    def __init__(
+        self,
+        settings: ServingSettings,
+        metrics: ServingMetrics,
+        *,
+        package_dir: Path | None = None,
+        translator: TranslatorLike | None = None,
+    ) -> None:
+        self.package_dir = package_dir
+        self.translator: TranslatorLike | None = translator
+        if translator is not None:
+            self.name = str(translator.info.name)
+        else:
+            assert package_dir is not None
+            # The manifest names the model; reading it is cheap (checksums are verified when the engine loads).
+            self.name = str(read_manifest(package_dir).get("name") or package_dir.name)
+        self.ready = False
+        self.load_error: str | None = None
+        self._settings = settings
+        self._metrics = metrics
+        self.batcher: DynamicBatcher[str, Any] | None = None
+
+    @property
+    def info(self) -> ModelInfoLike:
+        if self.translator is None:
+            raise ModelNotReady(f"model {self.name!r} is still loading")
+        info: ModelInfoLike = self.translator.info
+        return info
+
+    def start(self) -> None:
+        s = self._settings
+        limits = BatchLimits(
+            max_items=s.max_batch_sentences,
+            max_cost=s.max_batch_tokens,
+            max_delay_s=s.max_batch_delay_ms / 1000,
+            queue_capacity=s.queue_capacity,
+            retry_after_s=s.retry_after_s,
+        )
+        self.batcher = DynamicBatcher(self._run_batch, limits, self._metrics.observer(self.name), name=self.name)
+        self.batcher.start()
+
+    async def load(self) -> None:
+        """Load (unless a translator was given) and warm up, on the worker thread; then mark ready."""
+        assert self.batcher is not None
+        started = time.monotonic()
+        if self.translator is None:
+            assert self.package_dir is not None
+            from serving.engine import Translator  # the engine (numpy, runtimes) loads only when a package is served
+
+            s = self._settings
+            self.translator = await self.batcher.call_in_worker(
+                lambda: Translator.load(self.package_dir, runtime=s.backend, precision=s.precision, threads=s.threads)
+            )
+        if self._settings.warmup:
+            await self.batcher.call_in_worker(self._warm_up)
+        info = self.info
+        self._metrics.model_info.labels(info.name, str(info.version), info.runtime, info.precision).set(1)
+        elapsed = time.monotonic() - started
+        self._metrics.model_load_seconds.labels(info.name).set(elapsed)
+        self.ready = True
+        logger.info(
+            "model %s %s ready (%s/%s) in %.2fs", info.name, info.version, info.runtime, info.precision, elapsed
+        )
+
+    def _warm_up(self) -> None:
+        assert self.translator is not None
+        for key in (_Key(Options(), False), _Key(Options(), True)):
+            self._run_batch(key, WARMUP_TEXTS, (lambda i, t: None) if key.streaming else None)
+
+    def _run_batch(self, key: Hashable, texts: list[str], on_step: StepCallback | None) -> Sequence[Any]:
+        assert isinstance(key, _Key) and self.translator is not None
+        from serving.engine import DecodeOptions
+
+        options = DecodeOptions(beam_size=key.options.beam_size, max_length=key.options.max_length)
+        return self.translator.translate(texts, options, on_step=on_step)
+
+    async def stop(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+
+
+class TranslationService:
+    """Every served model plus the server's state (loading -> ready -> draining)."""
+
+    def __init__(
+        self,
+        settings: ServingSettings,
+        metrics: ServingMetrics,
+        translators: Sequence[TranslatorLike] = (),
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        if translators:
+            runners = [ModelRunner(settings, metrics, translator=t) for t in translators]
+        else:
+            runners = [ModelRunner(settings, metrics, package_dir=p) for p in settings.model_dirs]
+        self.models: dict[str, ModelRunner] = {}
+        for runner in runners:
+            if runner.name in self.models:
+                raise ValueError(f"two packages serve the model name {runner.name!r}")
+            self.models[runner.name] = runner
+        self.default_model = next(iter(self.models))
+        self.draining = False
+        self.failed: str | None = None
+        self.inflight = 0
+        self.on_fatal: Callable[[str], None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and self.failed is None and all(r.ready for r in self.models.values())
+
+    def start(self) -> None:
+        for runner in self.models.values():
+            runner.start()
+
+    async def load(self) -> None:
+        """Load and warm every model (one after the other: they share the CPU); ready once all are done."""
+        for runner in self.models.values():
+            try:
+                await runner.load()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.failed = f"loading model {runner.name!r} ({runner.package_dir}) failed: {e}"
+                runner.load_error = str(e)
+                logger.error("%s", self.failed, exc_info=not isinstance(e, ServingError | PackageError))
+                if self.on_fatal is not None:
+                    self.on_fatal(self.failed)
+                return
+        self.metrics.ready.set(1 if self.ready else 0)
+
+    def begin_drain(self) -> None:
+        """Stop taking new work (new requests get 503); requests already admitted run to completion."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.ready.set(0)
+            logger.warning("draining: refusing new requests, %d in flight", self.inflight)
+
+    async def stop(self) -> None:
+        for runner in self.models.values():
+            await runner.stop()
+
+    # -- requests ------------------------------------------------------------------------------------------------
+
+    def get(self, name: str | None) -> ModelRunner:
+        """The model called ``name`` (the default model when None).
+
+        Raises:
+            ModelNotFound: no such model.
+        """
+        runner = self.models.get(name or self.default_model)
+        if runner is None:
+            have = ", ".join(sorted(self.models))
+            raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")
+        return runner
+
+    def ready_model(self, name: str | None, draining_ok: bool = False) -> ModelRunner:
+        """The model called ``name``, if it can take work now.
+
+        Raises:
+            ModelNotFound: no such model.
+            ModelNotReady: still loading, or the server is draining (unless ``draining_ok``).
+        """
+        runner = self.get(name)
+        if self.draining and not draining_ok:
+            raise ModelNotReady("server is shutting down")
+        if not runner.ready:
+            raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
+        return runner
+
+    def options(self, beam_size: int | None, max_length: int | None) -> Options:
+        """Decoding options within the server's limits.
+
+        Raises:
+            InvalidInput: a value is below 1 or above its limit (named in the message).
+        """
+        s = self.settings
+        for name, value, limit, setting in (
+            ("beam_size", beam_size, s.max_beam_size, "max_beam_size"),
+            ("max_length", max_length, s.max_output_tokens, "max_output_tokens"),
+        ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
+            if value > limit:
+                raise InvalidInput(f"{name} {value} exceeds this server's limit of {limit} ({setting})")
+        return Options(beam_size=beam_size, max_length=max_length)
+
+    def deadline(self, started: float, timeout_s: float | None) -> float:
+        """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
+        limit = self.settings.request_timeout_s
+        if timeout_s is not None:
+            if not timeout_s > 0:
+                raise InvalidInput(f"timeout must be positive, got {timeout_s!r}")
+            limit = min(limit, timeout_s)
+        return started + limit
+
+    async def check_texts(self, runner: ModelRunner, texts: Sequence[str]) -> list[int]:
+        """Check the request-size limits and return each text's source tokens.
+
+        Raises:
+            LimitExceeded: too many sentences, or a sentence too long in characters.
+            InvalidInput: an empty sentence.
+            InputTooLong: a sentence with more tokens than the model has positions.
+        """
+        s = self.settings
+        if not texts:
+            raise InvalidInput("no text to translate")
+        if len(texts) > s.max_sentences_per_request:
+            raise LimitExceeded(
+                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
+                "(max_sentences_per_request; use /v1/translate/bulk for more)",
+                limit="max_sentences_per_request",
+            )
+        total = 0
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
+            if len(text) > s.max_chars_per_sentence:
+                raise LimitExceeded(
+                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
+                    "(max_chars_per_sentence)",
+                    limit="max_chars_per_sentence",
+                )
+            total += len(text)
+        assert runner.translator is not None
+        translator = runner.translator
+        # Tokenizing is cheap but not free: keep big requests off the event loop.
+        counts = (
+            translator.count_tokens(list(texts))
+            if total <= 4096
+            else await asyncio.to_thread(translator.count_tokens, list(texts))
+        )
+        limit = runner.info.max_input_tokens
+        for i, n in enumerate(counts):
+            if n > limit:
+                raise InputTooLong(
+                    f"text[{i}] is {n} tokens long; the model takes at most {limit} (max_input_tokens)",
+                    index=i,
+                    tokens=n,
+                    limit=limit,
+                )
+        return counts
+
+    async def admit(
+        self,
+        model: str | None,
+        texts: Sequence[str],
+        options: Options,
+        deadline: float,
+        *,
+        on_step: StepCallback | None = None,
+        tag: str = "",
+        wait_for_room: bool = False,
+        admitted: bool = False,
+    ) -> tuple[ModelRunner, Pending[Any]]:
+        """Check and admit ``texts``; await ``pending.wait()`` for the translations.
+
+        Raises:
+            ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
+            Overloaded: the model's queue is full (not with ``wait_for_room``).
+
+        ``admitted``: the HTTP request was accepted before a drain began (a bulk request's later lines), so it may
+        still add work while draining.
+        """
+        runner = self.ready_model(model, draining_ok=admitted)
+        counts = await self.check_texts(runner, texts)
+        assert runner.batcher is not None
+        key = _Key(options, on_step is not None)
+        if wait_for_room:
+            pending = await runner.batcher.enqueue_when_room(
+                list(texts), counts, key=key, deadline=deadline, on_step=on_step, tag=tag
+            )
+        else:
+            pending = runner.batcher.enqueue(list(texts), counts, key=key, deadline=deadline, on_step=on_step, tag=tag)
+        pending.future.add_done_callback(lambda f: self._record(runner.name, f))
+        return runner, pending
+
+    async def translate(
+        self, model: str | None, texts: Sequence[str], options: Options, deadline: float, *, tag: str = ""
+    ) -> tuple[ModelRunner, list[Any]]:
+        """Translate ``texts`` with ``model``: one translation per text, in order."""
+        runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
+        return runner, await pending.wait()
+
+    def _record(self, model: str, future: asyncio.Future[list[Any]]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        results = future.result()
+        self.metrics.record_translations(
+            model,
+            len(results),
+            sum(int(r.input_tokens) for r in results),
+            sum(int(r.output_tokens) for r in results),
+        )

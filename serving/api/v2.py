@@ -1,0 +1,113 @@
+"""Open Inference Protocol (KServe v2) routes, enough for the stock ``tritonclient.http`` client.
+
+Health answers 200 or 503 with an empty body; every other error is ``{"error": "<message>"}``. The infer route reads
+the raw body itself: tritonclient sends no Content-Type and, by default, the binary tensor extension.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from fastapi import APIRouter, Request, Response
+
+from serving import __version__
+from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
+from serving.api.errors import LimitExceeded, ModelNotFound
+from serving.api.oip import encode_infer_response, model_metadata, parse_infer_request
+from serving.api.service import ModelRunner, TranslationService
+from serving.errors import InvalidInput, ModelNotReady
+
+router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
+
+_INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+        "description": "an inference request; with Inference-Header-Content-Length, a JSON header followed by binary "
+        "tensors (Triton's binary tensor data extension). Any Content-Type (or none) is accepted.",
+    }
+}
+
+
+@router.get("", include_in_schema=False)
+@router.get("/")
+async def server_metadata() -> dict[str, object]:
+    """Server metadata."""
+    return {"name": "mtgate", "version": __version__, "extensions": ["binary_tensor_data", "schedule_policy"]}
+
+
+@router.get("/health/live")
+async def live() -> Response:
+    """200 while the process is up."""
+    return Response(status_code=200)
+
+
+@router.get("/health/ready")
+async def ready(service: ServiceDep) -> Response:
+    """200 once every model is loaded and warm; 503 while loading or draining."""
+    return Response(status_code=200 if service.ready else 503)
+
+
+def _model(service: TranslationService, name: str, version: str | None) -> ModelRunner:
+    runner = service.models.get(name)
+    if runner is None or (
+        version is not None and runner.translator is not None and version != str(runner.info.version)
+    ):
+        what = f"{name!r}" + (f" version {version!r}" if version is not None else "")
+        raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(service.models))})")
+    return runner
+
+
+@router.get("/models/{name}/ready")
+@router.get("/models/{name}/versions/{version}/ready")
+async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    """200 when the model can take requests."""
+    runner = _model(service, name, version)
+    if not runner.ready or service.draining:
+        raise ModelNotReady(f"model {name!r} is not ready")
+    return Response(status_code=200)
+
+
+@router.get("/models/{name}")
+@router.get("/models/{name}/versions/{version}")
+async def get_model_metadata(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
+    """Model metadata: one BYTES input INPUT_TEXT, outputs OUTPUT_TEXT, INPUT_TOKENS, OUTPUT_TOKENS, SCORE."""
+    runner = _model(service, name, version)
+    info = runner.info
+    return model_metadata(runner.name, str(info.version), f"mtgate_{info.runtime}")
+
+
+@router.post("/models/{name}/infer", openapi_extra=_INFER_BODY)
+@router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_BODY)
+async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, version: str | None = None) -> Response:
+    """Translate the BYTES input INPUT_TEXT (JSON or binary tensor data)."""
+    runner = _model(service, name, version)
+    body = _decompress(await request.body(), request.headers.get("content-encoding"), service.settings.max_body_bytes)
+    parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"))
+    options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))
+    timeout_us = parsed.int_parameter("timeout")
+    deadline = service.deadline(request_started(request), None if not timeout_us else timeout_us / 1e6)
+    runner, translations = await unless_disconnected(
+        request, service.translate(runner.name, parsed.texts, options, deadline, tag=request_id(request))
+    )
+    content, headers = encode_infer_response(parsed, runner.name, str(runner.info.version), translations)
+    return Response(content=content, headers=headers)
+
+
+def _decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    if not encoding or encoding.strip().lower() == "identity":
+        return body
+    kind = encoding.strip().lower()
+    if kind not in ("gzip", "deflate"):
+        raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (supported: gzip, deflate)")
+    decoder = zlib.decompressobj(wbits=31 if kind == "gzip" else 15)
+    try:
+        out = decoder.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise InvalidInput(f"body is not valid {kind} data ({e})") from None
+    if len(out) > limit or decoder.unconsumed_tail:
+        raise LimitExceeded(f"decompressed body larger than {limit} bytes (max_body_bytes)", limit="max_body_bytes")
+    return out

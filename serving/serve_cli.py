@@ -1,0 +1,232 @@
+"""``mtgate serve``: the HTTP server on uvicorn, with a graceful SIGTERM drain.
+
+On the first SIGTERM (or Ctrl-C) the server keeps its socket open but refuses new inference requests with 503 and
+reports not-ready, waits until the requests in flight are done (at most ``--grace-period`` seconds, and at least
+``--drain-delay`` so that load balancers see the failing readiness probe), then closes and exits 0. A second signal
+exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pydantic import ValidationError
+
+from serving.cli import UsageError
+from serving.package import PackageError, read_manifest
+
+logger = logging.getLogger(__name__)
+
+# flag -> ServingSettings field, for flags that simply override a setting
+_SETTINGS_FLAGS = {
+    "host": "host",
+    "port": "port",
+    "backend": "backend",
+    "precision": "precision",
+    "threads": "threads",
+    "max_batch_sentences": "max_batch_sentences",
+    "max_batch_tokens": "max_batch_tokens",
+    "max_batch_delay_ms": "max_batch_delay_ms",
+    "queue_capacity": "queue_capacity",
+    "request_timeout": "request_timeout_s",
+    "grace_period": "grace_period_s",
+    "drain_delay": "drain_delay_s",
+    "log_format": "log_format",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-m",
+        "--model",
+        dest="models",
+        action="append",
+        type=Path,
+        metavar="PKG",
+        help="model package directory (repeat to serve several; the first is the default; "
+        "default: the bundled demo model models/demo-en-de)",
+    )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8000, 0 picks a free one; MTGATE_PORT)")
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], help="runtime (default onnxruntime)")
+    parser.add_argument("--precision", choices=["fp32", "int8"], help="artifact precision (default fp32)")
+    parser.add_argument("--threads", type=int, help="intra-op threads of the runtime (default: the engine's choice)")
+    parser.add_argument("--max-batch-sentences", type=int, help="most sentences per engine batch (default 32)")
+    parser.add_argument("--max-batch-tokens", type=int, help="most padded source tokens per batch (default 8192)")
+    parser.add_argument("--max-batch-delay-ms", type=float, help="longest wait for a fuller batch (default 5)")
+    parser.add_argument("--queue-capacity", type=int, help="most sentences waiting; beyond it 503 (default 512)")
+    parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="request deadline (default 30)")
+    parser.add_argument("--grace-period", type=float, metavar="SECONDS", help="SIGTERM drain limit (default 30)")
+    parser.add_argument(
+        "--drain-delay",
+        type=float,
+        metavar="SECONDS",
+        help="least time to keep answering 503 after SIGTERM (default 0)",
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], help="log line format (default text)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="only 1 is supported: one process owns the runtime's threads; scale with replicas and --threads",
+    )
+    parser.add_argument("--access-log", action="store_true", default=None, help="log one line per HTTP request")
+    parser.epilog = (
+        "Every setting can also be given as an environment variable MTGATE_<SETTING> (see serving/settings.py), "
+        "e.g. MTGATE_API_KEY to require 'Authorization: Bearer <key>' on inference routes."
+    )
+
+
+def build_settings(args: argparse.Namespace) -> Any:
+    """ServingSettings from the environment, overridden by the flags given.
+
+    Raises:
+        UsageError: an invalid value, a missing package or a package that is not a model package.
+    """
+    from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
+
+    overrides: dict[str, Any] = {
+        field: getattr(args, flag) for flag, field in _SETTINGS_FLAGS.items() if getattr(args, flag, None) is not None
+    }
+    if args.models:
+        overrides["model_dirs"] = args.models
+    if getattr(args, "access_log", None):
+        overrides["access_log"] = True
+    if args.log_level and args.log_level.upper() != "WARNING":  # the global --log-level, unless left at its default
+        overrides["log_level"] = args.log_level
+    if args.workers != 1:
+        raise UsageError("--workers: only 1 worker process is supported (scale with replicas; tune --threads)")
+    try:
+        settings = ServingSettings(**overrides)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
+        raise UsageError(f"invalid settings: {problems}") from None
+    for package in settings.model_dirs:
+        if not package.exists():
+            if package == DEFAULT_MODEL_DIR and not args.models:
+                raise UsageError(
+                    f"no model given and the bundled demo model is missing ({package}); "
+                    "pass -m PKG (a directory written by 'mtgate convert')"
+                )
+            raise UsageError(f"model package {package} does not exist")
+        try:
+            read_manifest(package)
+        except PackageError as e:
+            raise UsageError(str(e)) from None
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from serving.api import create_app
+    from serving.logging import configure_logging
+
+    settings = build_settings(args)
+    configure_logging(settings)
+    try:
+        app = create_app(settings)
+    except (PackageError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    service = app.state.service
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=settings.access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
+    server = DrainingServer(config, service)
+    service.on_fatal = server.fail
+    server.run()
+    if server.failure is not None:
+        sys.stderr.write(f"mtgate serve: error: {server.failure}\n")
+        return 1
+    if not server.started:
+        sys.stderr.write(f"mtgate serve: error: could not start on {settings.host}:{settings.port}\n")
+        return 1
+    return 0
+
+
+class DrainingServer:
+    """A uvicorn server whose first SIGTERM/SIGINT drains instead of closing the socket at once.
+
+    Arguments:
+        config: the uvicorn configuration.
+        service: the app's TranslationService (its ``draining`` flag and ``inflight`` count).
+    """
+
+    def __init__(self, config: Any, service: Any) -> None:
+        import uvicorn
+
+        outer = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                if not outer.on_signal(sig):
+                    super().handle_exit(sig, frame)
+
+            async def on_tick(self, counter: int) -> bool:
+                outer.tick(self)
+                return await super().on_tick(counter)
+
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                for server in self.servers:
+                    for sock in server.sockets:
+                        host, port = sock.getsockname()[:2]
+                        logger.warning("mtgate serving on http://%s:%d", host, port)
+
+        self._server = _Server(config)
+        self.service = service
+        self.settings = service.settings
+        self.drain_started: float | None = None
+        self.failure: str | None = None
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started)
+
+    def run(self) -> None:
+        self._server.run()
+
+    def fail(self, reason: str) -> None:
+        """Stop the server because the app cannot serve (e.g. the model failed to load)."""
+        self.failure = reason
+        self._server.should_exit = True
+
+    def on_signal(self, sig: int) -> bool:
+        """True when the signal starts a drain; False to let uvicorn handle it (a second signal: exit now)."""
+        if self.drain_started is not None or sig not in (signal.SIGTERM, signal.SIGINT):
+            return False
+        self.drain_started = time.monotonic()
+        self.service.begin_drain()
+        logger.warning(
+            "received %s: draining (%d requests in flight, grace period %.0fs)",
+            signal.Signals(sig).name,
+            self.service.inflight,
+            self.settings.grace_period_s,
+        )
+        return True
+
+    def tick(self, server: Any) -> None:
+        if self.drain_started is None or server.should_exit:
+            return
+        elapsed = time.monotonic() - self.drain_started
+        idle = self.service.inflight == 0
+        if idle and elapsed >= self.settings.drain_delay_s:
+            logger.warning("drained in %.1fs; shutting down", elapsed)
+            server.should_exit = True
+        elif elapsed >= self.settings.grace_period_s:
+            logger.warning("grace period over with %d requests in flight; shutting down", self.service.inflight)
+            server.should_exit = True

@@ -1,0 +1,250 @@
+"""/v1 routes through the real app (batcher, middleware, error table) with the EchoTranslator fake."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.fakes import EchoTranslator, echo
+
+
+def error_of(response: Any) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    return dict(body["error"])
+
+
+def test_translate_a_string_and_a_list(client: TestClient) -> None:
+    r = client.post("/v1/translate", json={"text": "a man rides"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "echo" and body["version"] == "1"
+    assert body["translations"] == [{"text": "RIDES MAN A", "input_tokens": 4, "output_tokens": 3, "score": -1.5}]
+    assert r.headers["x-request-id"]
+
+    r = client.post("/v1/translate", json={"text": ["one two", "three"], "beam_size": 2, "max_length": 5})
+    assert [t["text"] for t in r.json()["translations"]] == ["TWO ONE", "THREE"]
+
+
+def test_decode_options_reach_the_engine_and_split_batches(serve: Any) -> None:
+    translator = EchoTranslator(step_delay=0.01)
+    with serve(translator, max_batch_delay_ms=50) as client:
+        translator.batches.clear()
+        translator.options.clear()
+        results: dict[int, Any] = {}
+
+        def call(i: int) -> None:
+            results[i] = client.post("/v1/translate", json={"text": f"w{i} x", "beam_size": 1 + i % 2}).json()
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(results[i]["translations"][0]["text"] == f"X W{i}" for i in range(6))
+    for batch, options in zip(translator.batches, translator.options, strict=True):
+        beams = {1 + int(text.split()[0][1:]) % 2 for text in batch}
+        assert beams == {options.beam_size}  # never two decode settings in one batch
+
+
+def test_concurrent_clients_get_their_own_answers_in_shared_batches(serve: Any) -> None:
+    translator = EchoTranslator(step_delay=0.005)
+    with serve(translator, max_batch_delay_ms=20) as client:
+        results: dict[int, str] = {}
+
+        def call(i: int) -> None:
+            r = client.post("/v1/translate", json={"text": f"sentence number {i}"})
+            results[i] = r.json()["translations"][0]["text"]
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        metrics = client.get("/metrics").text
+    assert results == {i: echo(f"sentence number {i}") for i in range(16)}
+    assert max(translator.batch_sizes) > 1
+    assert len(translator.threads) == 1
+    assert 'mtgate_batch_size_count{model="echo"}' in metrics
+
+
+def test_stream_sends_partials_then_final(serve: Any) -> None:
+    translator = EchoTranslator(step_delay=0.002)
+    with serve(translator) as client:
+        with client.stream("POST", "/v1/translate/stream", json={"text": ["a b c d", "e f"]}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            raw = "".join(r.iter_text())
+    events = []
+    for block in raw.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((lines["event"], json.loads(lines["data"])))
+    assert events[-1][0] == "final" and all(e == "partial" for e, _ in events[:-1])
+    final = events[-1][1]["translations"]
+    for index in (0, 1):
+        deltas = "".join(d["delta"] for e, d in events[:-1] if d["index"] == index)
+        assert deltas == final[index]["text"]
+    assert len([1 for _, d in events[:-1] if d["index"] == 0]) == 4  # one event per decoded word
+
+
+def test_stream_refusals_keep_their_status(client: TestClient) -> None:
+    r = client.post("/v1/translate/stream", json={"text": "x", "model": "nope"})
+    assert r.status_code == 404 and error_of(r)["code"] == "model_not_found"
+    r = client.post("/v1/translate/stream", json={"text": ""})
+    assert r.status_code == 400
+
+
+def test_bulk_ndjson_in_and_out(client: TestClient) -> None:
+    lines = [json.dumps({"text": f"line {i}", "id": f"id{i}"}) for i in range(5)]
+    lines.insert(2, json.dumps("bare string"))
+    lines.insert(4, "{not json")
+    lines.insert(5, json.dumps({"text": ""}))
+    body = "\n".join(lines) + "\n\n"
+    with client.stream(
+        "POST", "/v1/translate/bulk", content=body, headers={"Content-Type": "application/x-ndjson"}
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        out = [json.loads(line) for line in r.iter_lines() if line]
+    by_index = {o["index"]: o for o in out}
+    assert sorted(by_index) == list(range(8))
+    assert by_index[0] == {
+        "index": 0,
+        "id": "id0",
+        "text": "0 LINE",
+        "input_tokens": 3,
+        "output_tokens": 2,
+        "score": -1.0,
+    }
+    assert by_index[2]["text"] == "STRING BARE" and "id" not in by_index[2]
+    assert by_index[4]["error"]["code"] == "invalid_input" and "not JSON" in by_index[4]["error"]["message"]
+    assert by_index[5]["error"]["status"] == 400
+    assert by_index[7]["id"] == "id4"
+
+
+def test_bulk_larger_than_the_queue_completes(serve: Any) -> None:
+    with serve(queue_capacity=8, bulk_window=4, max_sentences_per_request=8) as client:
+        body = "\n".join(json.dumps(f"w{i}") for i in range(100))
+        r = client.post("/v1/translate/bulk", content=body)
+        out = [json.loads(line) for line in r.text.splitlines()]
+    assert sorted(o["index"] for o in out) == list(range(100))
+    assert all(o["text"] == f"W{o['index']}" for o in out)
+
+
+def test_models(client: TestClient) -> None:
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    (model,) = r.json()["models"]
+    assert model["name"] == "echo" and model["ready"] and model["default"]
+    assert model["details"]["target_language"] == "xx"
+    assert client.get("/v1/models/echo").json()["name"] == "echo"
+    assert client.get("/v1/models/other").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "words"),
+    [
+        ({"text": ""}, 400, "invalid_input", "empty"),
+        ({"text": "   "}, 400, "invalid_input", "empty"),
+        ({"text": []}, 400, "invalid_input", "no text"),
+        ({"text": "x" * 10_000}, 413, "limit_exceeded", "max_chars_per_sentence"),
+        ({"text": ["w"] * 10_000}, 413, "limit_exceeded", "max_sentences_per_request"),
+        ({"text": " ".join(["w"] * 100)}, 413, "input_too_long", "max_input_tokens"),
+        ({"text": 5}, 422, "validation_error", "text"),
+        ({"text": ["a", 5]}, 422, "validation_error", "text"),
+        ({"text": {"a": 1}}, 422, "validation_error", "text"),
+        ({}, 422, "validation_error", "text"),
+        ({"text": "a", "beam_size": 0}, 422, "validation_error", "beam_size"),
+        ({"text": "a", "beam_size": "x"}, 422, "validation_error", "beam_size"),
+        ({"text": "a", "beam_size": 100}, 400, "invalid_input", "max_beam_size"),
+        ({"text": "a", "max_length": 100_000}, 400, "invalid_input", "max_output_tokens"),
+        ({"text": "a", "bogus": 1}, 422, "validation_error", "bogus"),
+        ({"text": "a", "model": "nope"}, 404, "model_not_found", "echo"),
+        ([1, 2], 422, "validation_error", "body"),
+        ("just a string", 422, "validation_error", "body"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(client: TestClient, body: Any, status: int, code: str, words: str) -> None:
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == status, r.text
+    error = error_of(r)
+    assert error["code"] == code and words in error["message"], error
+    assert client.post("/v1/translate", json={"text": "still serving"}).status_code == 200
+
+
+def test_malformed_bodies(client: TestClient) -> None:
+    r = client.post("/v1/translate", content=b'{"text": "a"', headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "invalid JSON" in error_of(r)["message"]
+    r = client.post("/v1/translate", content=b'{"text": "\xff\xfe"}', headers={"Content-Type": "application/json"})
+    assert r.status_code in (400, 422)
+    error_of(r)
+    r = client.post(
+        "/v1/translate", content=b"text=hello", headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    assert r.status_code == 422 and "JSON" in error_of(r)["message"]
+    r = client.post("/v1/translate", content=b'{"text": "no content type"}')
+    assert r.status_code == 200
+    r = client.get("/v1/translate")
+    assert r.status_code == 405 and error_of(r)["code"] == "method_not_allowed"
+    r = client.get("/v1/nothing-here")
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+
+
+def test_body_size_limit_names_the_limit(serve: Any) -> None:
+    with serve(max_body_bytes=2048) as client:
+        r = client.post("/v1/translate", json={"text": "x" * 3000})
+        assert r.status_code == 413 and "max_body_bytes" in error_of(r)["message"]
+
+        def chunks() -> Any:  # no Content-Length: chunked transfer
+            for _ in range(10):
+                yield b" " * 1000
+
+        r = client.post("/v1/translate", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and "max_body_bytes" in error_of(r)["message"]
+        assert client.post("/v1/translate", json={"text": "fine"}).status_code == 200
+
+
+def test_engine_failure_is_500_and_isolated(serve: Any) -> None:
+    translator = EchoTranslator(fail_on="explode", step_delay=0.01)
+    with serve(translator, max_batch_delay_ms=30) as client:
+        out: dict[str, Any] = {}
+
+        def call(text: str) -> None:
+            out[text] = client.post("/v1/translate", json={"text": text})
+
+        threads = [threading.Thread(target=call, args=(t,)) for t in ("good one", "please explode", "good two")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert out["please explode"].status_code == 500
+        assert error_of(out["please explode"])["code"] == "inference_failed"
+        assert out["good one"].json()["translations"][0]["text"] == "ONE GOOD"
+        assert out["good two"].status_code == 200
+
+
+def test_api_key_guards_inference_routes_only(serve: Any) -> None:
+    with serve(api_key="s3cret") as client:
+        r = client.post("/v1/translate", json={"text": "a"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert error_of(r)["code"] == "unauthorized"
+        r = client.post("/v1/translate", json={"text": "a"}, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and error_of(r)["message"] == "invalid API key"
+        r = client.post("/v1/translate", json={"text": "a"}, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        assert client.post("/v2/models/echo/infer", json={}).json() == {
+            "error": "this server requires an API key: send 'Authorization: Bearer <key>'"
+        }
+        for path in ("/v2/health/live", "/v2/health/ready", "/metrics", "/v1/models", "/", "/v2/models/echo"):
+            assert client.get(path).status_code == 200, path
+
+
+def test_page_and_openapi(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "/v1/translate/stream" in page.text
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/translate", "/v1/translate/stream", "/v1/translate/bulk", "/v1/models"} <= set(spec["paths"])
