@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -101,29 +102,43 @@ def test_timing_signal_matches_reference_values() -> None:
 # -- ONNX parity against the independent numpy reference ------------------------------------------------------------
 
 
-def _sessions(loaded: LoadedModel, out_dir: Path) -> tuple[Any, Any]:
-    emitter = pytest.importorskip("converters.onnx_emitter")
-    ort = pytest.importorskip("onnxruntime")
-    encoder_path, decoder_path = emitter.emit_onnx(loaded.spec, out_dir)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return (ort.InferenceSession(str(encoder_path), options, providers=["CPUExecutionProvider"]),
-            ort.InferenceSession(str(decoder_path), options, providers=["CPUExecutionProvider"]))
+class _OrtGraphs:
+    """The emitted ONNX graphs in plain onnxruntime sessions, with the Backend protocol's two calls."""
+
+    def __init__(self, loaded: LoadedModel, out_dir: Path) -> None:
+        emitter = pytest.importorskip("converters.onnx_emitter")
+        ort = pytest.importorskip("onnxruntime")
+        self.paths = emitter.emit_onnx(loaded.spec, out_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.encoder, self.decoder = (ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
+                                      for p in self.paths)
+
+    def encode(self, input_ids: np.ndarray) -> Any:
+        memory, cross_kv, src_bias = self.encoder.run(["memory", "cross_kv", "src_bias"], {"input_ids": input_ids})
+        return SimpleNamespace(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
+
+    def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
+                    src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        log_probs, present = self.decoder.run(["log_probs", "present_kv"], {
+            "input_ids": input_ids, "step": np.array(step, dtype=np.int64), "past_kv": past_kv,
+            "cross_kv": cross_kv, "src_bias": src_bias})
+        return log_probs, present
 
 
 def _check_parity(loaded: LoadedModel, ref: T2TReference, src: np.ndarray, targets: np.ndarray,
-                  out_dir: Path) -> dict[str, float]:
+                  out_dir: Path, backend: Any = None) -> dict[str, float]:
     """Max abs differences of memory, cross K/V and per-step log-probs (teacher forcing through the step graph)."""
-    encoder, decoder = _sessions(loaded, out_dir)
-    memory, cross_kv, src_bias = encoder.run(["memory", "cross_kv", "src_bias"], {"input_ids": src})
+    graphs = backend if backend is not None else _OrtGraphs(loaded, out_dir)
+    out = graphs.encode(src)
     enc_out, enc_bias = ref.encode(src)
     real = src != 0  # padding rows of memory are never attended to; T2T leaves them unnormalised garbage too
-    diffs = {"memory": float(np.abs(memory - enc_out)[real].max())}
-    assert np.array_equal(src_bias < -1e8, enc_bias < -1e8)
+    diffs = {"memory": float(np.abs(out.memory - enc_out)[real].max())}
+    assert np.array_equal(out.src_bias < -1e8, enc_bias < -1e8)
     ref_kv = ref.cross_kv(enc_out)
     diffs["cross_kv"] = max(
-        float(np.abs(cross_kv[i, j] - ref_kv[i][j]).transpose(0, 2, 1, 3)[real].max())
+        float(np.abs(out.cross_kv[i, j] - ref_kv[i][j]).transpose(0, 2, 1, 3)[real].max())
         for i in range(len(ref_kv)) for j in (0, 1)
     )
     expected = ref.decode_teacher(enc_out, enc_bias, targets)
@@ -132,27 +147,23 @@ def _check_parity(loaded: LoadedModel, ref: T2TReference, src: np.ndarray, targe
     ids = np.zeros((batch, 1), dtype=np.int64)
     worst = 0.0
     for step in range(targets.shape[1]):
-        log_probs, past = decoder.run(["log_probs", "present_kv"], {
-            "input_ids": ids, "step": np.array(step, dtype=np.int64), "past_kv": past,
-            "cross_kv": cross_kv, "src_bias": src_bias})
+        log_probs, past = graphs.decode_step(ids, step, past, out.cross_kv, out.src_bias)
         worst = max(worst, float(np.abs(log_probs - expected[:, step]).max()))
-        ids = targets[:, step:step + 1]
+        ids = np.ascontiguousarray(targets[:, step:step + 1])
     diffs["log_probs"] = worst
     return diffs
 
 
 def _onnx_greedy(loaded: LoadedModel, src: np.ndarray, steps: int, out_dir: Path) -> list[list[int]]:
-    encoder, decoder = _sessions(loaded, out_dir)
-    _, cross_kv, src_bias = encoder.run(["memory", "cross_kv", "src_bias"], {"input_ids": src})
+    graphs = _OrtGraphs(loaded, out_dir)
+    enc = graphs.encode(src)
     c = loaded.spec.config
     past = np.zeros((c.decoder_layers, 2, src.shape[0], c.num_heads, 0, c.head_dim), dtype=np.float32)
     ids = np.zeros((src.shape[0], 1), dtype=np.int64)
     out: list[list[int]] = [[] for _ in range(src.shape[0])]
     done = np.zeros(src.shape[0], dtype=bool)
     for step in range(steps):
-        log_probs, past = decoder.run(["log_probs", "present_kv"], {
-            "input_ids": ids, "step": np.array(step, dtype=np.int64), "past_kv": past,
-            "cross_kv": cross_kv, "src_bias": src_bias})
+        log_probs, past = graphs.decode_step(ids, step, past, enc.cross_kv, enc.src_bias)
         ids = log_probs.argmax(axis=-1)[:, None]
         for b in np.flatnonzero(~done):
             out[b].append(int(ids[b, 0]))
@@ -162,13 +173,30 @@ def _onnx_greedy(loaded: LoadedModel, src: np.ndarray, steps: int, out_dir: Path
     return out
 
 
-def test_onnx_matches_numpy_reference(loaded: LoadedModel, reference: T2TReference, tmp_path: Path) -> None:
+def _parity_inputs() -> tuple[np.ndarray, np.ndarray]:
     src = _batch(SENTENCES)
-    rng = np.random.default_rng(0)
-    targets = rng.integers(2, 8190, size=(len(SENTENCES), 12))
+    targets = np.random.default_rng(0).integers(2, 8190, size=(len(SENTENCES), 12))
     targets[:, 5] = 0  # a PAD id fed back mid-sentence embeds to zeros
     targets[1, 3] = 1
+    return src, targets
+
+
+def test_onnx_matches_numpy_reference(loaded: LoadedModel, reference: T2TReference, tmp_path: Path) -> None:
+    src, targets = _parity_inputs()
     diffs = _check_parity(loaded, reference, src, targets, tmp_path / "onnx")
+    assert max(diffs.values()) <= TOLERANCE, diffs
+
+
+def test_openvino_ir_matches_numpy_reference(loaded: LoadedModel, reference: T2TReference, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    from converters.openvino import onnx_to_openvino
+    from serving.backends.openvino import OpenVinoBackend
+
+    encoder_onnx, decoder_onnx = _OrtGraphs(loaded, tmp_path / "onnx").paths
+    backend = OpenVinoBackend(onnx_to_openvino(encoder_onnx, tmp_path / "ov" / "encoder.xml"),
+                              onnx_to_openvino(decoder_onnx, tmp_path / "ov" / "decoder.xml"), threads=1)
+    src, targets = _parity_inputs()
+    diffs = _check_parity(loaded, reference, src, targets, tmp_path, backend=backend)
     assert max(diffs.values()) <= TOLERANCE, diffs
 
 
