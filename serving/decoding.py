@@ -1,0 +1,483 @@
+"""Greedy and beam search in numpy over a decoder-step backend.
+
+The backend contract (``docs/architecture.md``): ``decode_step(input_ids [N, 1], step, past_kv [L, 2, N, H, T, Dh],
+cross_kv [L, 2, N, H, S, Dh], src_bias [N, 1, 1, S]) -> (log_probs [N, V], present_kv [L, 2, N, H, T + 1, Dh])``.
+Every operation here works on whole arrays: there is no Python loop over sentences or beams, only over steps.
+
+Two sets of beam rules, chosen by ``SearchOptions.length_penalty_kind``:
+
+``"hf"`` -- exactly what transformers 4.57 ``generate(num_beams=K)`` does (``GenerationMixin._beam_search`` and its
+helpers), so that a converted Marian model returns the tokens of the original:
+
+- candidate score = running beam log-prob + log-softmax of the next token, after the logits processors (bad words
+  -> -inf; ``forced_eos``: at the last allowed step every token but EOS -> -inf and EOS -> 0). All K beams start from
+  the same prefix; beams 1..K-1 start at -1e9 so that only beam 0 spawns candidates at the first step.
+- the top 2K candidates of the flattened ``K x V`` scores are kept. One that ends with EOS, or any candidate at the
+  last allowed step, is a finished hypothesis, but only if it ranks among the first K of the 2K; its score is
+  ``log_prob / generated_len ** length_penalty`` (``generated_len`` counts EOS, not the start token). Finished ones
+  are merged with the K best finished so far and the best K kept. The best K unfinished candidates stay alive.
+- a sentence is done once all K finished slots are filled and the best alive beam, normalized by its current length,
+  cannot beat the worst finished one (the ``early_stopping=False`` heuristic), or, with ``early_stopping=True``, as
+  soon as all K slots are filled; or at the length cap. Its result is the best finished hypothesis.
+- score arithmetic is float32 like the torch reference, including the ``-1e9`` masks.
+
+``"gnmt"`` -- tensor2tensor's ``beam_search`` (``../shared/reference/t2t-transformer.md`` section 3): alive beams
+start at ``[0, -1e7, ...]``; candidates are ranked by ``log_prob / ((5 + len) / 6) ** alpha``; any EOS candidate
+of the 2K may finish; the length cap ends a hypothesis without adding it to the finished set; a sentence is done when
+its best finished score beats ``best alive log-prob / ((5 + cap) / 6) ** alpha``; with nothing finished, the best
+alive hypothesis is returned with its raw log-prob.
+
+Both: ties between exactly equal scores go to the lower flat index ``beam * V + token`` (``tf.nn.top_k``'s order;
+``torch.topk`` leaves it unspecified). Finished sentences leave the batch: their rows are dropped from the cache,
+``cross_kv`` and ``src_bias`` with ``np.take`` (axis 2 / axis 0); the beam reorder and the drop share one ``take``
+of the self-attention cache per step. Greedy search (``beam_size == 1``) takes the arg-max after the same logits
+processors, as transformers does for ``num_beams=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+LengthPenaltyKind = Literal["hf", "gnmt"]
+
+# transformers masks with -1e9 (float32); tensor2tensor's INF is 1e7.
+_HF_MASK = np.float32(-1.0e9)
+_T2T_INF = np.float32(1.0e7)
+_NEG_INF = np.float32(-np.inf)
+
+StepCallback = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""``on_step(rows, tokens, lengths)``: sentence ``rows[i]`` (an index into the decoded batch) now has the output
+``tokens[i, :lengths[i]]``. Greedy search calls it after every step for the sentences still decoding (including the
+step that emits their EOS); beam search calls it once per sentence, with its final hypothesis, when it is done."""
+
+
+class DecoderStep(Protocol):
+    """The part of the ``Backend`` protocol decoding needs."""
+
+    def decode_step(
+        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, resolved for one batch (see ``converters.spec.DecodingDefaults`` for the meaning of each).
+
+    Attributes:
+        eos_id: end-of-sentence id.
+        decoder_start_id: the first decoder input.
+        beam_size: 1 for greedy search.
+        length_penalty: HF exponent, or T2T's alpha.
+        length_penalty_kind: ``"hf"`` or ``"gnmt"``; also selects the beam rules (module docstring).
+        bad_word_ids: ids that are never generated.
+        forced_eos: at each sentence's last allowed step, only EOS may be chosen.
+        early_stopping: HF ``early_stopping=True``: a sentence stops once it has ``beam_size`` finished hypotheses.
+    """
+
+    eos_id: int
+    decoder_start_id: int
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    length_penalty_kind: LengthPenaltyKind = "hf"
+    bad_word_ids: tuple[int, ...] = ()
+    forced_eos: bool = False
+    early_stopping: bool = False
+
+
+@dataclass
+class Hypothesis:
+    """One decoded sentence.
+
+    Attributes:
+        token_ids: generated ids (no start token); ends with EOS unless the length cap cut it.
+        score: length-normalized log-probability (HF: ``/ len ** lp``; gnmt: ``/ ((5 + len) / 6) ** alpha``), or, for
+            a T2T beam that never finished, its raw log-probability.
+    """
+
+    token_ids: list[int]
+    score: float
+
+
+def search(
+    decoder: DecoderStep,
+    cross_kv: np.ndarray,
+    src_bias: np.ndarray,
+    max_steps: np.ndarray,
+    options: SearchOptions,
+    on_step: StepCallback | None = None,
+) -> list[Hypothesis]:
+    """Decode a batch of encoded sentences.
+
+    Arguments:
+        decoder: the backend (``decode_step``).
+        cross_kv: the encoder's cross-attention keys/values ``[L, 2, B, H, S, Dh]``.
+        src_bias: the encoder's source mask bias ``[B, 1, 1, S]``.
+        max_steps: ``[B]`` per-sentence cap on generated tokens, EOS included (>= 1).
+        options: search options.
+        on_step: optional streaming hook (:data:`StepCallback`).
+
+    Returns:
+        One :class:`Hypothesis` per sentence, in batch order.
+    """
+    caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
+    if caps.shape[0] != cross_kv.shape[2] or caps.shape[0] != src_bias.shape[0]:
+        raise ValueError(f"max_steps has {caps.shape[0]} entries for a batch of {cross_kv.shape[2]}")
+    if caps.size == 0:
+        return []
+    if caps.min() < 1:
+        raise ValueError("max_steps must be at least 1")
+    if options.beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {options.beam_size}")
+    if options.beam_size == 1:
+        return _greedy(decoder, cross_kv, src_bias, caps, options, on_step)
+    if options.length_penalty_kind == "gnmt":
+        return _T2TBeamSearch(decoder, cross_kv, src_bias, caps, options, on_step).run()
+    return _HFBeamSearch(decoder, cross_kv, src_bias, caps, options, on_step).run()
+
+
+def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """Length-normalize summed log-probs the way ``options.length_penalty_kind`` does."""
+    length = np.maximum(length, 1).astype(np.float64)
+    if options.length_penalty_kind == "gnmt":
+        return np.asarray(log_prob / ((5.0 + length) / 6.0) ** options.length_penalty)
+    return np.asarray(log_prob / length**options.length_penalty)
+
+
+def _empty_cache(cross_kv: np.ndarray, rows: int) -> np.ndarray:
+    layers, _, _, heads, _, head_dim = cross_kv.shape
+    return np.zeros((layers, 2, rows, heads, 0, head_dim), dtype=np.float32)
+
+
+def _bad_word_index(options: SearchOptions, vocab: int) -> np.ndarray:
+    ids = np.asarray(options.bad_word_ids, dtype=np.int64)
+    return ids[(ids >= 0) & (ids < vocab)]
+
+
+def _greedy(
+    decoder: DecoderStep,
+    cross_kv: np.ndarray,
+    src_bias: np.ndarray,
+    caps: np.ndarray,
+    options: SearchOptions,
+    on_step: StepCallback | None,
+) -> list[Hypothesis]:
+    batch = caps.shape[0]
+    width = int(caps.max())
+    eos = options.eos_id
+    out = np.full((batch, width), eos, dtype=np.int64)
+    lengths = np.zeros(batch, dtype=np.int64)
+    log_prob_sum = np.zeros(batch, dtype=np.float64)
+    rows = np.arange(batch)  # batch index of each row still decoding
+    row_caps = caps
+    tokens = np.full((batch, 1), options.decoder_start_id, dtype=np.int64)
+    past = _empty_cache(cross_kv, batch)
+    bad: np.ndarray | None = None
+    for step in range(width):
+        log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
+        if bad is None:
+            bad = _bad_word_index(options, log_probs.shape[1])
+        if bad.size or options.forced_eos:
+            log_probs = np.array(log_probs, dtype=np.float32)  # the backend's buffer may be read-only
+            log_probs[:, bad] = _NEG_INF
+            if options.forced_eos:
+                last = row_caps == step + 1
+                if last.any():
+                    log_probs[last] = _NEG_INF
+                    log_probs[last, eos] = 0.0
+        next_ids = log_probs.argmax(axis=1)
+        log_prob_sum[rows] += log_probs[np.arange(rows.size), next_ids]
+        out[rows, step] = next_ids
+        if on_step is not None:
+            on_step(rows, out[rows, : step + 1], np.full(rows.size, step + 1, dtype=np.int64))
+        done = (next_ids == eos) | (row_caps <= step + 1)
+        if done.any():
+            lengths[rows[done]] = step + 1
+            keep = np.flatnonzero(~done)
+            if keep.size == 0:
+                break
+            rows, row_caps, next_ids = rows[keep], row_caps[keep], next_ids[keep]
+            past = np.take(past, keep, axis=2)
+            cross_kv = np.take(cross_kv, keep, axis=2)
+            src_bias = np.take(src_bias, keep, axis=0)
+        tokens = next_ids[:, None]
+    scores = normalize_score(log_prob_sum, lengths, options)
+    return [Hypothesis(out[i, : lengths[i]].tolist(), float(scores[i])) for i in range(batch)]
+
+
+def _top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of each row, best first; equal scores in ascending index order."""
+    n, width = scores.shape
+    if k < width:
+        part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
+    else:
+        part = np.broadcast_to(np.arange(width), (n, width))
+    values = np.take_along_axis(scores, part, axis=1)
+    order = np.lexsort((part, -values), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+class _BeamSearchBase:
+    """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``."""
+
+    def __init__(
+        self,
+        decoder: DecoderStep,
+        cross_kv: np.ndarray,
+        src_bias: np.ndarray,
+        caps: np.ndarray,
+        options: SearchOptions,
+        on_step: StepCallback | None,
+    ) -> None:
+        self.decoder = decoder
+        self.options = options
+        self.on_step = on_step
+        self.k = options.beam_size
+        self.batch = caps.shape[0]
+        self.width = int(caps.max())
+        self.cross_kv = cross_kv
+        self.src_bias = src_bias
+        self.caps = caps  # of the sentences still decoding
+        self.sentences = np.arange(self.batch)  # batch index of each sentence still decoding
+        n, k, w = self.batch, self.k, self.width
+        self.alive_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
+        self.finished_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
+        self.finished_len = np.zeros((n, k), dtype=np.int64)
+        self.finished_flag = np.zeros((n, k), dtype=bool)
+        self.results: list[Hypothesis | None] = [None] * n
+        self._init_state()
+
+    def run(self) -> list[Hypothesis]:
+        k = self.k
+        # Step 0: every beam of a sentence has the same prefix, so one row per sentence is decoded and its log-probs
+        # are shared by the K beams; the cache is then repeated K times.
+        tokens = np.full((self.batch, 1), self.options.decoder_start_id, dtype=np.int64)
+        log_probs, past = self.decoder.decode_step(
+            tokens, 0, _empty_cache(self.cross_kv, self.batch), self.cross_kv, self.src_bias
+        )
+        self.vocab = log_probs.shape[1]
+        self.bad = _bad_word_index(self.options, self.vocab)
+        log_probs = np.repeat(log_probs, k, axis=0)
+        past = np.repeat(past, k, axis=2)
+        self.cross_kv = np.repeat(self.cross_kv, k, axis=2)
+        self.src_bias = np.repeat(self.src_bias, k, axis=0)
+        step = 0
+        while True:
+            candidates = self._candidates(log_probs, step)
+            select = self._advance(candidates, step)  # rows of the cache to keep, in their new order
+            if select is None:
+                break
+            tokens = self.alive_seq[:, :, step].reshape(-1, 1)
+            if not np.array_equal(select, np.arange(past.shape[2])):
+                past = np.take(past, select, axis=2)
+            step += 1
+            log_probs, past = self.decoder.decode_step(tokens, step, past, self.cross_kv, self.src_bias)
+        return [r if r is not None else Hypothesis([], 0.0) for r in self.results]
+
+    def _candidates(self, log_probs: np.ndarray, step: int) -> np.ndarray:
+        """``[n, K * V]`` float32 candidate log-probs after the logits processors."""
+        n, k, v = self.sentences.size, self.k, self.vocab
+        scores: np.ndarray = log_probs.reshape(n, k, v).astype(np.float32, copy=False) + self.alive_scores[:, :, None]
+        if self.bad.size:
+            scores[:, :, self.bad] = _NEG_INF
+        if self.options.forced_eos:
+            last = self.caps == step + 1
+            if last.any():  # transformers sets the log-probs to -inf, and EOS's to 0
+                scores[last] = _NEG_INF
+                scores[last, :, self.options.eos_id] = self.alive_scores[last]
+        return scores.reshape(n, k * v)
+
+    def _gather(self, array: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """array [n, M, ...] gathered along axis 1 with index [n, J]."""
+        return np.asarray(np.take_along_axis(array, index.reshape(index.shape + (1,) * (array.ndim - 2)), axis=1))
+
+    def _retire(self, done: np.ndarray, step: int) -> np.ndarray | None:
+        """Record the results of the sentences marked done, drop them; return the cache rows to keep."""
+        k = self.k
+        if done.any():
+            idx = np.flatnonzero(done)
+            seqs, lens, scores = self._final(idx, step)
+            for j, i in enumerate(idx):
+                self.results[int(self.sentences[i])] = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
+            if self.on_step is not None:
+                self.on_step(self.sentences[idx], seqs, lens)
+            keep = np.flatnonzero(~done)
+            if keep.size == 0:
+                return None
+            self._keep(keep)
+            keep_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+            self.cross_kv = np.take(self.cross_kv, keep_rows, axis=2)
+            self.src_bias = np.take(self.src_bias, keep_rows, axis=0)
+            parents = self.parents[keep]
+        else:
+            keep = np.arange(self.sentences.size)
+            parents = self.parents
+        return np.asarray((keep[:, None] * k + parents).reshape(-1))
+
+    def _keep(self, keep: np.ndarray) -> None:
+        self.sentences = self.sentences[keep]
+        self.caps = self.caps[keep]
+        self.alive_seq = self.alive_seq[keep]
+        self.alive_scores = self.alive_scores[keep]
+        self.finished_seq = self.finished_seq[keep]
+        self.finished_len = self.finished_len[keep]
+        self.finished_flag = self.finished_flag[keep]
+        self.finished_scores = self.finished_scores[keep]
+        self._keep_extra(keep)
+
+    def _keep_extra(self, keep: np.ndarray) -> None:
+        pass
+
+    # Implemented by each rule set.
+    alive_scores: np.ndarray
+    finished_scores: np.ndarray
+    parents: np.ndarray
+    vocab: int
+    bad: np.ndarray
+
+    def _init_state(self) -> None:
+        raise NotImplementedError
+
+    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class _HFBeamSearch(_BeamSearchBase):
+    """transformers 4.57 ``_beam_search`` rules (module docstring)."""
+
+    def _init_state(self) -> None:
+        n, k = self.batch, self.k
+        self.alive_scores = np.zeros((n, k), dtype=np.float32)
+        self.alive_scores[:, 1:] = _HF_MASK
+        self.finished_scores = np.full((n, k), _HF_MASK, dtype=np.float32)
+        self.improvable = np.ones(n, dtype=bool)
+        self.top_k_mask = np.arange(2 * k) < k
+
+    def _keep_extra(self, keep: np.ndarray) -> None:
+        self.improvable = self.improvable[keep]
+
+    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+        k, v, opts = self.k, self.vocab, self.options
+        n = self.sentences.size
+        top = _top_k_sorted(candidates, 2 * k)  # [n, 2K] flat indices
+        top_scores = np.take_along_axis(candidates, top, axis=1)
+        beam, token = top // v, top % v
+        at_cap = (self.caps <= step + 1)[:, None]
+        hits = (token == opts.eos_id) | at_cap  # [n, 2K]
+        # New sequences of the 2K candidates: the parent's prefix plus the token.
+        cand_seq = self._gather(self.alive_seq, beam)
+        cand_seq[:, :, step] = token
+
+        # Alive beams for the next step: the best K candidates that did not finish.
+        alive_candidates = top_scores + hits.astype(np.float32) * _HF_MASK
+        pick = _top_k_sorted(alive_candidates, k)
+        self.alive_seq = self._gather(cand_seq, pick)
+        self.alive_scores = np.take_along_axis(alive_candidates, pick, axis=1)
+        self.parents = np.take_along_axis(beam, pick, axis=1)
+
+        # Finished hypotheses: only candidates among the first K of the 2K count.
+        just_finished = hits & self.top_k_mask[None, :]
+        finished_candidates = top_scores / np.float32(float(step + 1) ** opts.length_penalty)
+        if opts.early_stopping:
+            full = self.finished_flag.all(axis=1, keepdims=True)
+            finished_candidates = finished_candidates + full.astype(np.float32) * _HF_MASK
+        finished_candidates = finished_candidates + (~self.improvable[:, None]).astype(np.float32) * _HF_MASK
+        finished_candidates = finished_candidates + (~just_finished).astype(np.float32) * _HF_MASK
+        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
+        best = _top_k_sorted(merged_scores, k)
+        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
+        cand_len = np.full((n, 2 * k), step + 1, dtype=np.int64)
+        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
+        self.finished_flag = np.take_along_axis(
+            np.concatenate([self.finished_flag, just_finished], axis=1), best, axis=1
+        )
+
+        # Can the best alive beam still beat the worst finished one? (early_stopping=False heuristic; it also keeps
+        # the sentence going while any of its K finished slots is empty.)
+        best_alive = self.alive_scores[:, :1] / np.float32(float(step + 1) ** opts.length_penalty)
+        worst_finished = np.where(
+            self.finished_flag, self.finished_scores.min(axis=1, keepdims=True), _HF_MASK
+        )
+        self.improvable &= (best_alive > worst_finished).any(axis=1)
+        done = ~self.improvable | at_cap[:, 0]
+        if opts.early_stopping:
+            done |= self.finished_flag.all(axis=1)
+        return self._retire(done, step)
+
+    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        seqs = self.finished_seq[idx, 0]
+        lens = self.finished_len[idx, 0]
+        scores = self.finished_scores[idx, 0].astype(np.float64)
+        missing = ~self.finished_flag[idx, 0]
+        if missing.any():  # cannot happen with transformers' rules; kept as a guard
+            seqs = seqs.copy()
+            seqs[missing] = self.alive_seq[idx[missing], 0]
+            lens = np.where(missing, step + 1, lens)
+            scores = np.where(missing, self.alive_scores[idx, 0], scores)
+        return seqs, lens, scores
+
+
+class _T2TBeamSearch(_BeamSearchBase):
+    """tensor2tensor ``beam_search`` rules (module docstring)."""
+
+    def _init_state(self) -> None:
+        n, k = self.batch, self.k
+        self.alive_scores = np.zeros((n, k), dtype=np.float32)  # raw log-probs
+        self.alive_scores[:, 1:] = -_T2T_INF
+        self.finished_scores = np.full((n, k), -_T2T_INF, dtype=np.float32)  # penalized
+
+    def _penalty(self, length: np.ndarray | int) -> np.ndarray:
+        alpha = np.float32(self.options.length_penalty)
+        return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
+
+    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+        k, v, opts = self.k, self.vocab, self.options
+        n = self.sentences.size
+        penalty = self._penalty(step + 1)
+        penalized = candidates / penalty
+        top = _top_k_sorted(penalized, 2 * k)
+        top_scores = np.take_along_axis(penalized, top, axis=1)
+        top_log_probs = top_scores * penalty  # T2T recovers the log-probs this way
+        beam, token = top // v, top % v
+        finished_now = token == opts.eos_id
+        cand_seq = self._gather(self.alive_seq, beam)
+        cand_seq[:, :, step] = token
+
+        alive_candidates = top_scores + finished_now.astype(np.float32) * -_T2T_INF
+        pick = _top_k_sorted(alive_candidates, k)
+        self.alive_seq = self._gather(cand_seq, pick)
+        self.alive_scores = np.take_along_axis(top_log_probs, pick, axis=1)
+        self.parents = np.take_along_axis(beam, pick, axis=1)
+
+        finished_candidates = top_scores + (~finished_now).astype(np.float32) * -_T2T_INF
+        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
+        best = _top_k_sorted(merged_scores, k)
+        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
+        cand_len = np.full((n, 2 * k), step + 1, dtype=np.int64)
+        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
+        self.finished_flag = np.take_along_axis(
+            np.concatenate([self.finished_flag, finished_now], axis=1), best, axis=1
+        )
+
+        # Stop once no alive beam, even at the longest allowed length, can beat the best finished one.
+        bound = self.alive_scores[:, 0] / self._penalty(self.caps)
+        done = (self.finished_scores.max(axis=1) > bound) | (self.caps <= step + 1)
+        return self._retire(done, step)
+
+    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        has_finished = self.finished_flag[idx].any(axis=1)
+        seqs = np.where(has_finished[:, None], self.finished_seq[idx, 0], self.alive_seq[idx, 0])
+        lens = np.where(has_finished, self.finished_len[idx, 0], step + 1)
+        scores = np.where(has_finished, self.finished_scores[idx, 0], self.alive_scores[idx, 0]).astype(np.float64)
+        return seqs, lens, scores
