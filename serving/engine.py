@@ -1,0 +1,362 @@
+"""The engine: ``Translator`` turns texts into translations with a model package on one runtime.
+
+It tokenizes (EOS appended), sorts the batch by source length, splits it into sub-batches under a budget of padded
+source tokens times beams, encodes each sub-batch once, decodes it (``serving.decoding``), detokenizes, and returns
+the results in input order. It knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
+
+Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
+
+- no override: the package's cap on generated tokens *including* EOS -- ``decoding.max_length`` (HF: the checkpoint's
+  ``max_length - 1``), or, when ``decoding.extra_length`` is set (tensor2tensor), ``source tokens incl. EOS +
+  extra_length`` per sentence (T2T uses the padded length of its own batch; per sentence keeps a result independent
+  of how requests were batched), bounded by ``decoding.max_length``; ``decoding.forced_eos`` as configured.
+- ``max_length=N``: at most N tokens *excluding* EOS: the cap is N + 1 and EOS is forced at that last step, so the
+  output always ends properly.
+- always bounded by the model's position table (``max_positions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.spec import DecodingDefaults
+from serving.backends import Backend, BackendUnavailable, create_backend
+from serving.decoding import SearchOptions, search
+from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ServingError
+from serving.package import PackageError, find_artifact, load_manifest
+from serving.tokenizers import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+OnStep = Callable[[int, str], None]
+"""``on_step(index, partial_text)``: text ``index`` of the request now reads ``partial_text``."""
+
+DEFAULT_MAX_BATCH_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Per-request decoding overrides (None: the package's default).
+
+    Attributes:
+        beam_size: beams (1: greedy search).
+        max_length: at most this many generated tokens, EOS excluded.
+    """
+
+    beam_size: int | None = None
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is.
+
+    Attributes:
+        name: package name.
+        version: package version.
+        runtime: ``onnxruntime`` or ``openvino``.
+        precision: ``fp32`` or ``int8``.
+        source_framework: where the checkpoint came from (``marian``, ``t2t``).
+        max_input_tokens: the longest accepted source, in tokens including EOS (the model's positions).
+        decoding: the package's decoding defaults.
+        source_vocab_size: source vocabulary size.
+        target_vocab_size: target vocabulary size.
+    """
+
+    name: str
+    version: str
+    runtime: str
+    precision: str
+    source_framework: str
+    max_input_tokens: int
+    decoding: DecodingDefaults
+    source_vocab_size: int
+    target_vocab_size: int
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translated text.
+
+    Attributes:
+        text: the translation.
+        input_tokens: source tokens, EOS included.
+        output_tokens: generated tokens, EOS excluded (``len(token_ids)``).
+        score: length-normalized log-probability of the hypothesis (see ``serving.decoding.Hypothesis``).
+        token_ids: generated ids, EOS excluded.
+    """
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    score: float | None
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The token ids with a fixed meaning (the manifest's ``special_ids``)."""
+
+    pad: int
+    eos: int
+    decoder_start: int
+
+
+class Translator:
+    """Texts in, translations out, on one backend.
+
+    Build it with :meth:`load` from a package directory; the constructor takes ready parts (tests use it with other
+    backends).
+
+    Arguments:
+        backend: runs the encoder and decoder-step graphs.
+        tokenizer: the package's tokenizer.
+        info: model description (``info.decoding`` gives the decoding defaults).
+        ids: pad, EOS and decoder start ids.
+        max_batch_tokens: budget of one sub-batch: sentences x beams x padded source length.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        info: ModelInfo,
+        ids: TokenIds,
+        *,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.info = info
+        self.ids = ids
+        self.max_batch_tokens = max_batch_tokens
+
+    @classmethod
+    def load(
+        cls,
+        package_dir: str | Path,
+        runtime: str = "onnxruntime",
+        precision: str = "fp32",
+        threads: int | None = None,
+        *,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> Translator:
+        """Load a model package (format and every checksum verified) on a runtime.
+
+        Arguments:
+            package_dir: the package directory.
+            runtime: ``onnxruntime`` or ``openvino``.
+            precision: ``fp32`` or ``int8``.
+            threads: intra-op threads of the runtime (None: its default).
+            max_batch_tokens: sub-batch budget (sentences x beams x padded source length).
+
+        Returns:
+            A ready Translator.
+
+        Raises:
+            PackageError: not a package, unknown format, a file missing or modified, no such artifact, an unusable
+                tokenizer or manifest, or the runtime is not installed.
+        """
+        package_dir = Path(package_dir)
+        manifest = load_manifest(package_dir)
+        artifact = find_artifact(manifest, runtime, precision)
+        try:
+            architecture = manifest["architecture"]
+            special = manifest["special_ids"]
+            ids = TokenIds(pad=int(special["pad"]), eos=int(special["eos"]),
+                           decoder_start=int(special["decoder_start"]))
+            info = ModelInfo(
+                name=str(manifest.get("name") or package_dir.name),
+                version=str(manifest.get("version") or ""),
+                runtime=runtime,
+                precision=precision,
+                source_framework=str((manifest.get("source") or {}).get("framework") or "unknown"),
+                max_input_tokens=int(architecture["max_positions"]),
+                decoding=decoding_defaults(manifest.get("decoding") or {}),
+                source_vocab_size=int(architecture["source_vocab_size"]),
+                target_vocab_size=int(architecture["target_vocab_size"]),
+            )
+            tokenizer_entry = manifest["tokenizer"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise PackageError(f"{package_dir}: malformed manifest ({type(e).__name__}: {e})") from e
+        tokenizer = load_tokenizer(package_dir, tokenizer_entry)
+        try:
+            backend = create_backend(runtime, package_dir / artifact.encoder, package_dir / artifact.decoder, threads)
+        except BackendUnavailable as e:
+            raise PackageError(str(e)) from e
+        logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package_dir)
+        return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source ids of each text, EOS appended."""
+        eos = self.ids.eos
+        return [[*self.tokenizer.encode(text), eos] for text in texts]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Source tokens of each text, EOS included."""
+        return [len(ids) for ids in self.encode(texts)]
+
+    def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
+        """The search options a request resolves to (defaults overridden by ``options``).
+
+        Raises:
+            InvalidInput: a beam size or max length below 1.
+        """
+        options = options or DecodeOptions()
+        defaults = self.info.decoding
+        beam_size = defaults.beam_size if options.beam_size is None else int(options.beam_size)
+        if beam_size < 1:
+            raise InvalidInput(f"beam_size must be at least 1, got {beam_size}")
+        if options.max_length is not None and options.max_length < 1:
+            raise InvalidInput(f"max_length must be at least 1, got {options.max_length}")
+        return SearchOptions(
+            eos_id=self.ids.eos,
+            decoder_start_id=self.ids.decoder_start,
+            beam_size=beam_size,
+            length_penalty=defaults.length_penalty,
+            length_penalty_kind=defaults.length_penalty_kind,
+            bad_word_ids=tuple(defaults.bad_word_ids),
+            forced_eos=defaults.forced_eos or options.max_length is not None,
+            early_stopping=defaults.early_stopping,
+        )
+
+    def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
+        """Per-sentence cap on generated tokens, EOS included (module docstring)."""
+        options = options or DecodeOptions()
+        defaults = self.info.decoding
+        if options.max_length is not None:
+            caps = np.full(source_lengths.shape, int(options.max_length) + 1, dtype=np.int64)
+        elif defaults.extra_length is not None:
+            caps = np.minimum(source_lengths + int(defaults.extra_length), int(defaults.max_length))
+        else:
+            caps = np.full(source_lengths.shape, int(defaults.max_length), dtype=np.int64)
+        return np.clip(caps, 1, self.info.max_input_tokens).astype(np.int64)
+
+    def translate(
+        self, texts: Sequence[str], options: DecodeOptions | None = None, on_step: OnStep | None = None
+    ) -> list[Translation]:
+        """Translate texts (any number; sub-batched internally).
+
+        Arguments:
+            texts: source texts; an empty text is translated as a source of just EOS.
+            options: beam size / max length overrides.
+            on_step: streaming hook ``on_step(index, partial_text)``, called when a text's partial translation
+                changes: after every step with greedy search, once when the sentence is done with beam search.
+
+        Returns:
+            One :class:`Translation` per text, in input order.
+
+        Raises:
+            InputTooLong: a text has more tokens than the model has positions (nothing is translated).
+            InvalidInput: bad options.
+            InferenceFailed: the runtime failed.
+        """
+        search_options = self.search_options(options)
+        sources = self.encode(texts)
+        lengths = np.array([len(s) for s in sources], dtype=np.int64)
+        limit = self.info.max_input_tokens
+        if lengths.size and lengths.max() > limit:
+            index = int(np.argmax(lengths > limit))
+            raise InputTooLong(
+                f"text {index} has {int(lengths[index])} tokens; the model accepts at most {limit}",
+                index=index, tokens=int(lengths[index]), limit=limit,
+            )
+        caps = self.max_steps(lengths, options)
+        results: list[Translation | None] = [None] * len(sources)
+        for batch in self._batches(lengths, search_options.beam_size):
+            self._translate_batch(batch, sources, lengths, caps, search_options, results, on_step)
+        return [r for r in results if r is not None]
+
+    def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
+        """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
+        order = np.argsort(-lengths, kind="stable")
+        batches: list[np.ndarray] = []
+        start = 0
+        while start < order.size:
+            longest = int(lengths[order[start]])
+            size = max(1, self.max_batch_tokens // max(1, longest * beam_size))
+            batches.append(order[start : start + size])
+            start += size
+        return batches
+
+    def _translate_batch(
+        self,
+        batch: np.ndarray,
+        sources: list[list[int]],
+        lengths: np.ndarray,
+        caps: np.ndarray,
+        options: SearchOptions,
+        results: list[Translation | None],
+        on_step: OnStep | None,
+    ) -> None:
+        started = time.perf_counter()
+        batch_lengths = lengths[batch]
+        input_ids = np.full((batch.size, int(batch_lengths.max())), self.ids.pad, dtype=np.int64)
+        for row, index in enumerate(batch):
+            input_ids[row, : batch_lengths[row]] = sources[index]
+        hook = None if on_step is None else self._stream_hook(batch, on_step)
+        try:
+            encoded = self.backend.encode(input_ids)
+            hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, caps[batch], options, hook)
+        except ServingError:
+            raise
+        except Exception as e:
+            raise InferenceFailed(f"{self.info.runtime} failed on a batch of {batch.size}: {e}") from e
+        eos = self.ids.eos
+        generated = 0
+        for row, index in enumerate(batch):
+            hypothesis = hypotheses[row]
+            ids = _until_eos(hypothesis.token_ids, eos)
+            generated += len(ids)
+            results[index] = Translation(
+                text=self.tokenizer.decode(ids),
+                input_tokens=int(lengths[index]),
+                output_tokens=len(ids),
+                score=hypothesis.score,
+                token_ids=ids,
+            )
+        logger.debug(
+            "batch of %d (source length %d, beam %d): %d tokens in %.1f ms", batch.size, input_ids.shape[1],
+            options.beam_size, generated, (time.perf_counter() - started) * 1000,
+        )
+
+    def _stream_hook(self, batch: np.ndarray, on_step: OnStep) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+        eos, decode = self.ids.eos, self.tokenizer.decode
+        last: dict[int, str] = {}
+
+        def hook(rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
+            for row, row_tokens, length in zip(rows.tolist(), tokens, lengths.tolist(), strict=True):
+                index = int(batch[row])
+                text = decode(_until_eos(row_tokens[:length].tolist(), eos))
+                if last.get(index) != text:
+                    last[index] = text
+                    on_step(index, text)
+
+        return hook
+
+
+def _until_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+def decoding_defaults(data: dict[str, Any]) -> DecodingDefaults:
+    """The manifest's ``decoding`` object as :class:`DecodingDefaults` (unknown keys ignored).
+
+    Raises:
+        ValueError: a value of the wrong type.
+    """
+    names = {f.name for f in fields(DecodingDefaults)}
+    values = {k: v for k, v in data.items() if k in names}
+    if "bad_word_ids" in values:
+        values["bad_word_ids"] = tuple(int(i) for i in values["bad_word_ids"])
+    defaults = DecodingDefaults(**values)
+    if defaults.length_penalty_kind not in ("hf", "gnmt"):
+        raise ValueError(f"length_penalty_kind {defaults.length_penalty_kind!r} (supported: hf, gnmt)")
+    return defaults

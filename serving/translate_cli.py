@@ -1,0 +1,94 @@
+"""``mtgate translate``: translate the arguments, or stdin line by line, with a model package.
+
+One translation per output line, in input order; an empty (or blank) input line gives an empty output line. Stdin is
+read and translated in chunks, so output starts before the input ends and memory stays flat on large files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from serving.cli import UsageError
+
+logger = logging.getLogger(__name__)
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
+_CHUNK_LINES = 256
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``translate`` options."""
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: stdin, one per line)")
+    parser.add_argument(
+        "-m", "--model", type=Path, metavar="DIR", help=f"model package directory (default: the demo model {DEMO_MODEL_DIR})"
+    )
+    parser.add_argument("--beam-size", type=int, metavar="N", help="beams (1: greedy; default: the package's)")
+    parser.add_argument(
+        "--max-length", type=int, metavar="N", help="at most N generated tokens per sentence, EOS excluded"
+    )
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime", help="runtime")
+    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="artifact precision")
+    parser.add_argument("--threads", type=int, metavar="N", help="runtime intra-op threads (default: all cores)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Translate; 0 on success, 1 when the runtime fails.
+
+    Raises:
+        UsageError: bad options, a missing or invalid package, an input longer than the model accepts.
+    """
+    for name in ("beam_size", "max_length", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    package = args.model if args.model is not None else DEMO_MODEL_DIR
+    if not package.exists():
+        which = "model package" if args.model is not None else "bundled demo model"
+        raise UsageError(f"{which} not found: {package}")
+
+    from serving.engine import DecodeOptions, Translator
+    from serving.errors import InferenceFailed, InvalidInput
+    from serving.package import PackageError
+
+    try:
+        translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
+    except PackageError as e:
+        raise UsageError(str(e)) from e
+    options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
+    lines: Iterable[str] = args.text if args.text else _stdin_lines()
+    line_number = 0
+    try:
+        for chunk in _chunks(lines, _CHUNK_LINES):
+            todo = [i for i, text in enumerate(chunk) if text.strip()]
+            outputs = [""] * len(chunk)
+            try:
+                translations = translator.translate([chunk[i] for i in todo], options)
+            except InvalidInput as e:
+                index = getattr(e, "index", None)
+                where = f"line {line_number + todo[index] + 1}: " if isinstance(index, int) and index < len(todo) else ""
+                raise UsageError(f"{where}{e}") from e
+            for i, translation in zip(todo, translations, strict=True):
+                outputs[i] = translation.text.replace("\r", " ").replace("\n", " ")
+            sys.stdout.write("".join(f"{text}\n" for text in outputs))
+            sys.stdout.flush()
+            line_number += len(chunk)
+    except InferenceFailed as e:
+        sys.stderr.write(f"mtgate translate: {e}\n")
+        return 1
+    return 0
+
+
+def _stdin_lines() -> Iterator[str]:
+    for line in sys.stdin:
+        yield line.rstrip("\r\n")
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(lines)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
