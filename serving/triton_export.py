@@ -1,0 +1,377 @@
+"""``mtgate export-triton PKG -o REPO``: serve a model package from NVIDIA Triton through its Python backend.
+
+It writes one model into the Triton model repository ``REPO`` (other models there are left alone)::
+
+    REPO/<name>/config.pbtxt           backend "python", dynamic batching, the same tensors as mtgate's /v2 infer route
+    REPO/<name>/<version>/model.py     Triton's entry point: re-exports TritonPythonModel from the bundled engine
+    REPO/<name>/<version>/package/     the model package (checksums verified before and after copying)
+    REPO/<name>/<version>/mtgate/      the engine code this package was validated with (serving/, converters/)
+    REPO/<name>/<version>/requirements.txt   what Triton's Python environment needs (numpy, the runtime, tokenizer)
+
+Tensors (as ``GET /v2/models/<name>`` reports them on ``mtgate serve``): input ``INPUT_TEXT`` BYTES ``[-1, 1]``; outputs
+``OUTPUT_TEXT`` BYTES, ``INPUT_TOKENS`` and ``OUTPUT_TOKENS`` INT32, ``SCORE`` FP32, all of the input's shape. Request
+parameters ``beam_size`` and ``max_length`` are honoured. So a tritonclient user, ``mtgate loadtest`` with the
+``TritonUser`` and ``batch-score --server`` work unchanged against either server.
+
+The model directory is written beside ``REPO/<name>`` and renamed into place, so a Triton polling the repository never
+loads half a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving.package import PackageError, find_artifact, load_manifest, staging_dir, verify_checksums
+
+logger = logging.getLogger(__name__)
+
+INPUT_NAME = "INPUT_TEXT"
+# output name -> (Triton config data type, numpy dtype of the tensor model.py returns)
+OUTPUTS: dict[str, tuple[str, Any]] = {
+    "OUTPUT_TEXT": ("TYPE_STRING", np.object_),
+    "INPUT_TOKENS": ("TYPE_INT32", np.int32),
+    "OUTPUT_TOKENS": ("TYPE_INT32", np.int32),
+    "SCORE": ("TYPE_FP32", np.float32),
+}
+PACKAGE_DIR = "package"
+ENGINE_DIR = "mtgate"
+_ENGINE_PACKAGES = ("serving", "converters")  # serving.engine imports converters.spec (decoding defaults)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_MAX_INT32 = 2**31 - 1
+
+MODEL_PY = '''\
+"""Triton Python backend entry point for an mtgate model package (written by `mtgate export-triton`).
+
+The engine code is bundled beside this file (mtgate/), so the model translates exactly as it did when validated;
+Triton's Python environment needs only the packages in requirements.txt.
+"""
+
+import os
+import sys
+
+_ENGINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtgate")
+if _ENGINE not in sys.path:
+    sys.path.insert(0, _ENGINE)
+
+from serving.triton_export import TritonPythonModel  # noqa: E402,F401
+'''
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("package", type=Path, metavar="PKG", help="model package directory (from 'mtgate convert')")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="REPO",
+                        help="Triton model repository to write the model into (created if missing)")
+    parser.add_argument("--model-name", help="Triton model name (default: the package's name)")
+    parser.add_argument("--model-version", type=int, default=1, help="numeric version directory (default 1)")
+    parser.add_argument("--runtime", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                        help="runtime the Python backend loads the package with (default onnxruntime)")
+    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="artifact (default fp32)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads per model instance (default: the runtime's choice)")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="model instances (KIND_CPU); instances x threads should not exceed the cores (default 1)")
+    parser.add_argument("--max-batch-size", type=int, default=32,
+                        help="most sentences Triton's dynamic batcher puts in one execute() (default 32)")
+    parser.add_argument("--max-queue-delay-us", type=int, default=5000,
+                        help="how long a request may wait for a fuller batch, in microseconds (default 5000)")
+    parser.add_argument("--max-queue-size", type=int, default=0,
+                        help="queued requests beyond which Triton rejects new ones (default 0: unbounded)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from serving.cli import UsageError
+
+    for flag, value, least in (("--model-version", args.model_version, 1), ("--instances", args.instances, 1),
+                               ("--max-batch-size", args.max_batch_size, 1),
+                               ("--max-queue-delay-us", args.max_queue_delay_us, 0),
+                               ("--max-queue-size", args.max_queue_size, 0),
+                               ("--threads", args.threads if args.threads is not None else 1, 1)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+    try:
+        model_dir = export_triton(
+            args.package, args.output, model_name=args.model_name, version=args.model_version,
+            runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
+            max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
+            max_queue_size=args.max_queue_size,
+        )
+    except (PackageError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    sys.stdout.write(f"wrote Triton model {model_dir.name!r} to {model_dir}\n")
+    return 0
+
+
+def export_triton(
+    package: Path,
+    repository: Path,
+    *,
+    model_name: str | None = None,
+    version: int = 1,
+    runtime: str = "onnxruntime",
+    precision: str = "fp32",
+    threads: int | None = None,
+    instances: int = 1,
+    max_batch_size: int = 32,
+    max_queue_delay_us: int = 5000,
+    max_queue_size: int = 0,
+) -> Path:
+    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
+
+    Arguments:
+        package: the model package (every checksum is verified).
+        repository: the Triton model repository (created if missing).
+        model_name: Triton model name (default: the package's manifest name).
+        version: the numeric version directory.
+        runtime: runtime the Python backend loads the package with.
+        precision: artifact precision.
+        threads: intra-op threads per instance (None: the runtime's default).
+        instances: model instances on CPU.
+        max_batch_size: the model's ``max_batch_size`` (sentences per dynamic batch).
+        max_queue_delay_us: the dynamic batcher's ``max_queue_delay_microseconds``.
+        max_queue_size: the dynamic batcher's ``default_queue_policy.max_queue_size`` (0: unbounded).
+
+    Returns:
+        The model directory written.
+
+    Raises:
+        PackageError: not a package, a file missing or modified, or no such artifact.
+        ValueError: an unusable model name.
+    """
+    manifest = load_manifest(package)
+    find_artifact(manifest, runtime, precision)
+    name = model_name or str(manifest.get("name") or package.name)
+    if not _NAME.match(name):
+        raise ValueError(
+            f"model name {name!r} is not usable as a Triton model directory (letters, digits, '_', '.', '-'); "
+            "pass --model-name"
+        )
+    if repository.exists() and not repository.is_dir():
+        raise ValueError(f"{repository}: not a directory")
+    config = model_config(
+        name, runtime=runtime, precision=precision, threads=threads, instances=instances,
+        max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
+    )
+    with staging_dir(repository / name) as tmp:
+        (tmp / "config.pbtxt").write_text(config, encoding="utf-8")
+        version_dir = tmp / str(version)
+        version_dir.mkdir()
+        (version_dir / "model.py").write_text(MODEL_PY, encoding="utf-8")
+        shutil.copytree(package, version_dir / PACKAGE_DIR)
+        problems = verify_checksums(version_dir / PACKAGE_DIR, manifest)
+        if problems:
+            raise PackageError(f"{package}: changed while copying: " + "; ".join(problems))
+        _copy_engine(version_dir / ENGINE_DIR)
+        (version_dir / "requirements.txt").write_text(_requirements(manifest, runtime), encoding="utf-8")
+    logger.info("exported %s (%s/%s) to %s", name, runtime, precision, repository / name)
+    return repository / name
+
+
+def model_config(
+    name: str,
+    *,
+    runtime: str = "onnxruntime",
+    precision: str = "fp32",
+    threads: int | None = None,
+    instances: int = 1,
+    max_batch_size: int = 32,
+    max_queue_delay_us: int = 5000,
+    max_queue_size: int = 0,
+) -> str:
+    """config.pbtxt (Triton's ModelConfig in protobuf text format) for the Python backend model."""
+    # With max_batch_size > 0 Triton adds the batch dimension itself: dims [1] is our [-1, 1].
+    outputs = ",\n".join(
+        f'  {{\n    name: "{out}"\n    data_type: {dtype}\n    dims: [ 1 ]\n  }}' for out, (dtype, _) in OUTPUTS.items()
+    )
+    queue_policy = f"\n  default_queue_policy {{ max_queue_size: {max_queue_size} }}" if max_queue_size else ""
+    parameters = {"runtime": runtime, "precision": precision, "threads": "" if threads is None else str(threads),
+                  "package": PACKAGE_DIR}
+    params = "\n".join(
+        f'parameters {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}' for key, value in parameters.items()
+    )
+    return f"""# Written by `mtgate export-triton`: an mtgate model package on Triton's Python backend.
+name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+dynamic_batching {{
+  max_queue_delay_microseconds: {max_queue_delay_us}{queue_policy}
+}}
+input [
+  {{
+    name: "{INPUT_NAME}"
+    data_type: TYPE_STRING
+    dims: [ 1 ]
+  }}
+]
+output [
+{outputs}
+]
+instance_group [
+  {{
+    count: {instances}
+    kind: KIND_CPU
+  }}
+]
+{params}
+"""
+
+
+def _copy_engine(target: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in _ENGINE_PACKAGES:
+        source = Path(__import__(package).__file__ or "").parent
+        shutil.copytree(source, target / package, ignore=ignore)
+
+
+def _requirements(manifest: dict[str, Any], runtime: str) -> str:
+    names = ["numpy", runtime]
+    if (manifest.get("tokenizer") or {}).get("kind") == "sentencepiece":
+        names.append("sentencepiece")
+    lines = ["# pip install -r requirements.txt into Triton's Python backend environment (versions mtgate ran with)"]
+    for dist in names:
+        try:
+            lines.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(dist)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the model Triton runs
+
+
+class TritonPythonModel:
+    """Triton's Python backend model: a :class:`serving.engine.Translator` over the bundled package.
+
+    ``execute`` receives every request of one dynamic batch; requests with the same decoding options are translated
+    in one engine call (the engine sorts by length and sub-batches itself). A bad request gets an error response
+    without failing the others.
+    """
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """Load the package named by the config's ``package`` parameter (relative to the version directory)."""
+        import triton_python_backend_utils as pb_utils
+
+        from serving.engine import Translator
+
+        self._pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = {key: str(value.get("string_value", "")) for key, value in (config.get("parameters") or {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        package = version_dir / params.get("package", PACKAGE_DIR)
+        threads = int(params["threads"]) if params.get("threads") else None
+        self.translator = Translator.load(
+            package, runtime=params.get("runtime", "onnxruntime"), precision=params.get("precision", "fp32"),
+            threads=threads,
+        )
+        logger.info("loaded %s for Triton model %s", package, args.get("model_name", config.get("name")))
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        """One response per request, in order."""
+        from serving.errors import InputTooLong, ServingError
+
+        responses: list[Any] = [None] * len(requests)
+        groups: dict[Any, list[tuple[int, list[str], tuple[int, ...]]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                texts, shape = self._texts(request)
+                options = self._options(request)
+            except ServingError as e:
+                responses[i] = self._error(e)
+                continue
+            groups.setdefault(options, []).append((i, texts, shape))
+        for options, members in groups.items():
+            while members:
+                texts = [text for _, member_texts, _ in members for text in member_texts]
+                try:
+                    translations = self.translator.translate(texts, options)
+                except InputTooLong as e:  # only the request holding that text fails; the others are retried
+                    culprit = _member_of(members, e.index)
+                    i, member_texts, _ = members.pop(culprit)
+                    offset = e.index - sum(len(m[1]) for m in members[:culprit])
+                    responses[i] = self._error(InputTooLong(
+                        f"text {offset} has {e.tokens} tokens; the model accepts at most {e.limit}",
+                        index=offset, tokens=e.tokens, limit=e.limit))
+                    continue
+                except ServingError as e:
+                    for i, _, _ in members:
+                        responses[i] = self._error(e)
+                    break
+                start = 0
+                for i, member_texts, shape in members:
+                    part = translations[start : start + len(member_texts)]
+                    start += len(member_texts)
+                    responses[i] = self._pb.InferenceResponse(output_tensors=self._outputs(part, shape))
+                break
+        return responses
+
+    def finalize(self) -> None:
+        """Release the runtime sessions."""
+        self.translator = None  # type: ignore[assignment]
+
+    def _texts(self, request: Any) -> tuple[list[str], tuple[int, ...]]:
+        from serving.errors import InvalidInput
+
+        tensor = self._pb.get_input_tensor_by_name(request, INPUT_NAME)
+        if tensor is None:
+            raise InvalidInput(f"missing input {INPUT_NAME!r}")
+        array = np.asarray(tensor.as_numpy())
+        texts = []
+        for i, value in enumerate(array.reshape(-1)):
+            try:
+                texts.append(value.decode("utf-8") if isinstance(value, bytes | np.bytes_) else str(value))
+            except UnicodeDecodeError:
+                raise InvalidInput(f"{INPUT_NAME!r} element {i} is not valid UTF-8") from None
+        return texts, tuple(int(d) for d in array.shape)
+
+    def _options(self, request: Any) -> Any:
+        from serving.engine import DecodeOptions
+        from serving.errors import InvalidInput
+
+        parameters = getattr(request, "parameters", None)
+        raw = parameters() if callable(parameters) else "{}"
+        try:
+            params = json.loads(raw or "{}")
+        except ValueError:
+            raise InvalidInput("request parameters are not valid JSON") from None
+        values: dict[str, int | None] = {}
+        for key in ("beam_size", "max_length"):
+            value = params.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidInput(f"parameter {key!r} must be a positive integer, got {value!r}")
+            values[key] = value
+        return DecodeOptions(beam_size=values["beam_size"], max_length=values["max_length"])
+
+    def _error(self, error: Any) -> Any:
+        return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(error.message))
+
+    def _outputs(self, translations: Sequence[Any], shape: tuple[int, ...]) -> list[Any]:
+        tensor = self._pb.Tensor
+        scores = [float("nan") if t.score is None else float(t.score) for t in translations]
+        return [
+            tensor("OUTPUT_TEXT", np.array([t.text.encode("utf-8") for t in translations], dtype=np.object_)
+                   .reshape(shape)),
+            tensor("INPUT_TOKENS", np.array([min(t.input_tokens, _MAX_INT32) for t in translations], dtype=np.int32)
+                   .reshape(shape)),
+            tensor("OUTPUT_TOKENS", np.array([min(t.output_tokens, _MAX_INT32) for t in translations], dtype=np.int32)
+                   .reshape(shape)),
+            tensor("SCORE", np.array(scores, dtype=np.float32).reshape(shape)),
+        ]
+
+
+def _member_of(members: Sequence[tuple[int, list[str], tuple[int, ...]]], index: int) -> int:
+    """Position in ``members`` of the request that holds text ``index`` of their concatenation."""
+    for position, (_, texts, _) in enumerate(members):
+        if index < len(texts):
+            return position
+        index -= len(texts)
+    return len(members) - 1

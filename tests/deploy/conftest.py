@@ -1,0 +1,31 @@
+"""Fixtures for the deploy tests: the model package they serve (the bundled demo model, else a tiny converted one)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `tests.utils` when pytest runs without the repository root on sys.path
+    sys.path.insert(0, str(ROOT))
+
+DEMO = ROOT / "models" / "demo-en-de"
+
+
+@pytest.fixture(scope="session")
+def model_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/demo-en-de when it is there, else a tiny random Marian package (onnxruntime fp32)."""
+    if (DEMO / "manifest.json").is_file():
+        return DEMO
+    from tests.utils.marian_factory import convert_tiny_package
+
+    return convert_tiny_package(tmp_path_factory.mktemp("tiny-model"), runtimes=("onnxruntime",))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
