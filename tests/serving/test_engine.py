@@ -1,0 +1,204 @@
+"""serving.engine.Translator.
+
+1. Over the HF torch backend (no conversion): a tiny random opus-mt-like Marian checkpoint; the Translator (our
+   tokenizer, sorting, sub-batching, numpy search) returns exactly the token ids and texts of ``MarianTokenizer`` +
+   ``MarianMTModel.generate`` + ``batch_decode(skip_special_tokens=True)``, with the decoding defaults the Marian
+   reader takes from generation_config.json. Also: streaming, max_length, long inputs, bad options, runtime failure.
+2. End to end: the same checkpoints converted by ``mtgate convert`` into a package, loaded with ``Translator.load``
+   on onnxruntime and openvino fp32, against ``generate`` (a tiny model and one with opus-mt-en-de's shape).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator
+from serving.errors import InferenceFailed, InputTooLong, InvalidInput
+from serving.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
+from tests.utils.marian_factory import corpus, make_marian_dir
+
+os.environ.setdefault("USE_TF", "0")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+EOS = 0
+MAX_LENGTH = 32  # generation_config max_length (HF counts the start token)
+
+
+def calibrate_eos(path: Path, texts: list[str]) -> Path:
+    """Raise final_logits_bias[EOS] of a saved random Marian checkpoint so that its outputs have varied lengths.
+
+    A random model mostly either ends at once or loops until the length cap; among a grid of EOS biases, keep the
+    one giving the most distinct greedy output lengths on ``texts`` (deterministic: fixed weights, CPU float32).
+    """
+    from safetensors.torch import load_file, save_file
+
+    model = transformers.MarianMTModel.from_pretrained(path).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(path)
+    base = float(model.final_logits_bias[0, EOS])
+    best, best_distinct = 0.0, 0
+    for boost in np.arange(3.0, 6.51, 0.5):
+        with torch.no_grad():
+            model.final_logits_bias[0, EOS] = base + boost
+        distinct = len({len(ids) for ids in hf_translate((model, tokenizer), texts, num_beams=1)[0]})
+        if distinct > best_distinct:
+            best, best_distinct = float(boost), distinct
+    weights = load_file(path / "model.safetensors")
+    weights["final_logits_bias"][0, EOS] += best
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def texts_of_varied_length() -> list[str]:
+    lines = corpus("en")
+    return [*lines[200:216], " ".join(lines[0].split()[:2]), lines[10] + " " + lines[11], "", "A", "»Ünïcödé« — ✓"]
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    path = make_marian_dir(tmp_path_factory.mktemp("marian") / "src", generation={"max_length": MAX_LENGTH}, seed=2)
+    return calibrate_eos(path, texts_of_varied_length())
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir: Path) -> tuple[Any, Any]:
+    torch.set_num_threads(1)
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    return model, tokenizer
+
+
+def hf_translate(hf: tuple[Any, Any], texts: list[str], **kwargs: Any) -> tuple[list[list[int]], list[str]]:
+    """``generate`` on the whole batch; token ids without the start token, cut before EOS."""
+    model, tokenizer = hf
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, **kwargs)
+    ids = []
+    for row in out[:, 1:].tolist():
+        ids.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != model.config.pad_token_id])
+    return ids, tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def translator(marian_dir: Path, hf: tuple[Any, Any]) -> Translator:
+    from converters.marian import MarianConverter
+    from tests.utils.hf_backend import HFMarianBackend
+
+    spec = MarianConverter(marian_dir).load().spec  # the decoding defaults a package of this checkpoint gets
+    config = spec.config
+    info = ModelInfo(
+        name="tiny", version="test", runtime="torch", precision="fp32", source_framework="marian",
+        max_input_tokens=config.max_positions, decoding=spec.decoding, source_vocab_size=config.source_vocab_size,
+        target_vocab_size=config.target_vocab_size,
+    )
+    ids = TokenIds(pad=spec.special_ids.pad, eos=spec.special_ids.eos, decoder_start=spec.special_ids.decoder_start)
+    tokenizer = SentencePieceTokenizer(marian_dir / "source.spm", marian_dir / "target.spm", marian_dir / "vocab.json")
+    # A small budget: the 21 texts are decoded in several sub-batches of different padded lengths.
+    return Translator(HFMarianBackend(hf[0]), tokenizer, info, ids, max_batch_tokens=160)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translator_matches_generate(translator: Translator, hf: tuple[Any, Any], beam: int) -> None:
+    texts = texts_of_varied_length()
+    expected_ids, expected_texts = hf_translate(hf, texts, num_beams=beam)
+    got = translator.translate(texts, DecodeOptions(beam_size=beam))
+    lengths = sorted(len(i) for i in expected_ids)
+    assert len(set(lengths)) >= 4 and lengths[-1] >= 10, lengths
+    assert [t.token_ids for t in got] == expected_ids
+    assert [t.text for t in got] == expected_texts
+    assert [t.output_tokens for t in got] == [len(i) for i in expected_ids]
+    assert [t.input_tokens for t in got] == [len(i) for i in hf[1](texts).input_ids]
+    assert all(np.isfinite(t.score) for t in got)
+
+
+def test_defaults_come_from_generation_config(translator: Translator, hf: tuple[Any, Any]) -> None:
+    decoding = translator.info.decoding
+    assert (decoding.beam_size, decoding.max_length, decoding.forced_eos) == (4, MAX_LENGTH - 1, True)
+    texts = texts_of_varied_length()[:6]
+    assert [t.token_ids for t in translator.translate(texts)] == hf_translate(hf, texts)[0]
+
+
+def test_max_length_caps_tokens_excluding_eos(translator: Translator, hf: tuple[Any, Any]) -> None:
+    texts = texts_of_varied_length()
+    for beam in (1, 4):
+        got = translator.translate(texts, DecodeOptions(beam_size=beam, max_length=3))
+        assert max(t.output_tokens for t in got) == 3
+        # = generate with room for 3 tokens + EOS (+ the start token), EOS forced at the last step.
+        assert [t.token_ids for t in got] == hf_translate(hf, texts, num_beams=beam, max_length=5)[0]
+
+
+def test_count_tokens_and_input_too_long(translator: Translator, hf: tuple[Any, Any]) -> None:
+    texts = ["A dog.", "", "two words"]
+    assert translator.count_tokens(texts) == [len(i) for i in hf[1](texts).input_ids]
+    too_long = " ".join(["word"] * 200)
+    with pytest.raises(InputTooLong, match=r"text 1 has \d+ tokens; the model accepts at most 128") as caught:
+        translator.translate(["fine", too_long])
+    assert (caught.value.index, caught.value.limit) == (1, 128) and caught.value.tokens > 128
+    assert translator.translate([]) == []
+
+
+def _recorder(calls: list[tuple[int, str]]) -> Any:
+    return lambda index, text: calls.append((index, text))
+
+
+def test_streaming_partial_texts(translator: Translator) -> None:
+    texts = texts_of_varied_length()[:8]
+    for beam in (1, 4):
+        calls: list[tuple[int, str]] = []
+        got = translator.translate(texts, DecodeOptions(beam_size=beam), on_step=_recorder(calls))
+        for index, translation in enumerate(got):
+            partials = [text for i, text in calls if i == index]
+            assert partials and partials[-1] == translation.text
+            assert len(partials) == len(set(partials))  # only changes are reported
+            if beam > 1:
+                assert len(partials) == 1  # beam search streams a sentence when it is done
+        if beam == 1:
+            assert len(calls) > len(texts)
+
+
+def test_bad_options(translator: Translator) -> None:
+    with pytest.raises(InvalidInput, match="beam_size must be at least 1"):
+        translator.translate(["x"], DecodeOptions(beam_size=0))
+    with pytest.raises(InvalidInput, match="max_length must be at least 1"):
+        translator.translate(["x"], DecodeOptions(max_length=0))
+
+
+def test_runtime_failure_is_inference_failed(translator: Translator) -> None:
+    class Broken:
+        def encode(self, input_ids: np.ndarray) -> Any:
+            raise RuntimeError("session crashed")
+
+        def decode_step(self, *args: Any) -> Any:
+            raise AssertionError
+
+    broken = Translator(Broken(), translator.tokenizer, translator.info, translator.ids)
+    with pytest.raises(InferenceFailed, match="torch failed on a batch of 1: session crashed"):
+        broken.translate(["x"])
+
+
+def test_sub_batching_budget(translator: Translator) -> None:
+    lengths = np.array([5, 40, 7, 40, 12, 3])
+    batches = translator._batches(lengths, beam_size=4)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * 4 * lengths[batch].max() <= translator.max_batch_tokens
+    assert lengths[batches[0]].tolist() == [40, 40][: len(batches[0])]
+
+
+def test_max_steps_rules(translator: Translator) -> None:
+    lengths = np.array([3, 10, 127])
+    assert translator.max_steps(lengths).tolist() == [MAX_LENGTH - 1] * 3
+    assert translator.max_steps(lengths, DecodeOptions(max_length=500)).tolist() == [128] * 3  # position table
+    t2t_like = dataclasses.replace(
+        translator.info, decoding=dataclasses.replace(translator.info.decoding, extra_length=5, max_length=128)
+    )
+    t2t = Translator(translator.backend, translator.tokenizer, t2t_like, translator.ids)
+    assert t2t.max_steps(lengths).tolist() == [8, 15, 128]
