@@ -257,7 +257,7 @@ class MarianConverter(Converter):
         if not shared:
             files["target_vocab"] = "tokenizer/target_vocab.json"
             tokenizer_files[files["target_vocab"]] = src / "target_vocab.json"
-        tokenizer: dict[str, Any] = {"kind": "sentencepiece", "files": files, "unk": special.unk}
+        tokenizer: dict[str, Any] = {"kind": "sentencepiece", "files": files, "unk_id": special.unk}
         source: dict[str, Any] = {"framework": self.framework, "path": str(src.absolute())}
         if ignored:
             source["ignored_generation_options"] = ignored

@@ -58,7 +58,7 @@ class _Graph:
 
     def weight(self, name: str, array: np.ndarray) -> str:
         # np.ascontiguousarray would turn a 0-d array into 1-d; scalar Gather indices must stay 0-d.
-        self.initializers.append(numpy_helper.from_array(np.array(array, order="C", copy=False), name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
     def const(self, values: int | list[int] | list[float] | np.ndarray, dtype: type = np.int64) -> str:
@@ -68,19 +68,14 @@ class _Graph:
             self._consts[key] = self.weight(self._fresh("const"), array)
         return self._consts[key]
 
-    def op(self, op_type: str, inputs: list[str], hint: str | None = None, outputs: int = 1,
-           **attrs: Any) -> str:
-        names = [self._fresh(hint or op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
-        return names[0]
-
-    def op_multi(self, op_type: str, inputs: list[str], outputs: int, hint: str, **attrs: Any) -> list[str]:
-        names = [self._fresh(hint) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
-        return names
+    def op(self, op_type: str, inputs: list[str], hint: str | None = None, **attrs: Any) -> str:
+        output = self._fresh(hint or op_type.lower())
+        # Nodes are named after their output: quantization and profiling select nodes by name.
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
+        return output
 
     def rename_output(self, value: str, name: str) -> None:
-        self.nodes.append(helper.make_node("Identity", [value], [name]))
+        self.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_output"))
 
     def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], doc: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)

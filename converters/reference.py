@@ -14,6 +14,7 @@ import numpy as np
 
 from converters.onnx_emitter import MASK_VALUE
 from converters.spec import TransformerSpec
+from serving.backends.base import EncoderOutput
 
 
 def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -37,7 +38,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 class ReferenceModel:
-    """encode / decode_step in numpy with the ONNX graphs' I/O (outputs float32)."""
+    """encode / decode_step in numpy with the ONNX graphs' I/O (outputs float32); satisfies the Backend protocol."""
 
     def __init__(self, spec: TransformerSpec) -> None:
         self.spec = spec
@@ -88,8 +89,8 @@ class ReferenceModel:
         return np.asarray(x)
 
     # --- the contract -----------------------------------------------------------------------------------------
-    def encode(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """input_ids [B,S] -> (memory [B,S,D], cross_kv [L,2,B,H,S,Dh], src_bias [B,1,1,S])."""
+    def encode(self, input_ids: np.ndarray) -> EncoderOutput:
+        """input_ids [B,S] -> memory [B,S,D], cross_kv [L,2,B,H,S,Dh], src_bias [B,1,1,S]."""
         c = self.c
         s = input_ids.shape[1]
         x = self._embed(self.w["encoder.embed_tokens"], input_ids)
@@ -112,7 +113,8 @@ class ReferenceModel:
             np.stack([self._split(self._linear(x, f"decoder.layers.{i}.cross_attn.{n}")) for n in "kv"])
             for i in range(c.decoder_layers)
         ])
-        return x.astype(np.float32), cross.astype(np.float32), bias.astype(np.float32)
+        return EncoderOutput(memory=x.astype(np.float32), cross_kv=cross.astype(np.float32),
+                             src_bias=bias.astype(np.float32))
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,89 @@
+"""``mtgate convert SRC -o DIR``: a checkpoint directory -> a verified model package.
+
+Exit codes: 0 written; 1 an fp32 artifact failed the parity check (nothing written); 2 bad input (not a checkpoint,
+a missing vocab, unsupported options, a mis-shaped weight...: one header line plus every reason, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from serving.package import PRECISIONS, RUNTIMES
+
+logger = logging.getLogger(__name__)
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path, metavar="SRC",
+                        help="Hugging Face Marian directory or tensor2tensor checkpoint directory")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="package directory to write")
+    parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
+                        help=f"comma-separated runtimes (default: {','.join(RUNTIMES)})")
+    parser.add_argument("--precision", type=_csv, default=["fp32", "int8"], dest="precisions",
+                        help=f"comma-separated precisions out of {','.join(PRECISIONS)} (default: fp32,int8)")
+    parser.add_argument("--name", default=None, help="package name (default: the source directory name)")
+    parser.add_argument("--version", default=None, help="package version (default: 1)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the parity checks")
+    t2t = parser.add_argument_group("tensor2tensor checkpoints")
+    t2t.add_argument("--hparams-set", default=None,
+                     help="hparams set when the checkpoint has no hparams.json (transformer_base, transformer_big)")
+    t2t.add_argument("--vocab", type=Path, default=None, help="the .subwords vocabulary file")
+    t2t.add_argument("--target-space-id", type=int, default=None, help="target space id (default 0)")
+
+
+def reader_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reader options the user set (unset ones are left to the reader's defaults)."""
+    options = {"hparams_set": args.hparams_set, "vocab": args.vocab, "target_space_id": args.target_space_id}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    from converters.base import ConversionError
+    from converters.convert import ParityError, convert
+    from serving.cli import UsageError
+
+    started = time.perf_counter()
+    try:
+        manifest = convert(
+            args.source,
+            args.output,
+            runtimes=args.runtimes,
+            precisions=args.precisions,
+            verify=not args.no_verify,
+            name=args.name,
+            version=args.version,
+            reader_options=reader_options(args),
+            progress=lambda message: logger.info("%s", message),
+        )
+    except ParityError as e:
+        sys.stderr.write(f"mtgate convert: {e}\n")
+        return 1
+    except (ConversionError, ValueError) as e:
+        raise UsageError(str(e)) from e
+    except OSError as e:  # e.g. the output's parent is not writable
+        raise UsageError(f"{e.filename or args.output}: {e.strerror or e}") from e
+    parity = manifest.get("parity", {})
+    sys.stdout.write(f"wrote {args.output} ({manifest['name']} {manifest['version']}) in "
+                     f"{time.perf_counter() - started:.1f}s\n")
+    for artifact in manifest["artifacts"]:
+        key = f"{artifact['runtime']}/{artifact['precision']}"
+        row = parity.get(key)
+        if row is None:
+            sys.stdout.write(f"  {key}: not verified\n")
+        elif "log_probs_max_abs" in row and artifact["precision"] == "fp32":
+            sys.stdout.write(f"  {key}: log_probs max abs diff {row['log_probs_max_abs']:.2e}, memory "
+                             f"{row['memory_max_abs']:.2e}, greedy agreement {row['greedy_token_agreement']:.3f}\n")
+        else:
+            sys.stdout.write(f"  {key}: next-token agreement with fp32 {row['next_token_agreement']:.3f}, greedy "
+                             f"{row['greedy_token_agreement']:.3f} (sentences identical "
+                             f"{row['greedy_sentence_exact']:.3f})\n")
+    return 0
