@@ -192,6 +192,8 @@ def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, mo
     ]
     if scenario.max_length is not None:
         command += ["--max-length", str(scenario.max_length)]
+    if scenario.beam_size is not None:
+        command += ["--beam-size", str(scenario.beam_size)]
     if model_name:
         command += ["--model-name", model_name]
     weights = [{"user_class_name": name, "weight": w} for name, w in scenario.users.items()]

@@ -21,6 +21,7 @@ Run by hand::
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from locust import FastHttpUser, User, events, task
 from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.exception import StopUser
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.stats import TTFE
@@ -61,6 +63,7 @@ class SuiteState:
     rng: random.Random
     bulk_size: int
     max_length: int | None
+    beam_size: int | None
     model_name: str | None
     think_time_s: float
     tokens_file: Path | None
@@ -72,6 +75,10 @@ class SuiteState:
     stopped: float | None = None
     history: list[tuple[float, int]] = field(default_factory=list)
     sampler: gevent.Greenlet | None = None
+
+    def decoding(self) -> dict[str, int]:
+        """The decoding parameters to send (none: the server's defaults)."""
+        return {k: v for k, v in (("beam_size", self.beam_size), ("max_length", self.max_length)) if v is not None}
 
     def sample(self, n: int) -> list[str]:
         return [self.rng.choice(self.sentences) for _ in range(n)]
@@ -94,7 +101,9 @@ def _add_options(parser: LocustArgumentParser) -> None:
     group.add_argument("--bulk-size", type=int, default=16, env_var="MTGATE_BULK_SIZE",
                        help="sentences per BulkUser request (default: 16)")
     group.add_argument("--max-length", type=int, default=0, env_var="MTGATE_MAX_LENGTH",
-                       help="max_length sent with /v1 requests (default: the server's)")
+                       help="max_length sent with every request (default: the server's)")
+    group.add_argument("--beam-size", type=int, default=0, env_var="MTGATE_BEAM_SIZE",
+                       help="beam_size sent with every request (default: the server's)")
     group.add_argument("--model-name", default="", env_var="MTGATE_MODEL_NAME",
                        help="model for the TritonUser (default: the first model the server reports)")
     group.add_argument("--think-time", type=float, default=0.0, env_var="MTGATE_THINK_TIME",
@@ -121,11 +130,15 @@ def _init(environment: Environment, **_: Any) -> None:
         rng=random.Random(options.seed),
         bulk_size=max(1, options.bulk_size),
         max_length=options.max_length or None,
+        beam_size=options.beam_size or None,
         model_name=options.model_name or None,
         think_time_s=max(0.0, options.think_time),
         tokens_file=Path(options.tokens_file) if options.tokens_file else None,
         headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
     )
+    # gevent caches its loop clock; the imports and corpus loading above ran without the loop, so the clock is stale
+    # by that long and Locust's --run-time timer (gevent.spawn_later) would fire that much too early.
+    gevent.get_hub().loop.update_now()
 
 
 def _sample_tokens(state: SuiteState) -> None:
@@ -157,8 +170,28 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
         })
 
 
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    """Rewrite ``--csv``'s summary files with the final stats.
+
+    Locust rewrites them once a second while running and not at exit, so they miss the requests of the last second
+    (all of them in a 1-second run). The files are replaced (new inode), so Locust's own still-open handles write
+    to the old files, not over these.
+    """
+    prefix = environment.parsed_options.csv_prefix if environment.parsed_options is not None else None
+    if not prefix:
+        return
+    writer = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    for suffix, write in (("_stats.csv", writer.requests_csv), ("_failures.csv", writer.failures_csv)):
+        path = Path(prefix + suffix)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            write(csv.writer(f))
+        os.replace(tmp, path)
+
+
 for _hook, _listener in ((events.init_command_line_parser, _add_options), (events.init, _init),
-                         (events.test_start, _on_test_start), (events.test_stop, _on_test_stop)):
+                         (events.test_start, _on_test_start), (events.test_stop, _on_test_stop),
+                         (events.quitting, _on_quitting)):
     _hook.add_listener(_listener)  # type: ignore[no-untyped-call]  # Locust's EventHook is untyped
 
 
@@ -200,10 +233,7 @@ class _RestUser(FastHttpUser):
 
     def _payload(self, text: str | list[str]) -> dict[str, Any]:
         state = state_of(self.environment)
-        payload: dict[str, Any] = {"text": text}
-        if state.max_length is not None:
-            payload["max_length"] = state.max_length
-        return payload
+        return {"text": text, **state.decoding()}
 
     def _translate(self, texts: list[str], name: str) -> None:
         state = state_of(self.environment)
@@ -244,7 +274,8 @@ class BulkUser(_RestUser):
         state = state_of(self.environment)
         texts = state.sample(state.bulk_size)
         body = "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts))
-        path = "/v1/translate/bulk" + (f"?max_length={state.max_length}" if state.max_length is not None else "")
+        query = "&".join(f"{k}={v}" for k, v in state.decoding().items())
+        path = "/v1/translate/bulk" + (f"?{query}" if query else "")
         headers = {**state.headers, "Content-Type": "application/x-ndjson"}
         with self.client.post(path, data=body, name="/v1/translate/bulk", headers=headers,
                               catch_response=True) as resp:
@@ -414,7 +445,8 @@ class TritonUser(User):
             inp = self._httpclient.InferInput(self.input_name, [1, 1], "BYTES")
             inp.set_data_from_numpy(np.array([[sentence.encode("utf-8")]], dtype=object))
             outputs = [self._httpclient.InferRequestedOutput(n) for n in (self.output_name, *self.counted)]
-            result = self.client.infer(self.model, [inp], outputs=outputs, headers=state.headers)
+            result = self.client.infer(self.model, [inp], outputs=outputs, headers=state.headers,
+                                       parameters=state.decoding() or None)
             texts = result.as_numpy(self.output_name)
             length = sum(int(o.get("parameters", {}).get("binary_data_size", 0))
                          for o in result.get_response().get("outputs", []))

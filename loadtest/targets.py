@@ -86,7 +86,8 @@ class Scenario(_Strict):
     duration: float = Field(default=10.0, description="seconds, or '30s', '2m', '1m30s'")
     think_time_s: float = Field(default=0.0, ge=0.0, le=60.0)
     bulk_size: int = Field(default=16, ge=1, le=1024)
-    max_length: int | None = Field(default=None, ge=1)
+    max_length: int | None = Field(default=None, ge=1, description="max_length sent with every request")
+    beam_size: int | None = Field(default=None, ge=1, description="beam_size sent with every request")
     model: str | None = Field(default=None, description="model name for the Open Inference Protocol user")
     corpus: Path | None = None
     targets: Targets = Targets()

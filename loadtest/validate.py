@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadtest.cli import default_report_dir, run_all, start_server
+from loadtest.cli import LoadTestError, default_report_dir, package_model_name, run_all, start_server
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.report import ScenarioResult, html_page, html_table, scenario_html, write_text_atomically
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
@@ -117,6 +117,7 @@ class Outcome:
     baseline: dict[str, Any] | None
     testset: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
+    parity: list[Any] = field(default_factory=list)
     quality: dict[str, SystemScore] = field(default_factory=dict)
     comparisons: list[Comparison] = field(default_factory=list)
     load: list[ScenarioResult] = field(default_factory=list)
@@ -139,29 +140,36 @@ def _package_summary(path: Path) -> dict[str, Any]:
             "source": manifest.get("source", {}).get("framework")}
 
 
-def check_package(path: Path, role: str, parity: bool) -> list[Check]:
-    """Checksums of every file and, unless ``parity`` is False, the parity of every artifact."""
+def check_package(path: Path, role: str, parity: bool, threads: int | None = None) -> tuple[list[Check], list[Any]]:
+    """Checksums of every file and, unless ``parity`` is False, the parity of every artifact.
+
+    Returns:
+        The checks, and the parity rows of ``converters.verify.run_parity`` (empty when not run).
+    """
     from serving.package import PackageError, load_manifest
 
     try:
-        load_manifest(path, verify=True)
+        manifest = load_manifest(path, verify=True)
     except PackageError as e:
-        return [Check(f"{role} checksums", False, str(e))]
-    checks = [Check(f"{role} checksums", True, "every file matches the manifest")]
+        return [Check(f"{role} checksums", False, str(e))], []
+    checks = [Check(f"{role} checksums", True, f"{len(manifest.get('files', {}))} files match the manifest")]
     if not parity:
-        return checks
+        return checks, []
     try:
-        from converters.verify import verify_package
+        from converters.verify import run_parity
     except ImportError as e:
         return [*checks, Check(f"{role} parity", False, f"cannot check parity in this install ({e}); "
-                                                        "install mtgate[convert] or pass --skip-parity")]
+                                                        "pass --skip-parity")], []
     try:
-        problems = verify_package(path)
-    except Exception as e:  # a failed verification must reject, whatever went wrong inside it
-        return [*checks, Check(f"{role} parity", False, f"verification failed: {e}")]
-    if problems:
-        return [*checks, Check(f"{role} parity", False, "; ".join(problems))]
-    return [*checks, Check(f"{role} parity", True, "every artifact matches its reference")]
+        rows = run_parity(path, manifest, threads=threads)
+    except Exception as e:  # a verification that cannot run must reject, whatever went wrong inside it
+        return [*checks, Check(f"{role} parity", False, f"parity check failed to run: {e}")], []
+    failed = [f"{r['artifact']} vs {r['reference']}" for r in rows if not r["passed"]]
+    if failed:
+        return [*checks, Check(f"{role} parity", False, "mismatch: " + ", ".join(failed))], rows
+    detail = (f"{len(rows)} artifact comparison(s) within tolerance" if rows
+              else "only the fp32 ONNX reference graphs (nothing to compare)")
+    return [*checks, Check(f"{role} parity", True, detail)], rows
 
 
 # ---------------------------------------------------------------- quality
@@ -265,6 +273,7 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
         "candidate": outcome.candidate,
         "baseline": outcome.baseline,
         "testset": outcome.testset,
+        "parity": outcome.parity,
         "quality": {role: {**asdict(s), "tokens_per_s": s.tokens_per_s} for role, s in outcome.quality.items()},
         "comparison": [asdict(c) for c in outcome.comparisons],
         "load": None if outcome.host is None else {
@@ -289,6 +298,12 @@ def to_html(outcome: Outcome) -> str:
              "<h2>Checks</h2>",
              html_table([["check", "result", "detail"],
                          *([c.name, "pass" if c.passed else "FAIL", c.detail] for c in outcome.checks)])]
+    if outcome.parity:
+        rows = [["artifact", "reference", "result", "details"]]
+        rows += [[str(r.get("artifact")), str(r.get("reference")), "pass" if r.get("passed") else "FAIL",
+                  ", ".join(f"{k} {_short(v)}" for k, v in r.items() if k not in ("artifact", "reference", "passed"))]
+                 for r in outcome.parity]
+        parts += ["<h2>Parity</h2>", html_table(rows)]
     if outcome.quality:
         rows = [["system", "BLEU", "chrF", "sentences", "output tokens/s (in process)"]]
         rows += [[role, f"{s.bleu:.2f}", f"{s.chrf:.2f}", str(s.sentences), f"{s.tokens_per_s:.1f}"]
@@ -316,9 +331,18 @@ def to_html(outcome: Outcome) -> str:
     return html_page(f"mtgate validate: {verdict}", "\n".join(parts))
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars (in parity rows) as Python numbers; anything else unknown as text."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def write_outcome(directory: Path, outcome: Outcome) -> tuple[Path, Path]:
     data, page = directory / "validate.json", directory / "validate.html"
-    write_text_atomically(data, json.dumps(to_json(outcome), indent=2) + "\n")
+    write_text_atomically(data, json.dumps(to_json(outcome), indent=2, default=_plain) + "\n")
     write_text_atomically(page, to_html(outcome))
     return data, page
 
@@ -350,6 +374,68 @@ def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str
     return targets, sources, references, source, reference
 
 
+def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile | None, sources: list[str],
+              references: list[str], source: Path, report_dir: Path) -> None:
+    """Add every check to ``outcome``; stop early when the candidate cannot be trusted or loaded."""
+    from serving.package import PackageError
+
+    sys.stderr.write("checking the candidate package\n")
+    package_checks, outcome.parity = check_package(args.candidate, "candidate", not args.skip_parity, args.threads)
+    outcome.checks += package_checks
+    if not package_checks[0].passed:
+        return  # modified or missing files: nothing measured on them would mean anything
+    sys.stderr.write(f"translating {len(sources)} test sentences\n")
+    try:
+        hyps, tokens, seconds = translate_testset(args.candidate, sources, args)
+    except PackageError as e:
+        outcome.checks.append(Check("candidate loads", False, str(e)))
+        return
+    outcome.quality["candidate"] = score(args.candidate, hyps, references, tokens, seconds)
+    write_text_atomically(report_dir / "candidate.hyp.txt", "".join(h + "\n" for h in hyps))
+    if args.baseline:
+        try:
+            base_hyps, base_tokens, base_seconds = translate_testset(args.baseline, sources, args)
+        except PackageError as e:
+            outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
+        else:
+            outcome.quality["baseline"] = score(args.baseline, base_hyps, references, base_tokens, base_seconds)
+            write_text_atomically(report_dir / "baseline.hyp.txt", "".join(h + "\n" for h in base_hyps))
+            outcome.comparisons = compare(hyps, base_hyps, references)
+    rules = targets.quality if targets is not None else QualityTargets()
+    outcome.checks += quality_checks(outcome.quality["candidate"], outcome.comparisons, rules)
+
+    if targets is not None:
+        _load(args, outcome, targets, source, report_dir)
+
+    cores = args.cores or len(os.sched_getaffinity(0))
+    outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour)
+    limit = targets.cost.max_per_million_tokens if targets is not None else None
+    if limit is not None:
+        cost = outcome.cost["per_million_tokens"]
+        outcome.checks.append(Check(f"cost per million tokens <= {limit:g}", cost is not None and cost <= limit,
+                                    "no throughput measured" if cost is None else f"{cost:.4f}"))
+
+
+def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, source: Path, report_dir: Path) -> None:
+    """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
+    scenarios = targets.select(args.scenario)
+    sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
+    extra = ["--backend", args.runtime, "--precision", args.precision]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    try:
+        with start_server(args.candidate, report_dir / "server.log", args.server_timeout, extra) as server:
+            outcome.host = server.url
+            outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.candidate),
+                                   None, default_corpus=source)
+    except (LoadTestError, CorpusError) as e:
+        outcome.checks.append(Check("load test", False, str(e)))
+    for r in outcome.load:
+        failed = [f"{c.target} (measured {c.measured_text})" for c in r.checks if not c.passed]
+        outcome.checks.append(Check(f"load scenario {r.scenario.name}", r.passed,
+                                    "every target met" if r.passed else "missed: " + "; ".join(failed)))
+
+
 def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
@@ -361,48 +447,7 @@ def run(args: argparse.Namespace) -> int:
                           testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     except PackageError as e:
         raise _usage_error(str(e)) from e
-    rules = targets.quality if targets is not None else QualityTargets()
-
-    sys.stderr.write("checking packages\n")
-    outcome.checks += check_package(args.candidate, "candidate", not args.skip_parity)
-    sys.stderr.write(f"translating {len(sources)} test sentences\n")
-    hyps, tokens, seconds = translate_testset(args.candidate, sources, args)
-    outcome.quality["candidate"] = score(args.candidate, hyps, references, tokens, seconds)
-    write_text_atomically(report_dir / "candidate.hyp.txt", "".join(h + "\n" for h in hyps))
-    if args.baseline:
-        base_hyps, base_tokens, base_seconds = translate_testset(args.baseline, sources, args)
-        outcome.quality["baseline"] = score(args.baseline, base_hyps, references, base_tokens, base_seconds)
-        write_text_atomically(report_dir / "baseline.hyp.txt", "".join(h + "\n" for h in base_hyps))
-        outcome.comparisons = compare(hyps, base_hyps, references)
-    outcome.checks += quality_checks(outcome.quality["candidate"], outcome.comparisons, rules)
-
-    if targets is not None:
-        scenarios = targets.select(args.scenario)
-        sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
-        extra = ["--backend", args.runtime, "--precision", args.precision]
-        if args.threads:
-            extra += ["--threads", str(args.threads)]
-        from loadtest.cli import LoadTestError, package_model_name
-
-        try:
-            with start_server(args.candidate, report_dir / "server.log", args.server_timeout, extra) as server:
-                outcome.host = server.url
-                outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.candidate),
-                                       None, default_corpus=source)
-        except (LoadTestError, CorpusError) as e:
-            outcome.checks.append(Check("load test", False, str(e)))
-        for r in outcome.load:
-            failed = [f"{c.target} (measured {c.measured_text})" for c in r.checks if not c.passed]
-            outcome.checks.append(Check(f"load scenario {r.scenario.name}", r.passed,
-                                        "every target met" if r.passed else "missed: " + "; ".join(failed)))
-
-    cores = args.cores or len(os.sched_getaffinity(0))
-    outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour)
-    limit = targets.cost.max_per_million_tokens if targets is not None else None
-    if limit is not None:
-        cost = outcome.cost["per_million_tokens"]
-        outcome.checks.append(Check(f"cost per million tokens <= {limit:g}", cost is not None and cost <= limit,
-                                    "no throughput measured" if cost is None else f"{cost:.4f}"))
+    _evaluate(args, outcome, targets, sources, references, source, report_dir)
 
     data, page = write_outcome(report_dir, outcome)
     sys.stdout.write(f"{outcome.verdict}\n")
