@@ -79,6 +79,7 @@ class SearchOptions:
         bad_word_ids: ids that are never generated.
         forced_eos: at each sentence's last allowed step, only EOS may be chosen.
         early_stopping: HF ``early_stopping=True``: a sentence stops once it has ``beam_size`` finished hypotheses.
+        renormalize_logits: log-softmax again after the rules above (HF ``renormalize_logits``).
     """
 
     eos_id: int
@@ -89,6 +90,7 @@ class SearchOptions:
     bad_word_ids: tuple[int, ...] = ()
     forced_eos: bool = False
     early_stopping: bool = False
+    renormalize_logits: bool = False
 
 
 @dataclass
@@ -160,6 +162,32 @@ def _bad_word_index(options: SearchOptions, vocab: int) -> np.ndarray:
     return ids[(ids >= 0) & (ids < vocab)]
 
 
+def _writable(log_probs: np.ndarray) -> np.ndarray:
+    """The backend's float32 log-probs, modified in place when its buffer allows (it is ours until the next step)."""
+    if log_probs.dtype == np.float32 and log_probs.flags.writeable and log_probs.flags.c_contiguous:
+        return log_probs
+    return np.array(log_probs, dtype=np.float32)
+
+
+def _apply_rules(
+    log_probs: np.ndarray, bad: np.ndarray, forced: np.ndarray | None, options: SearchOptions
+) -> np.ndarray:
+    """transformers' logits processors, in its order: bad words -> -inf; forced EOS rows -> -inf but EOS 0;
+    then, with ``renormalize_logits``, log-softmax again."""
+    if not (bad.size or forced is not None or options.renormalize_logits):
+        return log_probs
+    log_probs = _writable(log_probs)
+    if bad.size:
+        log_probs[:, bad] = _NEG_INF
+    if forced is not None:
+        log_probs[forced] = _NEG_INF
+        log_probs[forced, options.eos_id] = 0.0
+    if options.renormalize_logits:
+        log_probs -= log_probs.max(axis=1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(axis=1, keepdims=True))
+    return log_probs
+
+
 def _greedy(
     decoder: DecoderStep,
     cross_kv: np.ndarray,
@@ -183,14 +211,11 @@ def _greedy(
         log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
         if bad is None:
             bad = _bad_word_index(options, log_probs.shape[1])
-        if bad.size or options.forced_eos:
-            log_probs = np.array(log_probs, dtype=np.float32)  # the backend's buffer may be read-only
-            log_probs[:, bad] = _NEG_INF
-            if options.forced_eos:
-                last = row_caps == step + 1
-                if last.any():
-                    log_probs[last] = _NEG_INF
-                    log_probs[last, eos] = 0.0
+        forced = None
+        if options.forced_eos:
+            last = row_caps == step + 1
+            forced = last if last.any() else None
+        log_probs = _apply_rules(log_probs, bad, forced, options)
         next_ids = log_probs.argmax(axis=1)
         log_prob_sum[rows] += log_probs[np.arange(rows.size), next_ids]
         out[rows, step] = next_ids
@@ -281,16 +306,15 @@ class _BeamSearchBase:
         return [r if r is not None else Hypothesis([], 0.0) for r in self.results]
 
     def _candidates(self, log_probs: np.ndarray, step: int) -> np.ndarray:
-        """``[n, K * V]`` float32 candidate log-probs after the logits processors."""
+        """``[n, K * V]`` float32 candidate log-probs: alive log-prob + next-token log-prob after the rules."""
         n, k, v = self.sentences.size, self.k, self.vocab
-        scores: np.ndarray = log_probs.reshape(n, k, v).astype(np.float32, copy=False) + self.alive_scores[:, :, None]
-        if self.bad.size:
-            scores[:, :, self.bad] = _NEG_INF
+        forced = None
         if self.options.forced_eos:
             last = self.caps == step + 1
-            if last.any():  # transformers sets the log-probs to -inf, and EOS's to 0
-                scores[last] = _NEG_INF
-                scores[last, :, self.options.eos_id] = self.alive_scores[last]
+            forced = np.repeat(last, k) if last.any() else None
+        log_probs = _writable(_apply_rules(log_probs, self.bad, forced, self.options))
+        scores = log_probs.reshape(n, k, v)
+        scores += self.alive_scores[:, :, None]
         return scores.reshape(n, k * v)
 
     def _gather(self, array: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -225,6 +225,7 @@ class Translator:
             bad_word_ids=tuple(defaults.bad_word_ids),
             forced_eos=defaults.forced_eos or options.max_length is not None,
             early_stopping=defaults.early_stopping,
+            renormalize_logits=defaults.renormalize_logits,
         )
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:

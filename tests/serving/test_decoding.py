@@ -77,20 +77,22 @@ def _hf_generate(model, ids: np.ndarray, **kwargs) -> tuple[list[list[int]], lis
 
 
 HF_CASES = [
-    # (beam, length_penalty, early_stopping, opus-mt rules: forced EOS + pad as bad word)
-    pytest.param(1, 1.0, False, False, id="greedy"),
-    pytest.param(1, 1.0, False, True, id="greedy-forced-eos-bad-words"),
-    pytest.param(4, 1.0, False, False, id="beam4"),
-    pytest.param(4, 1.0, False, True, id="beam4-forced-eos-bad-words"),
-    pytest.param(4, 0.6, False, True, id="beam4-lp0.6"),
-    pytest.param(4, 2.0, True, True, id="beam4-lp2-early-stopping"),
-    pytest.param(3, 1.0, True, False, id="beam3-early-stopping"),
+    # (beam, length_penalty, early_stopping, opus-mt rules: forced EOS + pad as bad word, renormalize_logits)
+    pytest.param(1, 1.0, False, False, False, id="greedy"),
+    pytest.param(1, 1.0, False, True, True, id="greedy-forced-eos-bad-words-renormalize"),
+    pytest.param(4, 1.0, False, False, False, id="beam4"),
+    pytest.param(4, 1.0, False, True, False, id="beam4-forced-eos-bad-words"),
+    pytest.param(4, 1.0, False, True, True, id="beam4-forced-eos-bad-words-renormalize"),
+    pytest.param(4, 0.6, False, True, False, id="beam4-lp0.6"),
+    pytest.param(4, 2.0, True, True, True, id="beam4-lp2-early-stopping-renormalize"),
+    pytest.param(3, 1.0, True, False, False, id="beam3-early-stopping"),
 ]
 
 
-@pytest.mark.parametrize(("beam", "length_penalty", "early_stopping", "opus_rules"), HF_CASES)
+@pytest.mark.parametrize(("beam", "length_penalty", "early_stopping", "opus_rules", "renormalize"), HF_CASES)
 def test_search_matches_transformers_generate(  # type: ignore[no-untyped-def]
-    hf_model, sources: np.ndarray, beam: int, length_penalty: float, early_stopping: bool, opus_rules: bool
+    hf_model, sources: np.ndarray, beam: int, length_penalty: float, early_stopping: bool, opus_rules: bool,
+    renormalize: bool,
 ) -> None:
     from tests.utils.hf_backend import HFMarianBackend
 
@@ -99,6 +101,8 @@ def test_search_matches_transformers_generate(  # type: ignore[no-untyped-def]
               "early_stopping": early_stopping}
     if opus_rules:
         kwargs |= {"forced_eos_token_id": EOS, "bad_words_ids": [[PAD]]}
+    if renormalize:
+        kwargs["renormalize_logits"] = True
     expected, expected_scores = _hf_generate(hf_model, sources, **kwargs)
     lengths = sorted(len(t) for t in expected)
     assert lengths[0] < 5 and lengths[-1] > 12, f"inputs should give varied output lengths: {lengths}"
@@ -108,6 +112,7 @@ def test_search_matches_transformers_generate(  # type: ignore[no-untyped-def]
     options = SearchOptions(
         eos_id=EOS, decoder_start_id=PAD, beam_size=beam, length_penalty=length_penalty,
         bad_word_ids=(PAD,) if opus_rules else (), forced_eos=opus_rules, early_stopping=early_stopping,
+        renormalize_logits=renormalize,
     )
     hypotheses = search(backend, encoded.cross_kv, encoded.src_bias, np.full(len(sources), max_length - 1), options)
 
