@@ -63,8 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a host other than 127.0.0.1/localhost (only against servers you operate)")
-    parser.add_argument("--api-key", default=os.environ.get("MTGATE_LOADTEST_API_KEY"),
-                        help="bearer token sent to the server (default: $MTGATE_LOADTEST_API_KEY)")
+    parser.add_argument("--api-key", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
     parser.add_argument("--server-timeout", type=float, default=120.0,
                         help="seconds to wait for a started server to become ready (default: 120)")
 

@@ -112,7 +112,7 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[tuple[float, flo
 
 
 def _tick(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 10 or value == int(value) else f"{value:.1f}"
+    return f"{value:.0f}" if abs(value) >= 100 or value == int(value) else f"{value:.3g}"
 
 
 def _nice_ceiling(value: float) -> float:
