@@ -157,7 +157,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-        if exc.status_code == 404 and message == "Not Found":
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            message = "the request body could not be read as JSON text (it must be UTF-8 JSON)"
+        elif exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"

@@ -65,8 +65,7 @@ class ServerMiddleware:
                 self.service.inflight -= 1
                 self.metrics.inflight.dec()
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or ("unmatched" if status[0] == 404 else "other")
+            template = _template(scope, inference)
             self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
             self.metrics.request_seconds.labels(template).observe(time.monotonic() - started)
 
@@ -103,6 +102,20 @@ class ServerMiddleware:
                 more = message.get("more_body", False)
             receive = _replay(b"".join(chunks), receive)
         await self.app(scope, receive, send)
+
+
+def _template(scope: Scope, inference: bool) -> str:
+    """The route's path template (a bounded label set), also for requests refused before routing."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if isinstance(template, str):
+        return template
+    path: str = scope["path"].rstrip("/")
+    if inference:
+        if path.startswith("/v2/"):
+            return "/v2/models/{name}/versions/{version}/infer" if "/versions/" in path else "/v2/models/{name}/infer"
+        return path
+    return "unmatched"
 
 
 def _too_large(path: str, limit: int, setting: str) -> Any:

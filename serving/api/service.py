@@ -142,12 +142,13 @@ class ModelRunner:
         assert self.batcher is not None
         started = time.monotonic()
         if self.translator is None:
-            assert self.package_dir is not None
-            from serving.engine import Translator  # the engine (numpy, runtimes) loads only when a package is served
+            package_dir = self.package_dir
+            assert package_dir is not None
+            from serving.engine import Translator
 
             s = self._settings
             self.translator = await self.batcher.call_in_worker(
-                lambda: Translator.load(self.package_dir, runtime=s.backend, precision=s.precision, threads=s.threads)
+                lambda: Translator.load(package_dir, runtime=s.backend, precision=s.precision, threads=s.threads)
             )
         if self._settings.warmup:
             await self.batcher.call_in_worker(self._warm_up)
@@ -254,16 +255,17 @@ class TranslationService:
             raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")
         return runner
 
-    def ready_model(self, name: str | None, draining_ok: bool = False) -> ModelRunner:
-        """The model called ``name``, if it can take work now.
+    def ready_model(self, name: str | None) -> ModelRunner:
+        """The model called ``name``, if it is loaded and warm.
+
+        Draining is not checked here: the HTTP middleware refuses new requests once a drain begins, and a request
+        it let in before then (even one still reading its body) runs to completion.
 
         Raises:
             ModelNotFound: no such model.
-            ModelNotReady: still loading, or the server is draining (unless ``draining_ok``).
+            ModelNotReady: still loading.
         """
         runner = self.get(name)
-        if self.draining and not draining_ok:
-            raise ModelNotReady("server is shutting down")
         if not runner.ready:
             raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
         return runner
@@ -353,18 +355,14 @@ class TranslationService:
         on_step: StepCallback | None = None,
         tag: str = "",
         wait_for_room: bool = False,
-        admitted: bool = False,
     ) -> tuple[ModelRunner, Pending[Any]]:
         """Check and admit ``texts``; await ``pending.wait()`` for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
             Overloaded: the model's queue is full (not with ``wait_for_room``).
-
-        ``admitted``: the HTTP request was accepted before a drain began (a bulk request's later lines), so it may
-        still add work while draining.
         """
-        runner = self.ready_model(model, draining_ok=admitted)
+        runner = self.ready_model(model)
         counts = await self.check_texts(runner, texts)
         assert runner.batcher is not None
         key = _Key(options, on_step is not None)

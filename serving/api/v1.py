@@ -211,7 +211,7 @@ async def translate_bulk(
 ) -> StreamingResponse:
     """Translate NDJSON lines; results stream back as NDJSON as they complete."""
     options = service.options(beam_size, max_length)
-    service.ready_model(model)  # refuse before streaming: unknown model, not ready, draining
+    service.ready_model(model)  # refuse before streaming: unknown model, not ready
     return DuplexStreamingResponse(
         _bulk(request, service, model, options),
         media_type="application/x-ndjson",
@@ -241,9 +241,7 @@ async def _bulk(
             try:
                 text, line_id = _parse_bulk_line(raw)
                 deadline = service.deadline(time.monotonic(), None)
-                runner, pending = await service.admit(
-                    model, [text], options, deadline, tag=tag, wait_for_room=True, admitted=True
-                )
+                runner, pending = await service.admit(model, [text], options, deadline, tag=tag, wait_for_room=True)
                 (translation,) = await pending.wait()
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))

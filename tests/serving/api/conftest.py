@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +45,40 @@ def serve_app(translator: Any = None, **settings: Any) -> Iterator[TestClient]:
         yield client
 
 
+@contextmanager
+def live_server(translator: Any, **settings: Any) -> Iterator[str]:
+    settings.setdefault("model_dirs", [ROOT / "unused"])
+    app = create_app(ServingSettings(**settings), translator)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if httpx.get(url + "/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.02)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def live() -> Callable[..., Any]:
+    """``with live(translator, **settings) as url``: the app on a real uvicorn in a thread, ready."""
+    return live_server
+
+
 @pytest.fixture
 def serve() -> Callable[..., Any]:
     """``with serve(translator=None, **settings) as client``: the app, started and ready."""
@@ -55,3 +94,14 @@ def client() -> Iterator[TestClient]:
 @pytest.fixture
 def echo_translator() -> EchoTranslator:
     return EchoTranslator()
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Marian checkpoint converted by the real converter (ONNX Runtime, fp32)."""
+    # Building the checkpoint imports transformers; its TensorFlow half is not needed and costs seconds.
+    os.environ.setdefault("USE_TF", "0")
+    os.environ.setdefault("USE_FLAX", "0")
+    from tests.utils.marian_factory import convert_tiny_package
+
+    return convert_tiny_package(tmp_path_factory.mktemp("tiny"), runtimes=("onnxruntime",), verify=False)

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.api import create_app
 from serving.settings import ServingSettings
 from tests.fakes import EchoTranslator, FakeTranslation, echo
-from tests.serving.api.conftest import ROOT
 
 
 class GatedTranslator(EchoTranslator):
@@ -36,7 +32,7 @@ class GatedTranslator(EchoTranslator):
 
 def test_not_ready_until_warm_then_ready() -> None:
     translator = GatedTranslator()
-    app = create_app(ServingSettings(model_dirs=[ROOT / "unused"]), translator)
+    app = create_app(ServingSettings(model_dirs=[Path("unused")]), translator)
     with TestClient(app, raise_server_exceptions=False) as client:
         assert client.get("/v2/health/live").status_code == 200
         assert client.get("/v2/health/ready").status_code == 503
@@ -57,7 +53,7 @@ def test_not_ready_until_warm_then_ready() -> None:
 def test_overload_gives_503_with_retry_after_and_accepted_requests_complete(serve: Any) -> None:
     translator = EchoTranslator(step_delay=0.02)
     with serve(
-        translator, queue_capacity=4, max_sentences_per_request=4, max_batch_sentences=2, retry_after_s=2
+        translator, queue_capacity=4, max_sentences_per_request=4, max_batch_sentences=2, retry_after_s=2, warmup=False
     ) as client:
         results: dict[int, Any] = {}
 
@@ -82,7 +78,7 @@ def test_overload_gives_503_with_retry_after_and_accepted_requests_complete(serv
 
 def test_deadline_gives_504(serve: Any) -> None:
     translator = EchoTranslator(step_delay=0.05)
-    with serve(translator) as client:
+    with serve(translator, warmup=False) as client:
         started = time.monotonic()
         r = client.post("/v1/translate", json={"text": "a b c d e f", "timeout_ms": 30})
         assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
@@ -97,7 +93,7 @@ def test_deadline_gives_504(serve: Any) -> None:
 
 
 def test_server_timeout_setting_applies(serve: Any) -> None:
-    with serve(EchoTranslator(step_delay=0.05), request_timeout_s=0.02) as client:
+    with serve(EchoTranslator(step_delay=0.05), request_timeout_s=0.02, warmup=False) as client:
         assert client.post("/v1/translate", json={"text": "a b c"}).status_code == 504
         # A client may shorten the deadline, never extend it.
         assert client.post("/v1/translate", json={"text": "a b c", "timeout_ms": 60_000}).status_code == 504
@@ -157,37 +153,9 @@ def test_metrics_parse_and_move(client: TestClient) -> None:
 # -- a real uvicorn in a thread, for what TestClient cannot show (disconnects) -------------------------------------
 
 
-@contextmanager
-def live_server(translator: Any, **settings: Any) -> Iterator[str]:
-    settings.setdefault("model_dirs", [ROOT / "unused"])
-    app = create_app(ServingSettings(**settings), translator)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if httpx.get(url + "/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.02)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-def test_client_disconnect_cancels_queued_work() -> None:
+def test_client_disconnect_cancels_queued_work(live: Any) -> None:
     translator = EchoTranslator(step_delay=0.1)
-    with live_server(translator, max_batch_sentences=1, max_batch_delay_ms=0) as url:
+    with live(translator, max_batch_sentences=1, max_batch_delay_ms=0, warmup=False) as url:
         host, port = url.removeprefix("http://").split(":")
 
         async def main() -> None:
@@ -214,9 +182,9 @@ def test_client_disconnect_cancels_queued_work() -> None:
     assert all("abandoned sentence" not in batch for batch in translator.batches)
 
 
-def test_stream_disconnect_cancels_queued_work() -> None:
+def test_stream_disconnect_cancels_queued_work(live: Any) -> None:
     translator = EchoTranslator(step_delay=0.1)
-    with live_server(translator, max_batch_sentences=1, max_batch_delay_ms=0) as url:
+    with live(translator, max_batch_sentences=1, max_batch_delay_ms=0, warmup=False) as url:
 
         async def main() -> None:
             async with httpx.AsyncClient(base_url=url) as client:
