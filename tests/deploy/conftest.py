@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -23,9 +22,3 @@ def model_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.utils.marian_factory import convert_tiny_package
 
     return convert_tiny_package(tmp_path_factory.mktemp("tiny-model"), runtimes=("onnxruntime",))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
