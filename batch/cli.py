@@ -223,10 +223,17 @@ def run(args: argparse.Namespace) -> int:
     if args.server:
         engine_info = {"server": args.server}
     else:
-        model_dir = _model_dir(args)
-        manifest, package_vocab = _package_info(model_dir, args.runtime, args.precision)
-        engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"), "version": manifest.get("version"),
-                       "runtime": args.runtime, "precision": args.precision}
+        engine_info = {}
+        try:
+            model_dir = _model_dir(args)
+        except UsageError:
+            if not (args.dry_run and args.model is None):
+                raise
+            # A dry run only inspects the inputs: no model needed unless its vocabulary is.
+        if model_dir is not None:
+            manifest, package_vocab = _package_info(model_dir, args.runtime, args.precision)
+            engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
+                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision}
     vocab_path: Path | None = args.vocab or package_vocab
     if args.vocab is not None and not args.vocab.is_file():
         raise UsageError(f"{args.vocab}: no such vocabulary file")

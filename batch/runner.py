@@ -401,6 +401,7 @@ class ProcessExecutor:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
@@ -655,7 +656,9 @@ def _run(job: Job, state: StateDir, done: dict[int, ChunkMeta], started: float,
 
 def _commit(state: StateDir, job: Job, encoder: OutputEncoder, item: _Pending, outcomes: list[Outcome],
             counters: _Counters) -> None:
-    items: list[bytes] = []
+    # Plain-text output keeps line alignment with the input: a rejected record leaves an empty line.
+    aligned = job.output_format == "text"
+    keyed: list[tuple[int, bytes]] = []
     rejects = list(item.rejects)
     hyps: list[str] = []
     refs: list[str | None] = []
@@ -665,17 +668,22 @@ def _commit(state: StateDir, job: Job, encoder: OutputEncoder, item: _Pending, o
             file, position = item.where[record.index]
             rejects.append(Reject(record.index, file, position, outcome))
             continue
-        items.append(encoder.encode(record, outcome))
+        keyed.append((record.index, encoder.encode(record, outcome)))
         hyps.append(outcome.text)
         refs.append(record.reference)
         source_tokens += outcome.input_tokens or 0
         target_tokens += outcome.output_tokens or 0
+    translated = len(keyed)
+    if aligned:
+        keyed += [(r.index, b"\n") for r in rejects]
+        keyed.sort(key=lambda kv: kv[0])
+    items = [data for _, data in keyed]
     rejects.sort(key=lambda r: r.index)
-    meta = ChunkMeta(chunk=item.chunk, records=len(items), data_bytes=0, rejects=[r.to_dict() for r in rejects],
+    meta = ChunkMeta(chunk=item.chunk, records=translated, data_bytes=0, rejects=[r.to_dict() for r in rejects],
                      hypotheses=hyps, references=refs, source_tokens=source_tokens, target_tokens=target_tokens,
                      entries=item.entries)
     state.commit(meta, items, job.output_format)
-    counters.translated += len(items)
+    counters.translated += translated
     counters.source_tokens += source_tokens
     counters.target_tokens += target_tokens
     counters.chunks += 1

@@ -168,3 +168,15 @@ def test_shards_partition_the_records(tmp_path: Path) -> None:
         assert got == sentences[k::3]
         seen += got
     assert sorted(seen) == sorted(sentences)
+
+
+def test_text_output_stays_line_aligned_with_rejects(tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"a b\n\xff\nc d\nrefuse e\nf\n")
+    inputs = resolve_inputs([str(src)])
+    out = tmp_path / "out.txt"
+    job = Job(inputs, detect_schema(inputs), None, out, "text", tmp_path / "rejects.jsonl", tmp_path / "s.json",
+              chunk_size=2)
+    result = run(job, FakeTranslator())
+    assert out.read_text().split("\n") == ["A B", "", "C D", "", "F", ""]
+    assert result.rejects == 2 and result.translated == 3
