@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     server.run()
     if server.failure is not None:
         sys.stderr.write(f"mtgate serve: error: {server.failure}\n")
-        return 1
+        return 2 if isinstance(server.failure_cause, PackageError) else 1
     if not server.started:
         sys.stderr.write(f"mtgate serve: error: could not start on {settings.host}:{settings.port}\n")
         return 1
@@ -192,6 +192,7 @@ class DrainingServer:
         self.settings = service.settings
         self.drain_started: float | None = None
         self.failure: str | None = None
+        self.failure_cause: Exception | None = None
 
     @property
     def started(self) -> bool:
@@ -200,9 +201,10 @@ class DrainingServer:
     def run(self) -> None:
         self._server.run()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, cause: Exception) -> None:
         """Stop the server because the app cannot serve (e.g. the model failed to load)."""
         self.failure = reason
+        self.failure_cause = cause
         self._server.should_exit = True
 
     def on_signal(self, sig: int) -> bool:

@@ -202,7 +202,7 @@ class TranslationService:
         self.draining = False
         self.failed: str | None = None
         self.inflight = 0
-        self.on_fatal: Callable[[str], None] | None = None
+        self.on_fatal: Callable[[str, Exception], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -222,11 +222,12 @@ class TranslationService:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                self.failed = f"loading model {runner.name!r} ({runner.package_dir}) failed: {e}"
+                where = f" from {runner.package_dir}" if runner.package_dir is not None else ""
+                self.failed = f"loading model {runner.name!r}{where} failed: {e}"
                 runner.load_error = str(e)
                 logger.error("%s", self.failed, exc_info=not isinstance(e, ServingError | PackageError))
                 if self.on_fatal is not None:
-                    self.on_fatal(self.failed)
+                    self.on_fatal(self.failed, e)
                 return
         self.metrics.ready.set(1 if self.ready else 0)
 

@@ -1,0 +1,80 @@
+"""`mtgate serve` refuses bad arguments and bad packages with one clear line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["serve", *argv])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def test_missing_package(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = run_cli(capsys, "-m", str(tmp_path / "nope"))
+    assert code == 2 and err.count("\n") == 1 and "does not exist" in err
+
+
+def test_not_a_package(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = run_cli(capsys, "-m", str(tmp_path))
+    assert code == 2 and "not an mtgate model package" in err
+
+
+def test_unknown_package_format(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other/9"}))
+    code, err = run_cli(capsys, "-m", str(tmp_path))
+    assert code == 2 and "unsupported package format" in err
+
+
+def test_invalid_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, err = run_cli(capsys, "-m", str(tmp_path), "--port", "99999")
+    assert code == 2 and "port" in err and "invalid settings" in err
+    monkeypatch.setenv("MTGATE_MAX_SENTENCES_PER_REQUEST", "5000")
+    code, err = run_cli(capsys, "-m", str(tmp_path))
+    assert code == 2 and "queue_capacity" in err
+    monkeypatch.delenv("MTGATE_MAX_SENTENCES_PER_REQUEST")
+    monkeypatch.setenv("MTGATE_LOG_LEVEL", "chatty")
+    code, err = run_cli(capsys, "-m", str(tmp_path))
+    assert code == 2 and "unknown log level" in err
+
+
+def test_more_than_one_worker(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = run_cli(capsys, "-m", str(tmp_path), "--workers", "2")
+    assert code == 2 and "--workers" in err
+
+
+def test_default_model_missing_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    from serving.settings import DEFAULT_MODEL_DIR
+
+    if DEFAULT_MODEL_DIR.exists():
+        pytest.skip("the bundled demo model is present")
+    code, err = run_cli(capsys)
+    assert code == 2 and "bundled demo model is missing" in err and "-m PKG" in err
+
+
+def test_corrupt_package_fails_at_load_with_exit_2(tiny_package: Path, tmp_path: Path) -> None:
+    broken = shutil.copytree(tiny_package, tmp_path / "broken")
+    onnx = next((broken / "onnx").glob("decoder*.onnx"))
+    onnx.write_bytes(onnx.read_bytes()[:-10] + b"corrupted!")
+    result = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "serve", "-m", str(broken), "--port", "0", "--threads", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mtgate serve: error: loading model") and "sha256 mismatch" in last
+    assert "Traceback" not in result.stderr
