@@ -231,6 +231,14 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link (a model package can be large; nothing writes to these files), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 @pytest.fixture(scope="module")
 def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
     """(app dir laid out like the image's /app, venv) after the Dockerfile's own install steps."""
@@ -245,7 +253,8 @@ def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) 
                 pytest.fail(f"{source} does not exist: `docker build` would fail at COPY {source}")
             target = app / dest.relative_to(image_root)
             if src.is_dir():  # Docker copies a directory's contents into the destination
-                shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+                shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True,
+                                copy_function=_link_or_copy)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, target)
