@@ -87,8 +87,10 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         raise InvalidInput("empty request body; expected an inference request JSON object")
     try:
         doc = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidInput(f"request is not valid JSON ({e})") from None
+    except RecursionError:
+        raise InvalidInput("request JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request must be a JSON object with an 'inputs' list")
 

@@ -38,7 +38,7 @@ from serving.api.schemas import (
     TranslationOut,
 )
 from serving.api.service import ModelRunner, Options, TranslationService
-from serving.errors import InvalidInput, ServingError
+from serving.errors import InferenceFailed, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +246,11 @@ async def _bulk(
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))
                 return
+            except Exception as error:  # never lose a line silently
+                logger.exception("bulk line %d failed", index)
+                failure = InferenceFailed(f"internal error: {type(error).__name__}")
+                out.put_nowait(line_error(index, line_id, failure))
+                return
             body: dict[str, Any] = {"index": index}
             if line_id is not None:
                 body["id"] = line_id
@@ -312,8 +317,10 @@ async def _stream_or_stop(request: Request) -> AsyncIterator[bytes]:
 def _parse_bulk_line(raw: bytes) -> tuple[str, Any]:
     try:
         value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidInput(f"line is not JSON ({e})") from None
+    except RecursionError:
+        raise InvalidInput("line is JSON nested too deeply") from None
     if isinstance(value, str):
         return value, None
     if not isinstance(value, dict):

@@ -103,6 +103,7 @@ def test_bulk_ndjson_in_and_out(client: TestClient) -> None:
     lines.insert(2, json.dumps("bare string"))
     lines.insert(4, "{not json")
     lines.insert(5, json.dumps({"text": ""}))
+    lines.append("[" * 50_000)
     body = "\n".join(lines) + "\n\n"
     with client.stream(
         "POST", "/v1/translate/bulk", content=body, headers={"Content-Type": "application/x-ndjson"}
@@ -111,7 +112,8 @@ def test_bulk_ndjson_in_and_out(client: TestClient) -> None:
         assert r.headers["content-type"].startswith("application/x-ndjson")
         out = [json.loads(line) for line in r.iter_lines() if line]
     by_index = {o["index"]: o for o in out}
-    assert sorted(by_index) == list(range(8))
+    assert sorted(by_index) == list(range(9))
+    assert "nested too deeply" in by_index[8]["error"]["message"]
     assert by_index[0] == {
         "index": 0,
         "id": "id0",
@@ -166,6 +168,7 @@ def test_models(client: TestClient) -> None:
         ({"text": "a", "model": "nope"}, 404, "model_not_found", "echo"),
         ([1, 2], 422, "validation_error", "body"),
         ("just a string", 422, "validation_error", "body"),
+        (None, 422, "validation_error", "body"),
     ],
 )
 def test_bad_input_is_a_clear_4xx(client: TestClient, body: Any, status: int, code: str, words: str) -> None:

@@ -148,6 +148,7 @@ GOOD_INPUT = {"name": "INPUT_TEXT", "shape": [1], "datatype": "BYTES", "data": [
     [
         (b"", {}, 400, "empty"),
         (b"{not json", {}, 400, "not valid JSON"),
+        (b"[" * 100_000, {}, 400, "nested too deeply"),
         (b"\xff\xfe\x00", {}, 400, "JSON"),
         (_json([1, 2]), {}, 400, "JSON object"),
         (_json({}), {}, 400, "inputs"),
