@@ -91,6 +91,13 @@ def client() -> Iterator[TestClient]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def shared_client() -> Iterator[TestClient]:
+    """One app for a module's many stateless cases (parametrized bad-input tables)."""
+    with serve_app() as c:
+        yield c
+
+
 @pytest.fixture
 def echo_translator() -> EchoTranslator:
     return EchoTranslator()

@@ -171,12 +171,12 @@ def test_models(client: TestClient) -> None:
         (None, 422, "validation_error", "body"),
     ],
 )
-def test_bad_input_is_a_clear_4xx(client: TestClient, body: Any, status: int, code: str, words: str) -> None:
-    r = client.post("/v1/translate", json=body)
+def test_bad_input_is_a_clear_4xx(shared_client: TestClient, body: Any, status: int, code: str, words: str) -> None:
+    r = shared_client.post("/v1/translate", json=body)
     assert r.status_code == status, r.text
     error = error_of(r)
     assert error["code"] == code and words in error["message"], error
-    assert client.post("/v1/translate", json={"text": "still serving"}).status_code == 200
+    assert shared_client.post("/v1/translate", json={"text": "still serving"}).status_code == 200
 
 
 def test_malformed_bodies(client: TestClient) -> None:

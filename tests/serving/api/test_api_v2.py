@@ -182,13 +182,13 @@ GOOD_INPUT = {"name": "INPUT_TEXT", "shape": [1], "datatype": "BYTES", "data": [
     ],
 )
 def test_malformed_payloads_are_clear_4xx(
-    client: TestClient, body: bytes, headers: dict[str, str], status: int, words: str
+    shared_client: TestClient, body: bytes, headers: dict[str, str], status: int, words: str
 ) -> None:
-    r = client.post("/v2/models/echo/infer", content=body, headers=headers)
+    r = shared_client.post("/v2/models/echo/infer", content=body, headers=headers)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert isinstance(error, str) and words in error, error
-    assert client.post("/v2/models/echo/infer", content=_json({"inputs": [GOOD_INPUT]})).status_code == 200
+    assert shared_client.post("/v2/models/echo/infer", content=_json({"inputs": [GOOD_INPUT]})).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_malformed_payloads_are_clear_4xx(
         (struct.pack("<I", 1) + b"a" + b"junk", "beyond"),
     ],
 )
-def test_malformed_binary_tensors(client: TestClient, raw: bytes, words: str) -> None:
+def test_malformed_binary_tensors(shared_client: TestClient, raw: bytes, words: str) -> None:
     header = _json(
         {
             "inputs": [
@@ -208,7 +208,7 @@ def test_malformed_binary_tensors(client: TestClient, raw: bytes, words: str) ->
             ]
         }
     )
-    r = client.post(
+    r = shared_client.post(
         "/v2/models/echo/infer", content=header + raw, headers={"Inference-Header-Content-Length": str(len(header))}
     )
     assert r.status_code == 400 and words in r.json()["error"], r.text
