@@ -41,6 +41,7 @@ from batch.runner import (
     ProcessExecutor,
     ThreadExecutor,
     available_cores,
+    available_memory,
     plan_parallelism,
     run_job,
 )
@@ -206,6 +207,18 @@ def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[s
     return manifest, vocab
 
 
+def _model_bytes(model_dir: Path, manifest: dict[str, Any], args: argparse.Namespace) -> int:
+    """Rough memory of one loaded model: its graph files and a half again for the runtime's own buffers."""
+    from serving.package import find_artifact
+
+    artifact = find_artifact(manifest, args.runtime, args.precision)
+    size = 0
+    for rel in (artifact.encoder, artifact.decoder):
+        path = model_dir / rel
+        size += sum(p.stat().st_size for p in (path, path.with_suffix(".bin")) if p.is_file())
+    return int(size * 1.5)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run batch-score; returns the exit code (raises UsageError for bad arguments or input)."""
     if args.server and args.model is not None:
@@ -219,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     engine_info: dict[str, Any]
     package_vocab: Path | None = None
     model_dir: Path | None = None
+    manifest: dict[str, Any] = {}
     target = None
     if args.server:
         engine_info = {"server": args.server}
@@ -282,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
             return ThreadExecutor(lambda: RemoteChunkWorker(remote_target, engine.max_batch_size, engine.beam_size,
                                                             engine.max_length), threads=workers)
     else:
-        workers, threads = plan_parallelism(args.workers, args.threads, cores)
+        assert model_dir is not None
+        workers, threads = plan_parallelism(args.workers, args.threads, cores, _model_bytes(model_dir, manifest, args),
+                                            available_memory())
         engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
                               beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_tokens,
                               max_batch_size=args.max_batch_size, workers=workers, threads=threads)

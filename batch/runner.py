@@ -779,10 +779,38 @@ def available_cores() -> int:
     return max(1, cores)
 
 
-def plan_parallelism(workers: int | None, threads: int | None, cores: int) -> tuple[int, int]:
-    """(workers, threads per worker): every core by default, without oversubscribing them."""
+def available_memory() -> int | None:
+    """Bytes this process can still use: the cgroup v2 limit minus usage, else MemAvailable; None if unknown."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            return max(0, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def plan_parallelism(workers: int | None, threads: int | None, cores: int, per_worker_bytes: int | None = None,
+                     memory: int | None = None) -> tuple[int, int]:
+    """(workers, threads per worker): every core by default, without oversubscribing them.
+
+    Each worker process holds its own copy of the model, so the default is also capped so that the workers fit in
+    80% of the available memory (``per_worker_bytes``: what one loaded model costs, roughly).
+    """
     if workers is None:
         workers = cores
+        if per_worker_bytes and memory is not None:
+            fits = max(1, int(memory * 0.8) // per_worker_bytes)
+            if fits < workers:
+                logger.warning("%d worker(s) instead of %d: each needs about %d MB and %d MB are available",
+                               fits, workers, per_worker_bytes >> 20, memory >> 20)
+                workers = fits
     if threads is None:
         threads = max(1, cores // workers)
     return workers, threads

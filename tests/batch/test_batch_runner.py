@@ -103,6 +103,9 @@ def test_make_batches_bounds_padded_tokens_and_is_deterministic() -> None:
         assert [lengths[i] for i in b] == sorted(lengths[i] for i in b)
     assert make_batches(lengths, 12, 3) == batches
     assert plan_parallelism(None, None, 8) == (8, 1) and plan_parallelism(2, None, 8) == (2, 4)
+    # every worker holds a model: the default is capped by memory (80% of 2500 fits two 1000-byte models)
+    assert plan_parallelism(None, None, 8, per_worker_bytes=1000, memory=2500) == (2, 4)
+    assert plan_parallelism(6, None, 8, per_worker_bytes=1000, memory=2500) == (6, 1)  # explicit wins
 
 
 def test_run_preserves_order_rejects_and_summarises(tmp_path: Path) -> None:
