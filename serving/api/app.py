@@ -94,7 +94,9 @@ def create_app(
             "ready": service.ready,
             "draining": service.draining,
             "failed": service.failed,
-            "models": {name: runner.ready for name, runner in service.models.items()},
+            "models": {
+                name: {"ready": runner.ready, "error": runner.load_error} for name, runner in service.models.items()
+            },
             "inflight": service.inflight,
         }
 

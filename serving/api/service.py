@@ -67,11 +67,11 @@ class TranslatorLike(Protocol):
     """The engine contract the server needs (``serving.engine.Translator``; ``tests.fakes.EchoTranslator``)."""
 
     @property
-    def info(self) -> Any: ...
+    def info(self) -> ModelInfoLike: ...
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
 
-    def translate(self, texts: Sequence[str], options: Any, on_step: Any = None) -> Sequence[Any]: ...
+    def translate(self, texts: Sequence[str], options: Any, on_step: Any = None) -> Sequence[TranslationLike]: ...
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,7 @@ class ModelRunner:
     def info(self) -> ModelInfoLike:
         if self.translator is None:
             raise ModelNotReady(f"model {self.name!r} is still loading")
-        info: ModelInfoLike = self.translator.info
-        return info
+        return self.translator.info
 
     def start(self) -> None:
         s = self._settings
