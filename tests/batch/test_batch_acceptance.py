@@ -149,6 +149,48 @@ def test_t2t_int64_schema_with_the_wmt8k_vocab(tmp_path: Path, package: Path, tr
     assert_scores_equal_sacrebleu(summary_of(out), hyps, refs)
 
 
+@pytest.fixture(scope="module")
+def t2t_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real tensor2tensor test checkpoint (transformer_test, translate_ende_wmt8k) converted into a package."""
+    import shutil
+
+    from converters.convert import convert
+
+    tmp = tmp_path_factory.mktemp("t2t-model")
+    source = tmp / "ckpt"
+    shutil.copytree(ROOT / "tests" / "data" / "t2t" / "transformer_test_ckpt", source)
+    shutil.copy(VOCAB_8K, source)
+    convert(source, tmp / "package", runtimes=["onnxruntime"], verify=False, name="t2t-test", version="test")
+    return tmp / "package"
+
+
+def test_t2t_datagen_records_with_a_t2t_package_use_its_vocab(tmp_path: Path, t2t_package: Path) -> None:
+    """T2T datagen records scored with a converted T2T model: ids decoded with the package's own vocabulary."""
+    from serving.engine import DecodeOptions, Translator
+    from serving.tokenizers.subword import SubwordTextEncoder
+
+    encoder = SubwordTextEncoder(VOCAB_8K)
+    sources, references = SOURCES[:8], REFERENCES[:8]
+    records = []
+    for src, ref in zip(sources, references, strict=True):
+        ex = tf.train.Example()
+        ex.features.feature["inputs"].int64_list.value.extend(encoder.encode(src) + [EOS_ID])
+        ex.features.feature["targets"].int64_list.value.extend(encoder.encode(ref) + [EOS_ID])
+        records.append(ex.SerializeToString())
+    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001", records)
+    out = tmp_path / "scored.tfrecord"
+    # the 1-step test checkpoint babbles: keep outputs short
+    rc = main([str(source), "-m", str(t2t_package), "-o", str(out), "--beam-size", "1", "--max-length", "6", *FAST])
+    assert rc == 0
+    translator = Translator.load(t2t_package, threads=1)
+    want = translator.translate([encoder.decode(encoder.encode(s)) for s in sources], DecodeOptions(1, 6))
+    hyps = [feature_text(e, "outputs") for e in read_examples(out)]
+    assert hyps == [t.text for t in want]
+    summary = summary_of(out)
+    assert summary["engine"]["name"] == "t2t-test" and summary["schema"]["input_kind"] == "ids"
+    assert_scores_equal_sacrebleu(summary, hyps, [encoder.decode(encoder.encode(r)) for r in references])
+
+
 def test_jsonl_and_text_inputs(tmp_path: Path, package: Path, expected: list[Any]) -> None:
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("".join(json.dumps({"src": s, "tgt": r, "n": i}) + "\n"
