@@ -99,8 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="feature/field with the source (default: the first of inputs, source, text, src)")
     io.add_argument("--reference-key", default=None,
                     help="feature/field with the reference (default: targets, if present)")
-    io.add_argument("--references", nargs="+", default=None, metavar="FILE",
-                    help="reference file(s) for plain-text input, one line per input line")
+    io.add_argument("--references", action="append", default=None, metavar="FILE",
+                    help="reference file for plain-text input, one line per input line (repeat, or a glob, for "
+                         "several inputs)")
     io.add_argument("--vocab", type=Path, default=None,
                     help="T2T .subwords vocabulary decoding int64 id features (default: the package's)")
     io.add_argument("--rejects", type=Path, default=None, help="rejects file (default: OUT.rejects.jsonl)")
