@@ -191,10 +191,11 @@ def _model_dir(args: argparse.Namespace) -> Path:
 
 def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:
     """(manifest, the package's .subwords vocab or None), checking the requested artifact exists."""
-    from serving.package import PackageError, find_artifact, read_manifest
+    from serving.package import PackageError, find_artifact, load_manifest
 
     try:
-        manifest = read_manifest(model_dir)
+        # checksums verified here, so a damaged package is a usage error before any worker starts
+        manifest = load_manifest(model_dir)
         find_artifact(manifest, runtime, precision)
     except PackageError as e:
         raise UsageError(str(e)) from e
@@ -307,7 +308,12 @@ def run(args: argparse.Namespace) -> int:
 
         def make_executor() -> Any:
             if engine.workers == 1:
-                first = LocalChunkWorker.load(engine)
+                from serving.package import PackageError
+
+                try:
+                    first = LocalChunkWorker.load(engine)
+                except PackageError as e:  # e.g. the runtime is not installed
+                    raise UsageError(str(e)) from e
                 return ThreadExecutor(lambda: first, threads=1, first=first)
             return ProcessExecutor(engine)
 
