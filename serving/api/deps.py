@@ -1,4 +1,8 @@
-"""FastAPI dependencies shared by the routes: the service, the API key check, request context, disconnects."""
+"""FastAPI dependencies shared by the routes: the service, the API key check, request context, disconnects.
+
+Dependencies are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread pool, and a thread
+hand-off per dependency per request is measurable overhead next to the batcher's worker thread.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from serving.api.service import TranslationService
 T = TypeVar("T")
 
 
-def get_service(request: Request) -> TranslationService:
+async def get_service(request: Request) -> TranslationService:
     service: TranslationService = request.app.state.service
     return service
 
@@ -24,7 +28,7 @@ def get_service(request: Request) -> TranslationService:
 ServiceDep = Annotated[TranslationService, Depends(get_service)]
 
 
-def require_api_key(request: Request, service: ServiceDep) -> None:
+async def require_api_key(request: Request, service: ServiceDep) -> None:
     """When an API key is configured, demand ``Authorization: Bearer <key>`` (compared in constant time)."""
     key = service.settings.api_key
     if key is None:
