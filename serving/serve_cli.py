@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     configure_logging(settings)
+    shown = settings.model_dump(mode="json", exclude={"api_key"})
+    logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
     try:
         app = create_app(settings)
     except (PackageError, ValueError) as e:
