@@ -203,6 +203,8 @@ class DynamicBatcher(Generic[P, R]):
         for group in list(self._groups.values()):
             for item in list(group):
                 self._fail(item.request, ModelNotReady("server is shutting down"), "shutdown")
+        for item in self._running:  # its results will never be delivered: the collector is cancelled below
+            item.request._fail(ModelNotReady("server is shutting down"))
         if self._task is not None:
             self._task.cancel()
             try:

@@ -271,3 +271,22 @@ def test_enqueue_when_room_waits_instead_of_refusing() -> None:
         return out
 
     assert run(main()) == [[f"B{i}"] for i in range(12)]
+
+
+def test_stop_fails_a_running_batch_instead_of_leaving_it_hanging() -> None:
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+
+    async def main() -> None:
+        batcher = make(recorder, max_items=1, max_delay_s=0.0)
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["slow"], [1]))
+        await asyncio.sleep(0.02)
+        stop = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0.02)
+        recorder.gate.set()  # type: ignore[union-attr]
+        with pytest.raises(ModelNotReady):
+            await asyncio.wait_for(running, 2)
+        await stop
+
+    run(main())

@@ -250,3 +250,16 @@ def test_page_and_openapi(client: TestClient) -> None:
     assert page.status_code == 200 and "/v1/translate/stream" in page.text
     spec = client.get("/openapi.json").json()
     assert {"/v1/translate", "/v1/translate/stream", "/v1/translate/bulk", "/v1/models"} <= set(spec["paths"])
+
+
+def test_several_models_each_with_its_own_batcher(serve: Any) -> None:
+    first, second = EchoTranslator("first"), EchoTranslator("second")
+    with serve([first, second]) as client:
+        models = client.get("/v1/models").json()["models"]
+        assert [(m["name"], m["default"]) for m in models] == [("first", True), ("second", False)]
+        assert client.post("/v1/translate", json={"text": "a b"}).json()["model"] == "first"
+        r = client.post("/v1/translate", json={"text": "a b", "model": "second"})
+        assert r.json()["model"] == "second" and r.json()["translations"][0]["text"] == "B A"
+        assert client.get("/v2/models/second/ready").status_code == 200
+    assert ["a b"] in second.batches and ["a b"] in first.batches
+    assert first.threads.isdisjoint(second.threads)
