@@ -70,4 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main so that UsageError is the class the subcommands raise, not __main__'s copy.
+    from serving.cli import main as _main
+
+    sys.exit(_main())

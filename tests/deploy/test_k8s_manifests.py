@@ -105,13 +105,7 @@ def _cases() -> list[Any]:
     cases = []
     for name, doc in manifests():
         for version in (LATEST, MIN_VERSION):
-            marks = []
-            if name == "batch-score-job.yaml" and doc["kind"] == "Job" and version != LATEST:
-                # Before the 1.37 schemas, PodFailurePolicyOnPodConditionsPattern.status is required (the Job's
-                # DisruptionTarget rule needs `status: "True"`); batch-score-job.yaml is the batch owner's file.
-                marks.append(pytest.mark.xfail(reason="batch-score-job.yaml: onPodConditions lacks status",
-                                               strict=False))
-            cases.append(pytest.param(name, doc, version, id=f"{name}:{doc['kind']}@{version}", marks=marks))
+            cases.append(pytest.param(name, doc, version, id=f"{name}:{doc['kind']}@{version}"))
     return cases
 
 
