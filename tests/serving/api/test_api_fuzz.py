@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.fakes import EchoTranslator
 
-EXAMPLES = 12
+EXAMPLES = 10
 
 # The bulk route takes NDJSON: send generated strings as they are.
 schemathesis.serializer.alias("application/x-ndjson", "text/plain")
