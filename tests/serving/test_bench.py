@@ -1,0 +1,251 @@
+"""mtgate bench: the measuring loop and the analysis on fakes, then ``mtgate bench --quick`` end to end.
+
+The end-to-end tests build the tiny random Marian model (torch + transformers, the test extra), convert it with
+``mtgate convert`` and run real engine processes; they share one cache folder so the model is built once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serving import bench
+from serving.bench import Case, agreement, analyze, measure, random_ids_like, render_markdown, summarize_case
+from serving.cli import main
+
+TARGETS = {"speedup": 1.25, "latency": 0.8, "fp32": 1.0}
+
+
+# --------------------------------------------------------------------------------------------- measuring loop
+
+
+def test_measure_uses_the_same_batches_and_counts_every_token() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def generate(batch: list[list[int]], beam: int) -> list[list[int]]:
+        calls.append((len(batch), beam))
+        return [[7] * 3 for _ in batch]
+
+    sentences = [[5, 6]] * 5
+    results = measure(generate, sentences, [Case(beam=4, batch=2)], repeats=2, warmup_sentences=3)
+    # warm-up: 3 sentences in batches of 2 (2 + 1), then two passes of 2 + 2 + 1
+    assert calls == [(2, 4), (1, 4)] + [(2, 4), (2, 4), (1, 4)] * 2
+    (row,) = results
+    assert row["tokens"] == 15 and row["lengths"] == [3] * 5
+    assert len(row["seconds"]) == 2 and all(s >= 0 for s in row["seconds"])
+    assert row["outputs"] == [[7, 7, 7]] * 5
+
+
+def test_random_ids_follow_word_counts_and_avoid_special_ids() -> None:
+    texts = ["a b c d e", "one", "x y"]
+    ids = random_ids_like(texts, vocab_size=50, special=[0, 1, 49], seed=3)
+    assert [len(s) for s in ids] == [7, 1, 3]  # round(words x 1.4), at least 1
+    assert all(2 <= t <= 48 for s in ids for t in s)
+    assert ids == random_ids_like(texts, vocab_size=50, special=[0, 1, 49], seed=3)
+    assert ids != random_ids_like(texts, vocab_size=50, special=[0, 1, 49], seed=4)
+
+
+def test_agreement_counts_identical_sentences_and_the_shared_prefix() -> None:
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert agreement(ref, ref) == {"identical": 1.0, "prefix": 1.0, "first_mismatch": None}
+    result = agreement([[1, 2, 3, 4], [5, 9, 7, 8]], ref)
+    assert result["identical"] == 0.5
+    assert result["prefix"] == pytest.approx((1.0 + 0.25) / 2)  # tokens after the first difference do not count
+    assert result["first_mismatch"] == 1
+
+
+# --------------------------------------------------------------------------------------------- analysis
+
+
+def _engine(
+    engine_id: str, family: str, fp32: bool, tps: list[float], outputs: list[list[int]], lengths: int = 2
+) -> tuple[dict[str, Any], dict[str, list[list[int]]]]:
+    cases = [Case(1, 1), Case(4, 16)]
+    rows, outs = [], {}
+    for case, rate in zip(cases, tps, strict=True):
+        tokens = sum(len(o) for o in outputs)
+        raw = {
+            "beam": case.beam,
+            "batch": case.batch,
+            "seconds": [tokens / rate] * 3,
+            "cpu_seconds": [tokens / rate] * 3,
+            "tokens": tokens,
+            "lengths": [len(o) for o in outputs],
+            "outputs": outputs,
+        }
+        rows.append(summarize_case(raw, sentences=len(outputs), new_tokens=lengths))
+        outs[case.name] = outputs
+    entry = {
+        "id": engine_id,
+        "label": engine_id,
+        "family": family,
+        "fp32": fp32,
+        "status": "ok",
+        "cases": rows,
+        "peak_rss_mib": 100.0,
+        "versions": {},
+        "settings": {},
+    }
+    return entry, outs
+
+
+def _analyze(
+    *engines: tuple[dict[str, Any], dict[str, list[list[int]]]],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    entries = [e for e, _ in engines]
+    outputs = {e["id"]: o for e, o in engines}
+    return entries, analyze(entries, outputs, [Case(1, 1), Case(4, 16)], TARGETS)
+
+
+def test_analysis_picks_the_best_peer_and_checks_the_targets() -> None:
+    same = [[3, 4], [5, 6]]
+    entries, result = _analyze(
+        _engine("transformers-fp32", "peer", True, [10, 100], same),
+        _engine("ct2-int8", "peer", False, [40, 400], [[3, 4], [5, 7]]),
+        _engine("mtgate-onnxruntime-fp32", "mtgate", True, [30, 450], same),
+        _engine("mtgate-onnxruntime-int8", "mtgate", False, [60, 480], same),
+    )
+    greedy, beam = result["comparison"]
+    assert greedy["best_peer"] == "ct2-int8" and greedy["best_mtgate"] == "mtgate-onnxruntime-int8"
+    assert greedy["speedup"] == 1.5 and greedy["speedup_ok"]
+    assert greedy["latency_ratio"] == pytest.approx(40 / 60, abs=1e-3) and greedy["latency_ok"]
+    assert greedy["fp32_ratio"] == 3.0 and greedy["fp32_ok"]
+    assert beam["speedup"] == 1.2 and not beam["speedup_ok"] and "latency_ratio" not in beam
+    assert not result["targets_met"]
+    assert result["checks"]["reference"] == "transformers-fp32"
+    assert result["checks"]["fp32_mismatches"] == [] and result["checks"]["token_count_problems"] == []
+    ct2 = entries[1]["cases"][0]
+    assert ct2["agreement"]["identical"] == 0.5 and ct2["vs_best_peer"] == 1.0
+    assert "| ct2-int8 |" in render_markdown(_report(entries, result))
+
+
+def test_an_engine_that_generates_fewer_tokens_is_flagged_and_cannot_win() -> None:
+    entries, result = _analyze(
+        _engine("transformers-fp32", "peer", True, [10, 100], [[3, 4], [5, 6]]),
+        _engine("ov-int8", "peer", False, [1000, 1000], [[3], [5]]),  # stopped early
+        _engine("mtgate-onnxruntime-fp32", "mtgate", True, [20, 200], [[3, 4], [5, 9]]),
+    )
+    assert [c["best_peer"] for c in result["comparison"]] == ["transformers-fp32", "transformers-fp32"]
+    assert any(
+        p.startswith("ov-int8 greedy b1: generated 2 tokens, expected 4")
+        for p in result["checks"]["token_count_problems"]
+    )
+    assert result["checks"]["fp32_mismatches"][0].startswith("mtgate-onnxruntime-fp32 greedy b1: 0.500")
+    assert not result["targets_met"]
+    markdown = render_markdown(_report(entries, result))
+    assert "(!)" in markdown and "NO" in markdown
+
+
+def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "created": "now",
+        "command": "mtgate bench",
+        "engines": entries,
+        "analysis": analysis,
+        "machine": {"cpu": "cpu", "cores": 2, "load_start": [0, 0, 0], "load_end": [0, 0, 0]},
+        "workload": {
+            "cases": [{"beam": 1, "batch": 1}, {"beam": 4, "batch": 16}],
+            "new_tokens": 2,
+            "sentences": 2,
+            "sentences_from": "test",
+            "repeats": 3,
+            "threads": 2,
+            "model": {"description": "m"},
+            "source_tokens_incl_eos": {"mean": 3, "min": 3, "max": 3},
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engines", "mtgate-onnxruntime-fp32,nope"], "unknown engine(s) nope"),
+        (["--model", "/nonexistent/marian"], "not a Hugging Face model directory"),
+        (["--sentences", "/nonexistent/file.txt"], "no such file"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *argv, "--cache-dir", str(tmp_path), "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith("mtgate bench: error:")
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="building the random model needs torch + transformers (test extra)",
+)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-cache")
+
+
+@needs_transformers
+def test_quick_runs_every_mtgate_engine_and_writes_valid_json(cache_dir: Path, tmp_path: Path) -> None:
+    code = main(["bench", "--quick", "--cache-dir", str(cache_dir), "-o", str(tmp_path), "--name", "quick"])
+    assert code == 0
+    report = json.loads((tmp_path / "quick.json").read_text(encoding="utf-8"))
+    assert report["format"] == bench.FORMAT
+    workload = report["workload"]
+    assert workload["sentences"] == 4 and workload["new_tokens"] == 8 and workload["threads"] == 2
+    assert [(c["beam"], c["batch"]) for c in workload["cases"]] == [(1, 1), (1, 4), (4, 1), (4, 4)]
+    engines = {e["id"]: e for e in report["engines"]}
+    assert set(engines) == {"mtgate-onnxruntime-fp32", "mtgate-openvino-fp32"}
+    for engine in engines.values():
+        assert engine["status"] == "ok", engine.get("error")
+        assert engine["peak_rss_mib"] > 0 and engine["versions"]["onnxruntime"]
+        assert len(engine["cases"]) == 4
+        for row in engine["cases"]:
+            assert row["tokens"] == row["expected_tokens"] == 4 * 8 and row["tokens_ok"]
+            assert row["tokens_per_s"] > 0 and len(row["seconds"]) == 1
+    checks = report["analysis"]["checks"]
+    assert checks["token_count_problems"] == [] and checks["fp32_mismatches"] == []
+    assert (tmp_path / "quick.md").read_text(encoding="utf-8").startswith("# mtgate bench")
+
+
+@needs_transformers
+def test_transformers_generates_the_same_tokens_as_mtgate(cache_dir: Path, tmp_path: Path) -> None:
+    """The peer worker (benchmarks/peers.py) on transformers, run with this interpreter, against mtgate fp32."""
+    code = main(
+        [
+            "bench",
+            "--quick",
+            "--engines",
+            "mtgate-onnxruntime-fp32,transformers-fp32",
+            "--peer-python",
+            sys.executable,
+            "--batch-sizes",
+            "2",
+            "--cache-dir",
+            str(cache_dir),
+            "-o",
+            str(tmp_path),
+            "--name",
+            "peer",
+        ]
+    )
+    assert code == 0
+    report = json.loads((tmp_path / "peer.json").read_text(encoding="utf-8"))
+    engines = {e["id"]: e for e in report["engines"]}
+    assert engines["transformers-fp32"]["status"] == "ok", engines["transformers-fp32"].get("error")
+    assert engines["transformers-fp32"]["versions"]["transformers"]
+    analysis = report["analysis"]
+    assert analysis["checks"]["reference"] == "transformers-fp32"
+    assert analysis["checks"]["fp32_mismatches"] == [] and analysis["checks"]["token_count_problems"] == []
+    assert [row["best_peer"] for row in analysis["comparison"]] == ["transformers-fp32"] * 2
+    assert all(row["agreement"]["identical"] == 1.0 for row in engines["mtgate-onnxruntime-fp32"]["cases"])
