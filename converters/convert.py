@@ -255,15 +255,15 @@ def _parity(tmp: Path, manifest: dict[str, Any], loaded: LoadedModel) -> dict[st
     rules = decode_rules(manifest, inputs)
     reference = ReferenceModel(loaded.spec)
     ref_outputs = teacher_forced(reference, inputs)
-    ref_tokens = greedy(reference, inputs.source_ids, rules)
     onnx_fp32 = create_backend("onnxruntime", tmp / "onnx" / "encoder.onnx", tmp / "onnx" / "decoder.onnx", None)
     results: dict[str, Any] = {
-        "reference": "numpy float64 forward pass of the source weights (converters/reference.py); int8 artifacts "
-                     "against the fp32 ONNX graphs on onnxruntime",
+        "reference": "numpy float64 forward pass of the source weights (converters/reference.py); greedy and int8 "
+                     "agreement against the fp32 ONNX graphs on onnxruntime",
         "inputs": {"sentences": int(inputs.source_ids.shape[0]), "from_tokenizer": inputs.from_tokenizer,
+                   "teacher_forced_sentences": int(inputs.tf_source_ids.shape[0]),
                    "decoder_steps": int(inputs.target_ids.shape[1]), "greedy_max_steps": rules.max_steps},
     }
-    onnx_row = compare_fp32(onnx_fp32, reference, inputs, rules, ref_outputs, ref_tokens)
+    onnx_row = compare_fp32(onnx_fp32, reference, inputs, rules, ref_outputs)
     failures: list[str] = []
     if not onnx_row["passed"]:
         failures.append(f"onnx fp32 graphs: {_worst(onnx_row)}")
@@ -280,7 +280,7 @@ def _parity(tmp: Path, manifest: dict[str, Any], loaded: LoadedModel) -> dict[st
         backend = create_backend(artifact["runtime"], tmp / artifact["files"]["encoder"],
                                  tmp / artifact["files"]["decoder"], None)
         if artifact["precision"] == "fp32":
-            row = compare_fp32(backend, reference, inputs, rules, ref_outputs, ref_tokens)
+            row = compare_fp32(backend, reference, inputs, rules, ref_outputs, fp32_tokens)
             if not row["passed"]:
                 failures.append(f"{key}: {_worst(row)}")
         else:

@@ -41,13 +41,20 @@ class ReferenceModel:
     """encode / decode_step in numpy with the ONNX graphs' I/O (outputs float32); satisfies the Backend protocol."""
 
     def __init__(self, spec: TransformerSpec) -> None:
+        from threadpoolctl import ThreadpoolController
+
+        # numpy's OpenBLAS pool and torch's OpenMP pool both spin-wait; in one process (tests, verify --source) on a
+        # small machine they livelock for minutes. The reference runs BLAS single-threaded: it is small work.
+        self._blas = ThreadpoolController()
         self.spec = spec
         self.c = spec.config
         self.w = {name: array.astype(np.float64) for name, array in spec.weights.items()}
 
     # --- pieces -----------------------------------------------------------------------------------------------
     def _linear(self, x: np.ndarray, prefix: str) -> np.ndarray:
-        y = x @ self.w[f"{prefix}.weight"]
+        kernel = self.w[f"{prefix}.weight"]
+        # One 2-D GEMM: numpy runs [B,T,D] @ [D,F] as B separate small products.
+        y = (x.reshape(-1, x.shape[-1]) @ kernel).reshape(*x.shape[:-1], kernel.shape[1])
         bias = self.w.get(f"{prefix}.bias")
         return y if bias is None else y + bias
 
@@ -91,6 +98,16 @@ class ReferenceModel:
     # --- the contract -----------------------------------------------------------------------------------------
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         """input_ids [B,S] -> memory [B,S,D], cross_kv [L,2,B,H,S,Dh], src_bias [B,1,1,S]."""
+        with self._blas.limit(limits=1, user_api="blas"):
+            return self._encode(input_ids)
+
+    def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
+                    src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One token per row -> (log_probs [B,V], present_kv [L,2,B,H,T+1,Dh])."""
+        with self._blas.limit(limits=1, user_api="blas"):
+            return self._decode_step(input_ids, step, past_kv, cross_kv, src_bias)
+
+    def _encode(self, input_ids: np.ndarray) -> EncoderOutput:
         c = self.c
         s = input_ids.shape[1]
         x = self._embed(self.w["encoder.embed_tokens"], input_ids)
@@ -116,9 +133,8 @@ class ReferenceModel:
         return EncoderOutput(memory=x.astype(np.float32), cross_kv=cross.astype(np.float32),
                              src_bias=bias.astype(np.float32))
 
-    def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
-                    src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One token per row -> (log_probs [B,V], present_kv [L,2,B,H,T+1,Dh])."""
+    def _decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
+                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c = self.c
         table = self.w["encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"]
         x = self._embed(table, input_ids) + self.w["positions"][step]
