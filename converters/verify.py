@@ -370,7 +370,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({"checksums": {"files": n_files, "passed": True}, "parity": rows,
                                      "passed": passed}, indent=2) + "\n")
     else:
+        reference = manifest.get("reference") or {"encoder": "onnx/encoder.onnx"}
         sys.stdout.write(f"checksums: OK ({n_files} files)\n")
+        sys.stdout.write(f"reference: onnx fp32 = the package's fp32 ONNX graphs ({reference['encoder']}, ...) on "
+                         f"onnxruntime{'; source = ' + str(args.source) if args.source else ''}\n")
         sys.stdout.write(_format_table(rows))
         sys.stdout.write(f"{'PASS' if passed else 'FAIL'} ({time.perf_counter() - started:.1f}s)\n")
     return 0 if passed else 1
