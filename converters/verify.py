@@ -134,29 +134,14 @@ def decode_rules(manifest: dict[str, Any], inputs: ParityInputs) -> DecodeRules:
 
 
 def greedy(backend: Backend, source_ids: np.ndarray, rules: DecodeRules) -> list[list[int]]:
-    """Plain batched greedy search (bad words masked; a finished row keeps decoding but its tokens are ignored)."""
+    """Greedy search exactly as serving runs it (``serving.decoding.search``, beam 1), capped at ``max_steps``."""
+    from serving.decoding import SearchOptions, search
+
     enc = backend.encode(source_ids)
-    batch = source_ids.shape[0]
-    tokens = np.full((batch, 1), rules.decoder_start, dtype=np.int64)
-    past = empty_past(enc.cross_kv)
-    out = np.zeros((batch, rules.max_steps), dtype=np.int64)
-    lengths = np.full(batch, rules.max_steps, dtype=np.int64)
-    done = np.zeros(batch, dtype=bool)
-    bad = np.array(rules.bad_word_ids, dtype=np.int64)
-    for step in range(rules.max_steps):
-        log_probs, past = backend.decode_step(tokens, step, past, enc.cross_kv, enc.src_bias)
-        if bad.size:
-            log_probs = np.array(log_probs, dtype=np.float32)
-            log_probs[:, bad] = -np.inf
-        chosen = log_probs.argmax(axis=-1)
-        out[:, step] = chosen
-        finished_now = ~done & (chosen == rules.eos)
-        lengths[finished_now] = step + 1
-        done |= finished_now
-        if done.all():
-            break
-        tokens = chosen[:, None].astype(np.int64)
-    return [out[i, : lengths[i]].tolist() for i in range(batch)]
+    options = SearchOptions(eos_id=rules.eos, decoder_start_id=rules.decoder_start, beam_size=1,
+                            bad_word_ids=rules.bad_word_ids)
+    caps = np.full(source_ids.shape[0], rules.max_steps, dtype=np.int64)
+    return [list(h.token_ids) for h in search(backend, enc.cross_kv, enc.src_bias, caps, options)]
 
 
 def token_agreement(hyps: Sequence[Sequence[int]], refs: Sequence[Sequence[int]]) -> tuple[float, float]:
