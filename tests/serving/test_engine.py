@@ -37,8 +37,6 @@ def calibrate_eos(path: Path, texts: list[str]) -> Path:
     A random model mostly either ends at once or loops until the length cap; among a grid of EOS biases, keep the
     one giving the most distinct greedy output lengths on ``texts`` (deterministic: fixed weights, CPU float32).
     """
-    from safetensors.torch import load_file, save_file
-
     model = transformers.MarianMTModel.from_pretrained(path).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(path)
     base = float(model.final_logits_bias[0, EOS])
@@ -49,8 +47,15 @@ def calibrate_eos(path: Path, texts: list[str]) -> Path:
         distinct = len({len(ids) for ids in hf_translate((model, tokenizer), texts, num_beams=1)[0]})
         if distinct > best_distinct:
             best, best_distinct = float(boost), distinct
+    return boost_eos(path, best)
+
+
+def boost_eos(path: Path, boost: float) -> Path:
+    """Add ``boost`` to final_logits_bias[EOS] of a saved Marian checkpoint, in place."""
+    from safetensors.torch import load_file, save_file
+
     weights = load_file(path / "model.safetensors")
-    weights["final_logits_bias"][0, EOS] += best
+    weights["final_logits_bias"][0, EOS] += boost
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     return path
 
@@ -202,3 +207,89 @@ def test_max_steps_rules(translator: Translator) -> None:
     )
     t2t = Translator(translator.backend, translator.tokenizer, t2t_like, translator.ids)
     assert t2t.max_steps(lengths).tolist() == [8, 15, 128]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end: mtgate convert -> Translator.load on each runtime == generate
+
+
+def _convert(source: Path, out: Path) -> Path:
+    from converters.convert import convert
+
+    convert(
+        source, out, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=True, name="tiny", version="test"
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _convert(marian_dir, tmp_path_factory.mktemp("package") / "tiny")
+
+
+@pytest.fixture(params=["onnxruntime", "openvino"])
+def runtime(request: pytest.FixtureRequest) -> str:
+    if request.param == "openvino":
+        pytest.importorskip("openvino")
+    return str(request.param)
+
+
+def test_package_translator_matches_generate(package: Path, hf: tuple[Any, Any], runtime: str) -> None:
+    translator = Translator.load(package, runtime=runtime, precision="fp32", threads=1)
+    info = translator.info
+    assert (info.name, info.version, info.runtime, info.precision, info.source_framework) == (
+        "tiny",
+        "test",
+        runtime,
+        "fp32",
+        "marian",
+    )
+    assert (info.max_input_tokens, info.target_vocab_size) == (128, hf[0].config.vocab_size)
+    texts = texts_of_varied_length()
+    for beam in (1, 4):
+        expected_ids, expected_texts = hf_translate(hf, texts, num_beams=beam)
+        got = translator.translate(texts, DecodeOptions(beam_size=beam))
+        assert [t.token_ids for t in got] == expected_ids, f"beam {beam}"
+        assert [t.text for t in got] == expected_texts
+
+
+@pytest.fixture(scope="module")
+def en_de_shaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Any, Any]]:
+    """opus-mt-en-de's shape (d_model 512, 8 heads, ffn 2048, swish, scaled embeddings), 2 layers, 2000 ids."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("en-de-shaped")
+    source = make_marian_dir(
+        root / "src",
+        d_model=512,
+        layers=2,
+        heads=8,
+        ffn=2048,
+        activation="swish",
+        vocab_size=2000,
+        max_positions=512,
+        init_std=0.05,
+        seed=0,
+        generation={"max_length": 16},
+    )
+    # This model either ends at once or runs to the cap; with this EOS bias about half of the greedy outputs end.
+    boost_eos(source, 4.5)
+    model = transformers.MarianMTModel.from_pretrained(source).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(source)
+    # Parity of the graphs themselves is tests/converters/test_marian.py's; here only the decoded tokens count.
+    from converters.convert import convert
+
+    package = root / "package"
+    convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False, name="en-de")
+    return package, (model, tokenizer)
+
+
+def test_opus_mt_en_de_shape_matches_generate(en_de_shaped: tuple[Path, tuple[Any, Any]], runtime: str) -> None:
+    package, hf_pair = en_de_shaped
+    assert hf_pair[0].config.d_model == 512 and hf_pair[0].config.activation_function == "swish"
+    translator = Translator.load(package, runtime=runtime, threads=1)
+    texts = texts_of_varied_length()
+    for beam in (1, 4):
+        expected_ids, expected_texts = hf_translate(hf_pair, texts, num_beams=beam)
+        got = translator.translate(texts, DecodeOptions(beam_size=beam))
+        assert [t.token_ids for t in got] == expected_ids, f"beam {beam}"
+        assert [t.text for t in got] == expected_texts
