@@ -75,12 +75,12 @@ def test_onnxruntime_matches_reference(tmp_path: Path, options: dict[str, object
     _compare(create_backend("onnxruntime", encoder, decoder, threads=1), ReferenceModel(spec), _source())
 
 
-@pytest.mark.parametrize("name", ["pre-norm, final norms, gelu", "T2T-like: zero PAD embedding, target-space bias"])
-def test_openvino_matches_reference(tmp_path: Path, name: str) -> None:
+def test_openvino_matches_reference(tmp_path: Path) -> None:
+    """One config for OpenVINO (conversion is slow): pre-norm, final norms, zero embedding (Not/Equal/Cast), bias."""
     pytest.importorskip("openvino")
     from converters.openvino import onnx_to_openvino
 
-    spec = random_spec(**CONFIGS[name])  # type: ignore[arg-type]
+    spec = random_spec(**CONFIGS["T2T-like: zero PAD embedding, target-space bias"])  # type: ignore[arg-type]
     encoder, decoder = emit_onnx(spec, tmp_path / "onnx")
     backend = create_backend("openvino", onnx_to_openvino(encoder, tmp_path / "ov" / "encoder.xml"),
                              onnx_to_openvino(decoder, tmp_path / "ov" / "decoder.xml"), threads=1)

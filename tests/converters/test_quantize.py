@@ -77,12 +77,16 @@ def load_ids() -> np.ndarray:
     return np.array([[5, 6, 7, 0]], dtype=np.int64)
 
 
-def test_verify_reports_int8_agreement(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["verify", str(package)]) == 0
-    out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines() if "/int8" in line}
-    assert set(rows) == {"onnxruntime/int8", "openvino/int8"}
-    assert all(line.rstrip().endswith("PASS") for line in rows.values())
-    # The gate itself: an unreachable floor fails verify.
+def test_verify_reports_int8_agreement_and_gates_on_it(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # An unreachable floor: the int8 rows report their agreement and fail, fp32 still passes, exit code 1.
+    # (The passing path is the manifest's parity above and `mtgate verify` in test_convert_cli.py.)
     assert main(["verify", str(package), "--int8-floor", "1.01"]) == 1
-    assert "FAIL" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if "/fp32" in line or "/int8" in line}
+    assert set(rows) == {"openvino/fp32", "onnxruntime/int8", "openvino/int8"}
+    header = next(line.split() for line in out.splitlines() if line.startswith("artifact"))
+    assert header[-4:] == ["next-token", "greedy", "identical", "result"]
+    for key in ("onnxruntime/int8", "openvino/int8"):
+        assert rows[key][-1] == "FAIL" and float(rows[key][-4]) >= INT8_AGREEMENT_FLOOR  # next-token column
+    assert rows["openvino/fp32"][-1] == "PASS"
+    assert out.rstrip().splitlines()[-1].startswith("FAIL")
