@@ -1,0 +1,56 @@
+"""The serving path never imports torch or transformers.
+
+A fresh interpreter imports ``serving.engine`` and ``serving.translate_cli``, loads a converted package on both
+runtimes, translates (greedy, beam, streaming) and runs ``mtgate translate``; then no module of torch or transformers
+may be in ``sys.modules``. (The package is converted in this test process, which does use torch.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.utils.marian_factory import convert_tiny_package
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+package = sys.argv[1]
+import serving.engine, serving.translate_cli
+from serving.cli import main
+from serving.engine import DecodeOptions, Translator
+
+partials = []
+for runtime in ("onnxruntime", "openvino"):
+    translator = Translator.load(package, runtime=runtime, threads=1)
+    translator.translate(["A dog runs.", ""], DecodeOptions(beam_size=1), on_step=lambda i, t: partials.append(t))
+    translator.translate(["A dog runs."], DecodeOptions(beam_size=4))
+code = main(["translate", "-m", package, "--threads", "1", "Two men talk."])
+banned = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+sys.stderr.write(json.dumps({"code": code, "banned": banned, "partials": len(partials)}) + "\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("openvino")
+    return convert_tiny_package(tmp_path_factory.mktemp("no-torch"), runtimes=("onnxruntime", "openvino"),
+                                verify=False)
+
+
+def test_translating_never_imports_torch_or_transformers(package: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(package)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0
+    assert report["partials"] > 0
+    assert report["banned"] == []
+    assert len(result.stdout.splitlines()) == 1  # the CLI's one translation

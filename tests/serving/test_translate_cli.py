@@ -1,0 +1,114 @@
+"""``mtgate translate`` end to end on a converted tiny Marian package (onnxruntime and openvino)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from serving import translate_cli
+from serving.cli import main
+from serving.engine import DecodeOptions, Translator
+from tests.utils.marian_factory import convert_tiny_package, corpus
+
+TEXTS = corpus("en")[100:106]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    return convert_tiny_package(tmp_path_factory.mktemp("cli"), runtimes=("onnxruntime", "openvino"), verify=False)
+
+
+@pytest.fixture(scope="module")
+def expected(package: Path) -> dict[str, list[str]]:
+    translator = Translator.load(package, threads=1)
+    return {
+        "default": [t.text for t in translator.translate(TEXTS)],
+        "greedy": [t.text for t in translator.translate(TEXTS, DecodeOptions(beam_size=1))],
+        "short": [t.text for t in translator.translate(TEXTS, DecodeOptions(beam_size=1, max_length=2))],
+    }
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str], stdin: str | None = None,
+        monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, list[str], str]:
+    if stdin is not None:
+        assert monkeypatch is not None
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    code = main(["translate", *args])
+    out, err = capsys.readouterr()
+    return code, out.split("\n")[:-1], err
+
+
+def test_arguments(package: Path, expected: dict[str, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines, err = run(["-m", str(package), "--threads", "1", *TEXTS], capsys)
+    assert (code, err) == (0, "")
+    assert lines == expected["default"]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_stdin_lines_keep_empty_lines(
+    package: Path, expected: dict[str, list[str]], backend: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if backend == "openvino":
+        pytest.importorskip("openvino")
+    stdin = "\n".join([TEXTS[0], "", TEXTS[1], "   ", *TEXTS[2:]]) + "\r\n"
+    code, lines, _ = run(["-m", str(package), "--backend", backend, "--beam-size", "1", "--threads", "1"], capsys,
+                         stdin, monkeypatch)
+    greedy = expected["greedy"]
+    assert code == 0
+    assert lines == [greedy[0], "", greedy[1], "", *greedy[2:]]
+
+
+def test_max_length(package: Path, expected: dict[str, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines, _ = run(["-m", str(package), "--beam-size", "1", "--max-length", "2", *TEXTS], capsys)
+    assert code == 0 and lines == expected["short"]
+
+
+def test_stdin_is_read_in_chunks(package: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(translate_cli, "_CHUNK_LINES", 2)
+    code, lines, _ = run(["-m", str(package), "--beam-size", "1", "--max-length", "3"], capsys,
+                         "\n".join(["a", "", "b", "c", ""]) + "\n", monkeypatch)
+    assert code == 0 and len(lines) == 5 and lines[1] == lines[4] == ""
+
+
+def _one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("mtgate translate: error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_bad_input(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, lines, err = run(["-m", str(tmp_path / "nope"), "x"], capsys)
+    _one_line_error(code, err, "model package not found", "nope")
+    code, lines, err = run(["-m", str(tmp_path), "x"], capsys)
+    _one_line_error(code, err, "not an mtgate model package")
+    code, lines, err = run(["-m", str(package), "--beam-size", "0", "x"], capsys)
+    _one_line_error(code, err, "--beam-size must be at least 1")
+    code, lines, err = run(["-m", str(package), "--precision", "int8", "x"], capsys)
+    _one_line_error(code, err, "no onnxruntime/int8 artifact", "onnxruntime/fp32")
+    code, lines, err = run(["-m", str(package), "--beam-size", "1"], capsys, "fine\n" + "word " * 300 + "\n",
+                           monkeypatch)
+    _one_line_error(code, err, "line 2:", "the model accepts at most 128")
+    monkeypatch.setattr(translate_cli, "DEMO_MODEL_DIR", tmp_path / "models" / "demo-en-de")
+    code, lines, err = run(["hello"], capsys)
+    _one_line_error(code, err, "bundled demo model not found", str(tmp_path / "models" / "demo-en-de"))
+
+
+def test_tampered_package_is_refused(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(package, copy)
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    decoder = next(a["files"]["decoder"] for a in manifest["artifacts"] if a["runtime"] == "onnxruntime")
+    with (copy / decoder).open("ab") as f:
+        f.write(b"\0")
+    code, _, err = run(["-m", str(copy), "x"], capsys)
+    _one_line_error(code, err, decoder, "sha256 mismatch")
