@@ -502,8 +502,13 @@ def render_markdown(report: dict[str, Any]) -> str:
     cases = [Case(c["beam"], c["batch"]) for c in report["workload"]["cases"]]
     header = ["engine"] + [f"{c.name}" + (" (ms/sentence)" if c.batch == 1 else "") for c in cases]
     header += ["spread max", "peak RSS MiB"]
-    lines = [f"# mtgate bench {report['created']}", "",
-             "Generated target tokens per second (median of the timed passes); at batch 1 also ms per sentence.", "",
+    lines = [f"# mtgate bench {report['created']}", ""]
+    machine = report["machine"]
+    busiest = max([*machine["load_start"][:1], *machine["load_end"][:1]])
+    if machine["cores"] and busiest > 0.5 * machine["cores"]:
+        lines += [f"**Warning:** load average {busiest} on {machine['cores']} cores during the run: other processes "
+                  "competed for the CPU, so these numbers are not comparable with an idle machine's.", ""]
+    lines += ["Generated target tokens per second (median of the timed passes); at batch 1 also ms per sentence.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for engine in report["engines"]:
         if engine["status"] != "ok":
