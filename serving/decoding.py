@@ -236,16 +236,37 @@ def _greedy(
     return [Hypothesis(out[i, : lengths[i]].tolist(), float(scores[i])) for i in range(batch)]
 
 
+_CHUNK = 64  # top-k over wide rows: chunk maxima first (see _top_k_sorted)
+
+
 def _top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries of each row, best first; equal scores in ascending index order."""
+    """Indices of the k largest entries of each row, best first; equal scores in ascending index order.
+
+    Narrow rows are sorted. Wide rows (beam candidates are ``K x V``: 232k for opus-mt and 4 beams) are first
+    reduced to the maxima of chunks of 64 entries: the k best entries lie in the k chunks with the best maxima, so only
+    those ``k x 64`` entries are ranked (about 8x faster than a selection over the whole row). A row where another
+    entry ties with the k-th best is re-ranked by a full stable sort, so the result is exact in every case.
+    """
     n, width = scores.shape
-    if k < width:
-        part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
+    if width <= 256:
+        return np.asarray(np.argsort(-scores, axis=1, kind="stable")[:, :k])
+    if width > 16 * k * _CHUNK:
+        maxima = np.maximum.reduceat(scores, np.arange(0, width, _CHUNK), axis=1)
+        chunks = np.argpartition(maxima, maxima.shape[1] - k, axis=1)[:, maxima.shape[1] - k :]
+        part = (chunks[:, :, None] * _CHUNK + np.arange(_CHUNK)).reshape(n, k * _CHUNK)
+        inside = part < width
+        values = np.where(inside, np.take_along_axis(scores, np.minimum(part, width - 1), axis=1), _NEG_INF)
+        part = np.where(inside, part, width)  # past the end: ranked after every real entry
     else:
-        part = np.broadcast_to(np.arange(width), (n, width))
-    values = np.take_along_axis(scores, part, axis=1)
-    order = np.lexsort((part, -values), axis=1)
-    return np.take_along_axis(part, order, axis=1)
+        part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
+        values = np.take_along_axis(scores, part, axis=1)
+    order = np.lexsort((part, -values), axis=1)[:, :k]
+    top = np.take_along_axis(part, order, axis=1)
+    kth = np.take_along_axis(values, order[:, -1:], axis=1)
+    tied = np.flatnonzero((scores >= kth).sum(axis=1) > k)
+    for row in tied:  # rare: exact ties at the k-th place
+        top[row] = np.argsort(-scores[row], kind="stable")[:k]
+    return np.asarray(top)
 
 
 class _BeamSearchBase:

@@ -327,3 +327,17 @@ def test_empty_batch_and_bad_arguments() -> None:
         search(backend, cross, bias, np.array([3, 3]), SearchOptions(eos_id=0, decoder_start_id=1))
     assert isinstance(search(backend, cross, bias, np.array([2]), SearchOptions(eos_id=0, decoder_start_id=1))[0],
                       Hypothesis)
+
+
+@pytest.mark.parametrize("width", [7, 500, 9000, 232_404])
+def test_top_k_is_exact_with_ties_in_index_order(width: int) -> None:
+    from serving.decoding import _top_k_sorted
+
+    rng = np.random.default_rng(width)
+    scores = (rng.standard_normal((3, width)) * 3).astype(np.float32)
+    scores[0, rng.integers(0, width, width // 2)] = -np.inf  # bad words, forced EOS
+    scores[1] = np.round(scores[1])  # many exact ties
+    for k in (1, 2, 8, 10):
+        k = min(k, width)
+        expected = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(_top_k_sorted(scores, k), expected)
