@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := models/demo-en-de
+DEMO_SRC := models/demo-en-de-src
 
-.PHONY: serve test lint typecheck unit install install-test demo-package clean
+.PHONY: serve test lint typecheck unit install install-test demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,16 @@ $(VENV)/.installed-runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The converter without torch (onnx, nncf): builds the bundled demo package from its committed source.
+$(VENV)/.installed-convert: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[convert]'
+	touch $@
+
+# The bundled demo model: git holds its source (opus-mt layout, fp16); the package (fp32 + int8, both runtimes,
+# parity checked) is converted from it once, into $(DEMO) (not in git).
+$(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) | $(VENV)/.installed-convert
+	$(BIN)/mtgate convert $(DEMO_SRC) -o $(DEMO)
+
 # Everything the suite needs: conversion (torch CPU wheel, onnx, nncf), transformers for parity, test tools.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -23,15 +34,16 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed-runtime
 install-test: $(VENV)/.installed-test
+demo: $(DEMO)/manifest.json
 
-serve: $(VENV)/.installed-runtime
+serve: $(VENV)/.installed-runtime demo
 	$(BIN)/mtgate serve
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check serving converters batch loadtest tests models/recipe
 	$(BIN)/mypy
 
-unit: $(VENV)/.installed-test
+unit: $(VENV)/.installed-test demo
 	$(BIN)/python -m pytest -q
 
 test: lint unit

@@ -181,11 +181,10 @@ def _model_dir(args: argparse.Namespace) -> Path:
         if not model.is_dir():
             raise UsageError(f"{model}: no such model package directory")
         return model
-    from serving.settings import DEFAULT_MODEL_DIR
+    from serving.settings import DEFAULT_MODEL_DIR, demo_missing
 
     if not (DEFAULT_MODEL_DIR / "manifest.json").is_file():
-        raise UsageError(f"no model given and the bundled demo model is not installed ({DEFAULT_MODEL_DIR}); "
-                         "pass -m DIR or --server URL")
+        raise UsageError(f"{demo_missing()}, or --server URL")
     return DEFAULT_MODEL_DIR
 
 

@@ -134,7 +134,13 @@ def _head(path: Path, n: int) -> bytes:
 
 def _load_torch_bin(path: Path) -> dict[str, np.ndarray]:
     # Only the legacy PyTorch format needs torch; imported here so nothing else pulls it in.
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ConversionError(
+            f"{path}: reading pytorch_model.bin needs torch (pip install 'mtgate[torch]'), "
+            "or save the checkpoint as model.safetensors"
+        ) from None
 
     state = torch.load(path, map_location="cpu", weights_only=True)
     if "state_dict" in state and isinstance(state["state_dict"], dict):

@@ -90,7 +90,7 @@ def build_settings(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: an invalid value, a missing package or a package that is not a model package.
     """
-    from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
+    from serving.settings import DEFAULT_MODEL_DIR, ServingSettings, demo_missing
 
     overrides: dict[str, Any] = {
         field: getattr(args, flag) for flag, field in _SETTINGS_FLAGS.items() if getattr(args, flag, None) is not None
@@ -111,10 +111,7 @@ def build_settings(args: argparse.Namespace) -> Any:
     for package in settings.model_dirs:
         if not package.exists():
             if package == DEFAULT_MODEL_DIR and not args.models:
-                raise UsageError(
-                    f"no model given and the bundled demo model is missing ({package}); "
-                    "pass -m PKG (a directory written by 'mtgate convert')"
-                )
+                raise UsageError(demo_missing(package))
             raise UsageError(f"model package {package} does not exist")
         try:
             read_manifest(package)

@@ -17,6 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
 
 
+def demo_missing(package: Path = DEFAULT_MODEL_DIR) -> str:
+    """What every command says when it was given no model and the demo package has not been built from its source."""
+    return (f"no model given and the bundled demo model is not built ({package}): run `make demo` "
+            "(converts models/demo-en-de-src), or pass -m PKG (a directory written by 'mtgate convert')")
+
+
 class ServingSettings(BaseSettings):
     """Settings of ``mtgate serve``; each field can be set as ``MTGATE_<FIELD>`` in the environment.
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from serving.cli import UsageError
+from serving.settings import DEFAULT_MODEL_DIR, demo_missing
 
 logger = logging.getLogger(__name__)
 
-DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
+DEMO_MODEL_DIR = DEFAULT_MODEL_DIR
 _CHUNK_LINES = 256
 
 
@@ -48,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     package = args.model if args.model is not None else DEMO_MODEL_DIR
     if not package.exists():
-        which = "model package" if args.model is not None else "bundled demo model"
-        raise UsageError(f"{which} not found: {package}")
+        raise UsageError(f"model package not found: {package}" if args.model is not None else demo_missing(package))
 
     from serving.engine import DecodeOptions, Translator
     from serving.errors import InferenceFailed, InvalidInput

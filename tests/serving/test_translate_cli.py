@@ -98,7 +98,7 @@ def test_bad_input(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     _one_line_error(code, err, "line 2:", "the model accepts at most 128")
     monkeypatch.setattr(translate_cli, "DEMO_MODEL_DIR", tmp_path / "models" / "demo-en-de")
     code, lines, err = run(["hello"], capsys)
-    _one_line_error(code, err, "bundled demo model not found", str(tmp_path / "models" / "demo-en-de"))
+    _one_line_error(code, err, "bundled demo model is not built", str(tmp_path / "models" / "demo-en-de"))
 
 
 def test_tampered_package_is_refused(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -60,7 +60,7 @@ def test_default_model_missing_is_explained(capsys: pytest.CaptureFixture[str]) 
     if DEFAULT_MODEL_DIR.exists():
         pytest.skip("the bundled demo model is present")
     code, err = run_cli(capsys)
-    assert code == 2 and "bundled demo model is missing" in err and "-m PKG" in err
+    assert code == 2 and "bundled demo model is not built" in err and "make demo" in err and "-m PKG" in err
 
 
 def test_corrupt_package_fails_at_load_with_exit_2(tiny_package: Path, tmp_path: Path) -> None:
