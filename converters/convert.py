@@ -124,6 +124,7 @@ def convert(
     version: str | None = None,
     reader_options: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    quality: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Convert a checkpoint directory into a model package at ``output_dir``.
 
@@ -137,6 +138,7 @@ def convert(
         version: package version (default ``"1"``).
         reader_options: reader-specific options (``hparams_set``, ``vocab``, ``target_space_id`` for T2T).
         progress: called with a short message as each stage starts.
+        quality: scores measured on this model (e.g. batch-score summaries), recorded as the manifest's ``quality``.
 
     Returns:
         The written manifest.
@@ -209,6 +211,8 @@ def convert(
             "artifacts": entries,
             "parity": {},
         }
+        if quality is not None:
+            manifest["quality"] = quality
         if verify:
             say("checking parity")
             with _timed(timings, "parity"):

@@ -7,6 +7,7 @@ a missing vocab, unsupported options, a mis-shaped weight...: one header line pl
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="package name (default: the source directory name)")
     parser.add_argument("--version", default=None, help="package version (default: 1)")
     parser.add_argument("--no-verify", action="store_true", help="skip the parity checks")
+    parser.add_argument("--quality", type=Path, metavar="FILE",
+                        help="JSON with scores measured on this model (e.g. BLEU/chrF per artifact), recorded in the "
+                             "manifest as 'quality'")
     t2t = parser.add_argument_group("tensor2tensor checkpoints")
     t2t.add_argument("--hparams-set", default=None,
                      help="hparams set when the checkpoint has no hparams.json (transformer_base, transformer_big)")
@@ -52,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
     from serving.cli import UsageError
 
     started = time.perf_counter()
+    quality = None
+    if args.quality is not None:
+        try:
+            quality = json.loads(args.quality.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--quality {args.quality}: {e}") from None
     try:
         manifest = convert(
             args.source,
@@ -63,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             version=args.version,
             reader_options=reader_options(args),
             progress=lambda message: logger.info("%s", message),
+            quality=quality,
         )
     except ParityError as e:
         sys.stderr.write(f"mtgate convert: {e}\n")
