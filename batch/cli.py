@@ -248,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
         if model_dir is not None:
             manifest, package_vocab = _package_info(model_dir, args.runtime, args.precision)
             engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
-                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision}
+                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision,
+                           "beam_size": args.beam_size or manifest.get("decoding", {}).get("beam_size")}
     vocab_path: Path | None = args.vocab or package_vocab
     if args.vocab is not None and not args.vocab.is_file():
         raise UsageError(f"{args.vocab}: no such vocabulary file")
