@@ -2,6 +2,7 @@
 #
 # mtgate serving image: ONNX Runtime / OpenVINO on CPU with the bundled demo model; no torch, no transformers.
 #
+#   make demo                                                       # builds models/demo-en-de from its source
 #   docker build -t mtgate:latest .
 #   docker run --rm -p 8000:8000 mtgate:latest                      # serves models/demo-en-de
 #   docker run --rm -p 8000:8000 -v "$PWD/my-pkg:/models/my-pkg:ro" \
@@ -9,7 +10,7 @@
 #
 # Every server setting is an environment variable MTGATE_<SETTING> (serving/settings.py), e.g. MTGATE_THREADS,
 # MTGATE_MAX_BATCH_SENTENCES, MTGATE_API_KEY. The image also runs `batch-score` and `mtgate loadtest`/`validate`;
-# converting checkpoints needs the `convert` extra (torch) and is done outside it.
+# converting checkpoints needs the `convert` extra and is done outside it (`make demo` converts the demo model).
 #
 # The runtime install is the project's dependencies with no extras, exactly as below; tests/deploy/test_dockerfile.py
 # runs these same `uv pip install` lines in a fresh venv and serves a model from it, and lints this file with hadolint.
