@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
                         help="run only this scenario (repeatable; default: all)")
     parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
-    parser.add_argument("-m", "--model", type=Path, help="model package for --start-server")
+    parser.add_argument("-m", "--model", type=Path,
+                        help="model package for --start-server (default: the bundled demo model models/demo-en-de)")
     parser.add_argument("--corpus", type=Path,
                         help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
@@ -278,7 +279,11 @@ def run(args: argparse.Namespace) -> int:
     if args.start_server == bool(args.host):
         raise _usage_error("give either --host URL or --start-server -m PKG")
     if args.start_server and args.model is None:
-        raise _usage_error("--start-server needs -m PKG")
+        from serving.settings import DEFAULT_MODEL_DIR, demo_missing
+
+        if not (DEFAULT_MODEL_DIR / "manifest.json").is_file():
+            raise _usage_error(demo_missing())
+        args.model = DEFAULT_MODEL_DIR
     report_dir: Path = args.report or default_report_dir("loadtest")
     try:
         for scenario in scenarios:  # check every corpus before starting anything

@@ -30,12 +30,20 @@ def test_only_loopback_hosts_unless_allowed() -> None:
         check_host("127.0.0.1:8000", True)
 
 
+def test_start_server_defaults_to_the_demo_model(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import serving.settings
+
+    monkeypatch.setattr(serving.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
+    err = _error(capsys, ["loadtest", "--start-server", "--targets", str(TARGETS)])
+    assert "the bundled demo model is not built" in err and "make demo" in err
+
+
 def test_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     err = _error(capsys, ["loadtest", "--host", "http://10.1.2.3:8000", "--targets", str(TARGETS),
                           "--report", str(tmp_path / "r")])
     assert "is not 127.0.0.1 or localhost; pass --allow-remote" in err
     assert "give either --host" in _error(capsys, ["loadtest", "--targets", str(TARGETS)])
-    assert "--start-server needs -m PKG" in _error(capsys, ["loadtest", "--start-server", "--targets", str(TARGETS)])
     assert "no such file" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1",
                                              "--targets", str(tmp_path / "nope.yaml")])
     assert "no scenario nope" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1", "--targets",
