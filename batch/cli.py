@@ -84,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--server", default=None, metavar="URL",
                      help="translate through a server (mtgate serve or Triton) over the Open Inference Protocol")
     src.add_argument("--model-name", default=None, help="model name on the server (default: its default model)")
+    src.add_argument("--api-key", default=os.environ.get("MTGATE_API_KEY"), metavar="KEY",
+                     help="with --server: sent as 'Authorization: Bearer KEY' (default: $MTGATE_API_KEY)")
     src.add_argument("--runtime", choices=("onnxruntime", "openvino"), default="onnxruntime")
     src.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     src.add_argument("--beam-size", type=_positive, default=None, help="beam width (default: the model's)")
@@ -284,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         from batch.remote import RemoteChunkWorker, RemoteError, connect
 
         try:
-            target = connect(args.server, args.model_name)
+            target = connect(args.server, args.model_name, api_key=args.api_key)
         except RemoteError as e:
             raise UsageError(str(e)) from e
         engine_info = target.describe()

@@ -17,7 +17,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batch.records import Translated
@@ -30,6 +30,7 @@ _SCORE_OUTPUTS = ("SCORE", "score")
 _INPUT_TOKEN_OUTPUTS = ("INPUT_TOKENS", "input_tokens")
 _OUTPUT_TOKEN_OUTPUTS = ("OUTPUT_TOKENS", "output_tokens")
 _RETRY_STATUSES = ("503", "504", "429")
+_AUTH_STATUSES = ("401", "403")
 _MAX_RETRIES = 8
 
 
@@ -52,6 +53,7 @@ class ServerTarget:
         score_output: an FP32 output with the score, if the model has one.
         input_tokens_output: source token counts, if the model reports them.
         output_tokens_output: target token counts, if the model reports them.
+        headers: HTTP headers sent with every request (``Authorization`` when an API key is given).
     """
 
     url: str
@@ -64,6 +66,7 @@ class ServerTarget:
     score_output: str | None = None
     input_tokens_output: str | None = None
     output_tokens_output: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return {"server": ("https://" if self.ssl else "http://") + self.url, "model": self.model,
@@ -88,10 +91,10 @@ def _client(url: str, ssl: bool, timeout: float = 600.0) -> Any:
     return httpclient.InferenceServerClient(url, ssl=ssl, connection_timeout=30.0, network_timeout=timeout)
 
 
-def _list_models(url: str, ssl: bool, client: Any) -> list[str]:
+def _list_models(url: str, ssl: bool, client: Any, headers: dict[str, str]) -> list[str]:
     """Model names: Triton's repository index, else mtgate's ``GET /v1/models`` (default model first)."""
     try:
-        index = client.get_model_repository_index()
+        index = client.get_model_repository_index(headers=headers)
         names = [m["name"] for m in index if m.get("state", "READY") == "READY"]
         if names:
             return names
@@ -99,7 +102,8 @@ def _list_models(url: str, ssl: bool, client: Any) -> list[str]:
         pass
     scheme = "https" if ssl else "http"
     try:
-        with urllib.request.urlopen(f"{scheme}://{url}/v1/models", timeout=30) as response:  # noqa: S310
+        request = urllib.request.Request(f"{scheme}://{url}/v1/models", headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
             body = json.loads(response.read())
     except (urllib.error.URLError, ValueError, OSError) as e:
         raise RemoteError(f"cannot list the models of {scheme}://{url} ({e}); pass --model-name") from e
@@ -115,8 +119,10 @@ def _pick(names: list[str], preferred: tuple[str, ...]) -> str | None:
     return None
 
 
-def connect(server: str, model_name: str | None = None, version: str = "") -> ServerTarget:
+def connect(server: str, model_name: str | None = None, version: str = "", api_key: str | None = None) -> ServerTarget:
     """Check the server is up and the model ready; read the model's tensor names from its metadata.
+
+    ``api_key`` is sent as ``Authorization: Bearer`` with every request.
 
     Raises:
         RemoteError: unreachable server, unknown or unready model, or a model without a BYTES input/output.
@@ -124,25 +130,26 @@ def connect(server: str, model_name: str | None = None, version: str = "") -> Se
     from tritonclient.utils import InferenceServerException
 
     url, ssl = split_url(server)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = _client(url, ssl)
     try:
         try:
-            live = client.is_server_live()
+            live = client.is_server_live(headers=headers)
         except Exception as e:  # noqa: BLE001 - connection refused, DNS... (gevent raises several types)
             raise RemoteError(f"cannot reach {server} ({type(e).__name__}: {e})") from e
         if not live:
             raise RemoteError(f"{server} is not live (/v2/health/live)")
         if model_name is None:
-            names = _list_models(url, ssl, client)
+            names = _list_models(url, ssl, client, headers)
             if not names:
                 raise RemoteError(f"{server} serves no model")
             model_name = names[0]
         try:
-            metadata = client.get_model_metadata(model_name, version)
+            metadata = client.get_model_metadata(model_name, version, headers=headers)
         except InferenceServerException as e:
             raise RemoteError(f"{server}: model {model_name!r}: {e.message()}") from e
         deadline = time.monotonic() + 60.0
-        while not client.is_model_ready(model_name, version):
+        while not client.is_model_ready(model_name, version, headers=headers):
             if time.monotonic() > deadline:
                 raise RemoteError(f"{server}: model {model_name!r} is not ready")
             time.sleep(0.5)
@@ -168,6 +175,7 @@ def connect(server: str, model_name: str | None = None, version: str = "") -> Se
         score_output=_pick(names, _SCORE_OUTPUTS),
         input_tokens_output=_pick(names, _INPUT_TOKEN_OUTPUTS),
         output_tokens_output=_pick(names, _OUTPUT_TOKEN_OUTPUTS),
+        headers=headers,
     )
 
 
@@ -227,9 +235,12 @@ class RemoteChunkWorker:
         for attempt in range(_MAX_RETRIES + 1):
             try:
                 result = self._client.infer(t.model, [tensor], model_version=t.version, outputs=outputs,
-                                            parameters=self.parameters or None)
+                                            parameters=self.parameters or None, headers=t.headers)
                 break
             except InferenceServerException as e:
+                if str(e.status()) in _AUTH_STATUSES:
+                    raise RemoteError(f"the server refused the request ({e.status()}: {e.message()}); "
+                                      "pass --api-key or set $MTGATE_API_KEY") from e
                 if str(e.status()) not in _RETRY_STATUSES or attempt == _MAX_RETRIES:
                     raise
                 logger.info("server busy (%s); retrying in %.2fs", e.status(), delay)
@@ -249,8 +260,9 @@ class RemoteChunkWorker:
 
 
 def _is_client_error(e: Any) -> bool:
+    """The server refused these sentences (4xx), not the whole run: a missing or wrong API key stops the run."""
     status = str(e.status() or "")
-    return status.startswith("4") and status not in _RETRY_STATUSES
+    return status.startswith("4") and status not in _RETRY_STATUSES and status not in _AUTH_STATUSES
 
 
 def _text(value: Any) -> str:

@@ -330,6 +330,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+API_KEY = "batch-test-key"
+
+
 @pytest.fixture(scope="module")
 def server(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
@@ -337,7 +340,7 @@ def server(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with log.open("wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--port", str(port), "--threads", "1"],
-            stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+            stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "MTGATE_API_KEY": API_KEY},
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -364,11 +367,16 @@ def server(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             proc.wait()
 
 
-def test_through_a_real_server(tmp_path: Path, server: str, expected: list[Any]) -> None:
+def test_through_a_real_server(tmp_path: Path, server: str, expected: list[Any],
+                               capsys: pytest.CaptureFixture[str]) -> None:
     source = write_tfrecord(tmp_path / "test.tfrecord", text_examples(SOURCES, REFERENCES))
     out = tmp_path / "remote.tfrecord"
+    refused = tmp_path / "no-key.tfrecord"
+    assert main([str(source), "--server", server, "-o", str(refused), "--no-progress"]) == 1  # the server wants a key
+    err = capsys.readouterr().err
+    assert "401" in err and "--api-key" in err and not refused.exists()
     rc = main([str(source), "--server", server, "-o", str(out), "--workers", "3", "--max-batch-size", "8",
-               "--chunk-size", "10", "--no-progress"])
+               "--chunk-size", "10", "--no-progress", "--api-key", API_KEY])
     assert rc == 0
     examples = read_examples(out)
     assert [feature_text(e, "inputs") for e in examples] == SOURCES
