@@ -32,7 +32,7 @@ class UsageError(Exception):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    parser.add_argument("--log-level", default=None, help="logging level (default: WARNING; for serve, $MTGATE_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=(args.log_level or "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(_SUBCOMMANDS[args.command][0])
     try:
         return int(module.run(args))

@@ -99,7 +99,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         overrides["model_dirs"] = args.models
     if getattr(args, "access_log", None):
         overrides["access_log"] = True
-    if args.log_level and args.log_level.upper() != "WARNING":  # the global --log-level, unless left at its default
+    if args.log_level is not None:  # the global --log-level, when given, overrides $MTGATE_LOG_LEVEL
         overrides["log_level"] = args.log_level
     if args.workers != 1:
         raise UsageError("--workers: only 1 worker process is supported (scale with replicas; tune --threads)")

@@ -78,3 +78,17 @@ def test_corrupt_package_fails_at_load_with_exit_2(tiny_package: Path, tmp_path:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("mtgate serve: error: loading model") and "sha256 mismatch" in last
     assert "Traceback" not in result.stderr
+
+
+def test_global_log_level_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.cli import build_parser
+    from serving.serve_cli import build_settings
+    from serving.settings import DEFAULT_MODEL_DIR
+
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("needs the demo package (make demo)")
+    monkeypatch.setenv("MTGATE_LOG_LEVEL", "DEBUG")
+    parser = build_parser(only="serve")
+    assert build_settings(parser.parse_args(["serve"])).log_level == "DEBUG"
+    given = parser.parse_args(["--log-level", "WARNING", "serve"])
+    assert build_settings(given).log_level == "WARNING"
