@@ -39,10 +39,9 @@ FAST = ["--workers", "1", "--threads", "1", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.utils.marian_factory import convert_tiny_package
-
-    return convert_tiny_package(tmp_path_factory.mktemp("batch-model"), runtimes=("onnxruntime",), verify=False)
+def package(tiny_onnx_package: Path) -> Path:
+    """The shared tiny package for onnxruntime (tests/conftest.py); batch-score writes next to its input, not here."""
+    return tiny_onnx_package
 
 
 @pytest.fixture(scope="module")

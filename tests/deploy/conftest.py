@@ -15,10 +15,8 @@ DEMO = ROOT / "models" / "demo-en-de"
 
 
 @pytest.fixture(scope="session")
-def model_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """models/demo-en-de when it is there, else a tiny random Marian package (onnxruntime fp32)."""
+def model_package(request: pytest.FixtureRequest) -> Path:
+    """models/demo-en-de when it is there, else the shared tiny random Marian package (onnxruntime fp32)."""
     if (DEMO / "manifest.json").is_file():
         return DEMO
-    from tests.utils.marian_factory import convert_tiny_package
-
-    return convert_tiny_package(tmp_path_factory.mktemp("tiny-model"), runtimes=("onnxruntime",))
+    return Path(request.getfixturevalue("tiny_onnx_package"))  # tests/conftest.py; built only when needed

@@ -29,10 +29,9 @@ FAST = {"beam_size": 1, "max_length": 8}
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.utils.marian_factory import convert_tiny_package
-
-    return convert_tiny_package(tmp_path_factory.mktemp("loadtest-model"), runtimes=("onnxruntime",), verify=False)
+def package(tiny_onnx_package: Path) -> Path:
+    """The shared tiny package for onnxruntime only (tests/conftest.py): validate checks every artifact's parity."""
+    return tiny_onnx_package
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils.marian_factory import convert_tiny_package
-
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
@@ -37,11 +35,10 @@ sys.stderr.write(json.dumps({"code": code, "banned": banned, "partials": len(par
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
+def package(tiny_package: Path) -> Path:
+    """The shared tiny package (tests/conftest.py), converted for both runtimes."""
     pytest.importorskip("openvino")
-    return convert_tiny_package(tmp_path_factory.mktemp("no-torch"), runtimes=("onnxruntime", "openvino"),
-                                verify=False)
+    return tiny_package
 
 
 def test_translating_never_imports_torch_or_transformers(package: Path) -> None:

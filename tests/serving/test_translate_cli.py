@@ -11,15 +11,15 @@ import pytest
 from serving import translate_cli
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
-from tests.utils.marian_factory import convert_tiny_package, corpus
+from tests.utils.marian_factory import corpus
 
 TEXTS = corpus("en")[100:106]
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    return convert_tiny_package(tmp_path_factory.mktemp("cli"), runtimes=("onnxruntime", "openvino"), verify=False)
+def package(tiny_package: Path) -> Path:
+    """The shared tiny package (tests/conftest.py: onnxruntime and openvino fp32); tests that alter it copy it."""
+    return tiny_package
 
 
 @pytest.fixture(scope="module")

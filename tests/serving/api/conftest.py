@@ -1,8 +1,10 @@
-"""Fixtures for the HTTP layer: the real app (real batcher, middleware, error handlers) in front of a fake engine."""
+"""Fixtures for the HTTP layer: the real app (real batcher, middleware, error handlers) in front of a fake engine.
+
+Tests of the real engine behind the server use tests/conftest.py's shared ``tiny_package``.
+"""
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import threading
@@ -101,14 +103,3 @@ def shared_client() -> Iterator[TestClient]:
 @pytest.fixture
 def echo_translator() -> EchoTranslator:
     return EchoTranslator()
-
-
-@pytest.fixture(scope="session")
-def tiny_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Marian checkpoint converted by the real converter (ONNX Runtime, fp32)."""
-    # Building the checkpoint imports transformers; its TensorFlow half is not needed and costs seconds.
-    os.environ.setdefault("USE_TF", "0")
-    os.environ.setdefault("USE_FLAX", "0")
-    from tests.utils.marian_factory import convert_tiny_package
-
-    return convert_tiny_package(tmp_path_factory.mktemp("tiny"), runtimes=("onnxruntime",), verify=False)

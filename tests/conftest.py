@@ -1,0 +1,84 @@
+"""Session-wide artifacts: one tiny random Marian checkpoint and the model packages converted from it.
+
+Converting a model (OpenVINO IR, parity checks) is the slow part of many tests. A module that needs *a* converted
+tiny model, rather than one built with options of its own, uses these instead of converting again:
+
+- ``tiny_marian_dir``: tests/utils/marian_factory.py's tiny checkpoint (seed 0), opus-mt layout.
+- ``tiny_package``: that checkpoint converted for onnxruntime and openvino (fp32), parity verified.
+- ``tiny_onnx_package``: the same checkpoint for onnxruntime only (fp32, not verified), for tests whose cost grows
+  with the number of artifacts (``mtgate validate`` checks the parity of every artifact).
+
+Both packages are named ``tiny-marian``, version ``test``. They are shared, so they are read-only: a test that
+damages, edits or deletes anything copies it into its own ``tmp_path`` first (``shutil.copytree``). Each fixture
+checks at the end of the session that no file was added, removed or changed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `tests.utils` when pytest runs without the repository root on sys.path
+    sys.path.insert(0, str(ROOT))
+
+from serving.package import file_checksums, sha256_of  # noqa: E402
+
+PACKAGE_NAME = "tiny-marian"
+PACKAGE_VERSION = "test"
+
+
+def _snapshot(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path``, the manifest included."""
+    sums = file_checksums(path)
+    if (path / "manifest.json").is_file():
+        sums["manifest.json"] = sha256_of(path / "manifest.json")
+    return sums
+
+
+def _unchanged(path: Path) -> Iterator[Path]:
+    """Yield ``path``; afterwards fail if any file under it was added, removed or modified."""
+    before = _snapshot(path)
+    yield path
+    after = _snapshot(path)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"a test modified the shared {path} ({', '.join(changed)}): copy it into tmp_path first"
+
+
+@pytest.fixture(scope="session")
+def tiny_marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tiny random Marian checkpoint (d_model 32, 2 layers, seed 0) as a Hugging Face directory."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    # transformers would otherwise import TensorFlow (installed for batch-score) on top of torch: seconds.
+    os.environ.setdefault("USE_TF", "0")
+    os.environ.setdefault("USE_FLAX", "0")
+    from tests.utils.marian_factory import make_marian_dir
+
+    yield from _unchanged(make_marian_dir(tmp_path_factory.mktemp("tiny-marian") / "src"))
+
+
+def _convert(source: Path, out: Path, runtimes: list[str], verify: bool) -> Path:
+    from converters.convert import convert
+
+    convert(source, out, runtimes=runtimes, precisions=["fp32"], verify=verify, name=PACKAGE_NAME,
+            version=PACKAGE_VERSION)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``tiny_marian_dir`` converted for onnxruntime and openvino, fp32, parity verified."""
+    out = tmp_path_factory.mktemp("tiny-package") / "package"
+    yield from _unchanged(_convert(tiny_marian_dir, out, ["onnxruntime", "openvino"], verify=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_package(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``tiny_marian_dir`` converted for onnxruntime only, fp32, without the parity check."""
+    out = tmp_path_factory.mktemp("tiny-onnx-package") / "package"
+    yield from _unchanged(_convert(tiny_marian_dir, out, ["onnxruntime"], verify=False))
