@@ -40,8 +40,9 @@ def _has_openvino() -> bool:
     return True
 
 
-@pytest.fixture(params=["onnxruntime", "openvino"])
+@pytest.fixture(scope="module", params=["onnxruntime", "openvino"])
 def backend(request: pytest.FixtureRequest, graphs: dict[str, tuple[Path, Path]]) -> Backend:
+    """One session per runtime for the module: every test below also runs on a backend that has served others."""
     if request.param not in graphs:
         pytest.skip(f"{request.param} is not installed")
     encoder, decoder = graphs[request.param]

@@ -110,10 +110,17 @@ def translator(marian_dir: Path, hf: tuple[Any, Any]) -> Translator:
     return Translator(HFMarianBackend(hf[0]), tokenizer, info, ids, max_batch_tokens=160)
 
 
+@pytest.fixture(scope="module")
+def generated(hf: tuple[Any, Any]) -> dict[int, tuple[list[list[int]], list[str]]]:
+    """beam -> ``hf_translate`` of texts_of_varied_length() (computed once, compared by several tests)."""
+    return {beam: hf_translate(hf, texts_of_varied_length(), num_beams=beam) for beam in (1, 4)}
+
+
 @pytest.mark.parametrize("beam", [1, 4])
-def test_translator_matches_generate(translator: Translator, hf: tuple[Any, Any], beam: int) -> None:
+def test_translator_matches_generate(translator: Translator, hf: tuple[Any, Any], beam: int,
+                                     generated: dict[int, tuple[list[list[int]], list[str]]]) -> None:
     texts = texts_of_varied_length()
-    expected_ids, expected_texts = hf_translate(hf, texts, num_beams=beam)
+    expected_ids, expected_texts = generated[beam]
     got = translator.translate(texts, DecodeOptions(beam_size=beam))
     lengths = sorted(len(i) for i in expected_ids)
     assert len(set(lengths)) >= 4 and lengths[-1] >= 10, lengths
@@ -234,7 +241,8 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def test_package_translator_matches_generate(package: Path, hf: tuple[Any, Any], runtime: str) -> None:
+def test_package_translator_matches_generate(package: Path, hf: tuple[Any, Any], runtime: str,
+                                             generated: dict[int, tuple[list[list[int]], list[str]]]) -> None:
     translator = Translator.load(package, runtime=runtime, precision="fp32", threads=1)
     info = translator.info
     assert (info.name, info.version, info.runtime, info.precision, info.source_framework) == (
@@ -247,7 +255,7 @@ def test_package_translator_matches_generate(package: Path, hf: tuple[Any, Any],
     assert (info.max_input_tokens, info.target_vocab_size) == (128, hf[0].config.vocab_size)
     texts = texts_of_varied_length()
     for beam in (1, 4):
-        expected_ids, expected_texts = hf_translate(hf, texts, num_beams=beam)
+        expected_ids, expected_texts = generated[beam]
         got = translator.translate(texts, DecodeOptions(beam_size=beam))
         assert [t.token_ids for t in got] == expected_ids, f"beam {beam}"
         assert [t.text for t in got] == expected_texts
@@ -283,13 +291,20 @@ def en_de_shaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[
     return package, (model, tokenizer)
 
 
-def test_opus_mt_en_de_shape_matches_generate(en_de_shaped: tuple[Path, tuple[Any, Any]], runtime: str) -> None:
+@pytest.fixture(scope="module")
+def en_de_generated(en_de_shaped: tuple[Path, tuple[Any, Any]]) -> dict[int, tuple[list[list[int]], list[str]]]:
+    """beam -> ``hf_translate`` of texts_of_varied_length() on the en-de-shaped model (once for both runtimes)."""
+    return {beam: hf_translate(en_de_shaped[1], texts_of_varied_length(), num_beams=beam) for beam in (1, 4)}
+
+
+def test_opus_mt_en_de_shape_matches_generate(en_de_shaped: tuple[Path, tuple[Any, Any]], runtime: str,
+                                              en_de_generated: dict[int, tuple[list[list[int]], list[str]]]) -> None:
     package, hf_pair = en_de_shaped
     assert hf_pair[0].config.d_model == 512 and hf_pair[0].config.activation_function == "swish"
     translator = Translator.load(package, runtime=runtime, threads=1)
     texts = texts_of_varied_length()
     for beam in (1, 4):
-        expected_ids, expected_texts = hf_translate(hf_pair, texts, num_beams=beam)
+        expected_ids, expected_texts = en_de_generated[beam]
         got = translator.translate(texts, DecodeOptions(beam_size=beam))
         assert [t.token_ids for t in got] == expected_ids, f"beam {beam}"
         assert [t.text for t in got] == expected_texts
