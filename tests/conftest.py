@@ -22,6 +22,15 @@ from pathlib import Path
 
 import pytest
 
+# Set before anything imports torch or transformers (here, in test modules, or in the subprocesses tests start):
+# - idle OpenMP threads sleep instead of spinning. torch (transformers references, bench's peer worker) runs 2 OpenMP
+#   threads; when the other core is busy, spinning made generate() some 60x slower (bench's transformers worker:
+#   7 instead of 500 tokens/s) and test_marian's references 40% slower. Results are the same either way.
+# - transformers would otherwise import TensorFlow (installed for batch-score) on top of torch: seconds per process.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("USE_TF", "0")
+os.environ.setdefault("USE_FLAX", "0")
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `tests.utils` when pytest runs without the repository root on sys.path
     sys.path.insert(0, str(ROOT))
@@ -54,9 +63,6 @@ def tiny_marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The tiny random Marian checkpoint (d_model 32, 2 layers, seed 0) as a Hugging Face directory."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    # transformers would otherwise import TensorFlow (installed for batch-score) on top of torch: seconds.
-    os.environ.setdefault("USE_TF", "0")
-    os.environ.setdefault("USE_FLAX", "0")
     from tests.utils.marian_factory import make_marian_dir
 
     yield from _unchanged(make_marian_dir(tmp_path_factory.mktemp("tiny-marian") / "src"))
