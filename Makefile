@@ -24,7 +24,8 @@ $(VENV)/.installed-convert: pyproject.toml | $(BIN)/python
 # The bundled demo model: git holds its source (opus-mt layout, fp16); the package (fp32 + int8, both runtimes,
 # parity checked) is converted from it once, into $(DEMO) (not in git).
 $(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) | $(VENV)/.installed-convert
-	$(BIN)/mtgate convert $(DEMO_SRC) -o $(DEMO)
+	$(BIN)/mtgate convert $(DEMO_SRC) -o $(DEMO) --name demo-en-de \
+		$(if $(wildcard $(DEMO_SRC)/quality.json),--quality $(DEMO_SRC)/quality.json)
 
 # Everything the suite needs: conversion (torch CPU wheel, onnx, nncf), transformers for parity, test tools.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
