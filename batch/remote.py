@@ -260,9 +260,9 @@ class RemoteChunkWorker:
 
 
 def _is_client_error(e: Any) -> bool:
-    """The server refused these sentences (4xx), not the whole run: a missing or wrong API key stops the run."""
+    """The server refused these sentences (4xx). Auth failures never get here: ``_infer`` stops the run on them."""
     status = str(e.status() or "")
-    return status.startswith("4") and status not in _RETRY_STATUSES and status not in _AUTH_STATUSES
+    return status.startswith("4") and status not in _RETRY_STATUSES
 
 
 def _text(value: Any) -> str:
