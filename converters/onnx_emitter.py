@@ -30,14 +30,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.spec import TransformerSpec
+from converters.spec import MASK_VALUE, TransformerSpec
 
 logger = logging.getLogger(__name__)
 
 OPSET = 17
-# Additive attention bias at source padding. T2T uses -1e9; transformers uses finfo(float32).min. Both make the
-# softmax weight exactly 0 in float32; -1e9 stays finite in reduced-precision (bf16/fp16) runtimes.
-MASK_VALUE = -1e9
 # Protobuf cannot serialize more than 2 GiB; bigger models keep their weights in an external data file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 

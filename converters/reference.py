@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from converters.onnx_emitter import MASK_VALUE
-from converters.spec import TransformerSpec
+from converters.spec import MASK_VALUE, TransformerSpec
 from serving.backends.base import EncoderOutput
 
 

@@ -23,6 +23,11 @@ Activation = Literal["relu", "swish", "gelu"]
 LengthPenaltyKind = Literal["hf", "gnmt"]
 _SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("relu", "swish", "gelu")
 
+# Additive attention bias at source padding (the graphs' ``src_bias``). T2T uses -1e9; transformers uses
+# finfo(float32).min. Both make the softmax weight exactly 0 in float32; -1e9 stays finite in reduced-precision
+# (bf16/fp16) runtimes.
+MASK_VALUE = -1e9
+
 
 @dataclass(frozen=True)
 class SpecialIds:

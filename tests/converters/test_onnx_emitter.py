@@ -13,8 +13,9 @@ import numpy as np
 import onnx
 import pytest
 
-from converters.onnx_emitter import MASK_VALUE, emit_onnx
+from converters.onnx_emitter import emit_onnx
 from converters.reference import ReferenceModel
+from converters.spec import MASK_VALUE
 from serving.backends import create_backend, empty_past
 from tests.utils.random_spec import EOS, PAD, START, padded_batch, random_spec
 

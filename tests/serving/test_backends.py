@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.onnx_emitter import MASK_VALUE, emit_onnx
+from converters.onnx_emitter import emit_onnx
 from converters.reference import ReferenceModel
+from converters.spec import MASK_VALUE
 from serving.backends import Backend, EncoderOutput, create_backend, empty_past
 from tests.utils.random_spec import EOS, START, padded_batch, random_spec
 

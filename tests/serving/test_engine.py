@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator
+from converters.spec import MASK_VALUE
+from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator, encoder_groups
 from serving.errors import InferenceFailed, InputTooLong, InvalidInput
 from serving.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
 from tests.utils.marian_factory import corpus, make_marian_dir
@@ -203,6 +204,38 @@ def test_sub_batching_budget(translator: Translator) -> None:
     for batch in batches:
         assert len(batch) == 1 or len(batch) * 4 * lengths[batch].max() <= translator.max_batch_tokens
     assert lengths[batches[0]].tolist() == [40, 40][: len(batches[0])]
+
+
+def test_encoder_groups_cut_sorted_rows_into_contiguous_groups() -> None:
+    lengths = np.array([39, 30, 25, 22, 21, 20, 19, 18, 17, 17, 15, 14, 13, 12, 11, 10])
+    groups = encoder_groups(lengths, call_cost=16)
+    assert groups[0][0] == 0 and groups[-1][1] == lengths.size
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(groups, groups[1:], strict=False))
+    padded = sum((end - start) * lengths[start] for start, end in groups)
+    assert padded + 16 * len(groups) < lengths.size * lengths[0] + 16  # cheaper than one call
+    assert encoder_groups(np.array([7, 7, 7, 7])) == [(0, 4)]  # no padding: one call
+    assert encoder_groups(np.array([30, 3]), call_cost=0) == [(0, 1), (1, 2)]
+    assert encoder_groups(np.array([30, 3]), call_cost=10**6) == [(0, 2)]
+    assert encoder_groups(np.array([], dtype=np.int64)) == []
+
+
+def test_grouped_encoding_equals_one_padded_call(translator: Translator) -> None:
+    """Groups encoded at their own lengths and joined give the padded batch's encoder output (padding masked)."""
+    texts = texts_of_varied_length()
+    sources = sorted(translator.encode(texts), key=len, reverse=True)
+    lengths = np.array([len(s) for s in sources])
+    ids = np.full((len(sources), lengths.max()), translator.ids.pad, dtype=np.int64)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    assert len(encoder_groups(lengths)) > 1
+    whole = translator.backend.encode(ids)
+    joined = translator._encode(ids, lengths)
+    real = np.arange(ids.shape[1])[None, :] < lengths[:, None]  # [B, S]
+    np.testing.assert_array_equal(joined.src_bias[:, 0, 0], np.where(real, 0.0, MASK_VALUE))
+    np.testing.assert_array_equal(np.asarray(whole.src_bias)[:, 0, 0], joined.src_bias[:, 0, 0])
+    np.testing.assert_allclose(joined.memory[real], np.asarray(whole.memory)[real], atol=1e-5)
+    cross_real = np.broadcast_to(real[None, None, :, None, :, None], joined.cross_kv.shape)
+    np.testing.assert_allclose(joined.cross_kv[cross_real], np.asarray(whole.cross_kv)[cross_real], atol=1e-5)
 
 
 def test_max_steps_rules(translator: Translator) -> None:
