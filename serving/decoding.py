@@ -152,6 +152,13 @@ def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOpt
     return np.asarray(log_prob / length**options.length_penalty)
 
 
+def _take_rows(decoder: DecoderStep, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The cache rows ``rows`` (axis 2), in that order: the backend's ``take_rows`` when it has one (it may write
+    into a buffer it reuses), else ``np.take``."""
+    take_rows = getattr(decoder, "take_rows", None)
+    return np.asarray(take_rows(cache, rows)) if take_rows is not None else np.take(cache, rows, axis=2)
+
+
 def _empty_cache(cross_kv: np.ndarray, rows: int) -> np.ndarray:
     layers, _, _, heads, _, head_dim = cross_kv.shape
     return np.zeros((layers, 2, rows, heads, 0, head_dim), dtype=np.float32)
@@ -228,7 +235,7 @@ def _greedy(
             if keep.size == 0:
                 break
             rows, row_caps, next_ids = rows[keep], row_caps[keep], next_ids[keep]
-            past = np.take(past, keep, axis=2)
+            past = _take_rows(decoder, past, keep)
             cross_kv = np.take(cross_kv, keep, axis=2)
             src_bias = np.take(src_bias, keep, axis=0)
         tokens = next_ids[:, None]
@@ -257,13 +264,18 @@ def _top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
         inside = part < width
         values = np.where(inside, np.take_along_axis(scores, np.minimum(part, width - 1), axis=1), _NEG_INF)
         part = np.where(inside, part, width)  # past the end: ranked after every real entry
+        order = np.lexsort((part, -values), axis=1)[:, :k]
+        kth = np.take_along_axis(values, order[:, -1:], axis=1)
+        # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k, or more such
+        # entries in the k ranked chunks, is a tie (found without another pass over the whole row).
+        tied = np.flatnonzero(((values >= kth).sum(axis=1) > k) | ((maxima >= kth).sum(axis=1) > k))
     else:
         part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
         values = np.take_along_axis(scores, part, axis=1)
-    order = np.lexsort((part, -values), axis=1)[:, :k]
+        order = np.lexsort((part, -values), axis=1)[:, :k]
+        kth = np.take_along_axis(values, order[:, -1:], axis=1)
+        tied = np.flatnonzero((scores >= kth).sum(axis=1) > k)
     top = np.take_along_axis(part, order, axis=1)
-    kth = np.take_along_axis(values, order[:, -1:], axis=1)
-    tied = np.flatnonzero((scores >= kth).sum(axis=1) > k)
     for row in tied:  # rare: exact ties at the k-th place
         top[row] = np.argsort(-scores[row], kind="stable")[:k]
     return np.asarray(top)
@@ -321,7 +333,7 @@ class _BeamSearchBase:
                 break
             tokens = self.alive_seq[:, :, step].reshape(-1, 1)
             if not np.array_equal(select, np.arange(past.shape[2])):
-                past = np.take(past, select, axis=2)
+                past = _take_rows(self.decoder, past, select)
             step += 1
             log_probs, past = self.decoder.decode_step(tokens, step, past, self.cross_kv, self.src_bias)
         return [r if r is not None else Hypothesis([], 0.0) for r in self.results]

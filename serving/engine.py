@@ -190,7 +190,8 @@ class Translator:
             raise PackageError(f"{package_dir}: malformed manifest ({type(e).__name__}: {e})") from e
         tokenizer = load_tokenizer(package_dir, tokenizer_entry)
         try:
-            backend = create_backend(runtime, package_dir / artifact.encoder, package_dir / artifact.decoder, threads)
+            backend = create_backend(runtime, package_dir / artifact.encoder, package_dir / artifact.decoder, threads,
+                                     reuse_buffers=True)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
         logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package_dir)

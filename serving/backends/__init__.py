@@ -9,7 +9,9 @@ from serving.backends.base import Backend, BackendUnavailable, EncoderOutput, em
 __all__ = ["Backend", "BackendUnavailable", "EncoderOutput", "create_backend", "empty_past"]
 
 
-def create_backend(runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None) -> Backend:
+def create_backend(
+    runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False
+) -> Backend:
     """Open the artifact's two graphs with the named runtime.
 
     Arguments:
@@ -17,6 +19,8 @@ def create_backend(runtime: str, encoder_path: Path, decoder_path: Path, threads
         encoder_path: the encoder graph (``.onnx`` or ``.xml``).
         decoder_path: the decoder-step graph.
         threads: intra-op threads (None: the runtime's default).
+        reuse_buffers: let the backend hand out decoder outputs in buffers it reuses (``OnnxRuntimeBackend``; the
+            engine's search loop allows it); other runtimes ignore it.
 
     Raises:
         ValueError: unknown runtime.
@@ -25,7 +29,7 @@ def create_backend(runtime: str, encoder_path: Path, decoder_path: Path, threads
     if runtime == "onnxruntime":
         from serving.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(encoder_path, decoder_path, threads)
+        return OnnxRuntimeBackend(encoder_path, decoder_path, threads, reuse_buffers=reuse_buffers)
     if runtime == "openvino":
         from serving.backends.openvino import OpenVinoBackend
 

@@ -39,11 +39,16 @@ class OnnxRuntimeBackend:
         encoder_path: the encoder graph.
         decoder_path: the decoder-step graph.
         threads: intra-op threads per session (None: all cores).
+        reuse_buffers: write the decoder step's outputs into buffers the backend keeps (ONNX Runtime I/O binding)
+            instead of fresh arrays; see :meth:`decode_step` for how long they stay valid. The search loop of the
+            engine turns it on; callers that keep every step's outputs leave it off.
     """
 
     runtime = "onnxruntime"
 
-    def __init__(self, encoder_path: Path, decoder_path: Path, threads: int | None = None) -> None:
+    def __init__(
+        self, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False
+    ) -> None:
         try:
             import onnxruntime as ort
         except ImportError as e:  # pragma: no cover
@@ -52,6 +57,9 @@ class OnnxRuntimeBackend:
         self.encoder = ort.InferenceSession(str(encoder_path), session_options(threads), providers=providers)
         self.decoder = ort.InferenceSession(str(decoder_path), session_options(threads), providers=providers)
         self.threads = threads
+        self.reuse_buffers = reuse_buffers
+        self._caches = CacheBuffers()
+        self._log_probs = np.empty(0, dtype=np.float32)
         logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
                     threads)
 
@@ -62,14 +70,71 @@ class OnnxRuntimeBackend:
     def decode_step(
         self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        log_probs, present_kv = self.decoder.run(
-            _DECODER_OUTPUTS,
-            {
-                "input_ids": as_ids(input_ids),
-                "step": np.array(step, dtype=np.int64),
-                "past_kv": as_floats(past_kv),
-                "cross_kv": as_floats(cross_kv),
-                "src_bias": as_floats(src_bias),
-            },
-        )
+        """One decoder step (the ``Backend`` contract).
+
+        With ``reuse_buffers``, nothing is copied out of ONNX Runtime and nothing is allocated per step:
+        ``log_probs`` is a view of one buffer, valid until the next call; ``present_kv`` is a view of one of two
+        cache buffers, the one that does not hold ``past_kv`` (nor, when ``past_kv`` is elsewhere, the last
+        ``present_kv``), so it stays valid while it is fed back as the next ``past_kv``.
+        """
+        feeds = {
+            "input_ids": as_ids(input_ids),
+            "step": np.array(step, dtype=np.int64),
+            "past_kv": as_floats(past_kv),
+            "cross_kv": as_floats(cross_kv),
+            "src_bias": as_floats(src_bias),
+        }
+        if not self.reuse_buffers:
+            log_probs, present_kv = self.decoder.run(_DECODER_OUTPUTS, feeds)
+            return log_probs, present_kv
+        rows, vocab = past_kv.shape[2], self._vocab_size()
+        if self._log_probs.size < rows * vocab:
+            self._log_probs = np.empty(rows * vocab, dtype=np.float32)
+        log_probs = self._log_probs[: rows * vocab].reshape(rows, vocab)
+        shape = past_kv.shape
+        present_kv = self._caches.next((shape[0], shape[1], shape[2], shape[3], shape[4] + 1, shape[5]), past_kv)
+        binding = self.decoder.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name, out in (("log_probs", log_probs), ("present_kv", present_kv)):
+            binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.decoder.run_with_iobinding(binding)
         return log_probs, present_kv
+
+    def take_rows(self, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``np.take(cache, rows, axis=2)``; with ``reuse_buffers``, into the cache buffer that does not hold it."""
+        if not self.reuse_buffers:
+            return np.take(cache, rows, axis=2)
+        rows = np.asarray(rows, dtype=np.intp)
+        out = self._caches.next(cache.shape[:2] + (rows.size,) + cache.shape[3:], cache)
+        np.take(cache, rows, axis=2, out=out, mode="clip")  # rows are valid; "clip" writes straight into out
+        return out
+
+    def _vocab_size(self) -> int:
+        if not hasattr(self, "_vocab"):
+            dim = self.decoder.get_outputs()[0].shape[-1]
+            self._vocab = int(dim) if isinstance(dim, int) else -1
+        if self._vocab < 0:
+            raise ValueError("decoder.onnx has no static vocabulary size; reuse_buffers needs one")
+        return self._vocab
+
+
+class CacheBuffers:
+    """Two flat float32 buffers for the self-attention cache, used in turn: a new cache goes into the buffer that
+    does not hold the cache it is made from (nor, when that one is elsewhere, the cache handed out last)."""
+
+    def __init__(self) -> None:
+        self._buffers = [np.empty(0, dtype=np.float32), np.empty(0, dtype=np.float32)]
+        self._last = 1
+
+    def next(self, shape: tuple[int, ...], source: np.ndarray) -> np.ndarray:
+        """A C-contiguous ``shape`` view of the buffer that neither ``source`` nor the last view lives in."""
+        index = 1 - self._last
+        for i, buffer in enumerate(self._buffers):
+            if buffer.size and np.may_share_memory(source, buffer):
+                index = 1 - i
+        size = int(np.prod(shape))
+        if self._buffers[index].size < size:
+            self._buffers[index] = np.empty(size + size // 4, dtype=np.float32)  # headroom: the cache grows
+        self._last = index
+        return self._buffers[index][:size].reshape(shape)

@@ -334,9 +334,10 @@ def test_top_k_is_exact_with_ties_in_index_order(width: int) -> None:
     from serving.decoding import _top_k_sorted
 
     rng = np.random.default_rng(width)
-    scores = (rng.standard_normal((3, width)) * 3).astype(np.float32)
+    scores = (rng.standard_normal((4, width)) * 3).astype(np.float32)
     scores[0, rng.integers(0, width, width // 2)] = -np.inf  # bad words, forced EOS
     scores[1] = np.round(scores[1])  # many exact ties
+    scores[3, [width - 1, width // 2, 0]] = [100.0, 100.0, 50.0]  # a tie for the best place, far apart
     for k in (1, 2, 8, 10):
         k = min(k, width)
         expected = np.argsort(-scores, axis=1, kind="stable")[:, :k]
