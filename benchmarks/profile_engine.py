@@ -104,7 +104,7 @@ def run_pass(translator: Any, texts: list[str], beam: int, batch: int) -> float:
 _GROUPS = [
     ("vocab projection (Gemm [B,D]x[V,D]^T)", re.compile(r"^logits")),
     ("log-softmax over the vocabulary", re.compile(r"LogSoftmax|log_probs")),
-    ("cache concat (present_kv, new_kv)", re.compile(r"present_kv|new_kv|^unsqueeze")),
+    ("cache concat (present_k/v)", re.compile(r"present_[kv]")),
     ("self-attention projections", re.compile(r"self_attn\.(qkv|o)\.")),
     ("cross-attention projections", re.compile(r"cross_attn\.(q|o)\.")),
     ("FFN", re.compile(r"\.ffn\.|swish|sigmoid")),
@@ -126,6 +126,8 @@ def ort_decoder_profile(package: Path, precision: str, threads: int, sources: li
     """Greedy decoding with ONNX Runtime's profiler on the decoder session; node times grouped per step."""
     import onnxruntime as ort
 
+    from converters.spec import present_names
+    from serving.backends.base import decoder_feeds
     from serving.backends.onnxruntime import session_options
 
     manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
@@ -148,9 +150,9 @@ def ort_decoder_profile(package: Path, precision: str, threads: int, sources: li
         token = np.array([[start_id]], dtype=np.int64)
         for step in range(new_tokens):
             start = time.perf_counter()
-            log_probs, past = decoder.run(["log_probs", "present_kv"], {
-                "input_ids": token, "step": np.array(step, dtype=np.int64), "past_kv": past,
-                "cross_kv": cross_kv, "src_bias": src_bias})
+            log_probs, *present = decoder.run(["log_probs", *present_names(layers)],
+                                              decoder_feeds(token, step, past, cross_kv, src_bias))
+            past = np.stack(present).reshape(layers, 2, *present[0].shape)
             run_s += time.perf_counter() - start
             steps += 1
             log_probs[:, [eos, pad]] = -np.inf

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.spec import MASK_VALUE, TransformerSpec
+from converters.spec import MASK_VALUE, TransformerSpec, cross_names, past_names, present_names
 
 logger = logging.getLogger(__name__)
 
@@ -246,15 +246,8 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
     position = g.op("Gather", [g.weight("positions", spec.weights["positions"]), "step"], hint="position", axis=0)
     x = g.op("Add", [x, position], hint="embed_pos")  # [B,1,D] + [D]
 
-    # Views of the caches with (layer, k/v) flattened so that each Gather takes one [B,H,*,Dh] block.
-    # allowzero: at step 0 the past length is a real 0, not "copy this dimension".
-    past = g.op("Reshape", ["past_kv", g.op("Concat", [g.const([2 * n_layers]), g.op("Shape", ["past_kv"], start=2)],
-                                             axis=0)], hint="past_flat", allowzero=1)
-    cross = g.op("Reshape", ["cross_kv", g.op("Concat", [g.const([2 * n_layers]),
-                                                         g.op("Shape", ["cross_kv"], start=2)], axis=0)],
-                 hint="cross_flat", allowzero=1)
-
-    new_kv: list[str] = []
+    # The caches come and go one tensor per layer and kind ([B,H,T,Dh] each): the runtime reads them where the
+    # caller keeps them, with no Gather copying a layer out of a stacked cache.
     for i in range(n_layers):
         p = f"decoder.layers.{i}"
 
@@ -263,12 +256,11 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
             qkv = e.linear(y, f"{p}.self_attn.qkv", kernel=kernel, bias=qkv_bias)  # [B,1,3D]
             qkv = g.op("Transpose", [g.op("Reshape", [qkv, g.const([0, 3, h, 1, dh])])], perm=[1, 0, 2, 3, 4])
             q = g.op("Gather", [qkv, g.const(0)], axis=0)  # [B,H,1,Dh]
-            kv = g.op("Slice", [qkv, g.const([1]), g.const([3]), g.const([0])], hint=f"{p}.new_kv")  # [2,B,H,1,Dh]
-            new_kv.append(g.op("Unsqueeze", [kv, g.const([0])]))
             k_new = g.op("Gather", [qkv, g.const(1)], axis=0)
             v_new = g.op("Gather", [qkv, g.const(2)], axis=0)
-            past_k = g.op("Gather", [past, g.const(2 * i)], axis=0, hint=f"{p}.past_k")  # [B,H,T,Dh]
-            past_v = g.op("Gather", [past, g.const(2 * i + 1)], axis=0, hint=f"{p}.past_v")
+            past_k, past_v = f"past_k.{i}", f"past_v.{i}"  # [B,H,T,Dh]
+            g.rename_output(g.op("Concat", [past_k, k_new], axis=2, hint=f"{p}.present_k"), f"present_k.{i}")
+            g.rename_output(g.op("Concat", [past_v, v_new], axis=2, hint=f"{p}.present_v"), f"present_v.{i}")
             # Score the cached keys and the new key apart; no per-layer cache concat.
             scores_past = g.op("MatMul", [q, g.op("Transpose", [past_k], perm=[0, 1, 3, 2])])  # [B,H,1,T]
             score_new = g.op("ReduceSum", [g.op("Mul", [q, k_new]), g.const([3])], keepdims=1)  # [B,H,1,1]
@@ -281,8 +273,7 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
 
         def cross_attention(y: str, p: str = p, i: int = i) -> str:
             q = g.op("Reshape", [e.query(y, f"{p}.cross_attn"), g.const([0, h, 1, dh])])  # [B,H,1,Dh]
-            k = g.op("Gather", [cross, g.const(2 * i)], axis=0, hint=f"{p}.cross_k")  # [B,H,S,Dh]
-            v = g.op("Gather", [cross, g.const(2 * i + 1)], axis=0, hint=f"{p}.cross_v")
+            k, v = f"cross_k.{i}", f"cross_v.{i}"  # [B,H,S,Dh]
             scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])])  # [B,H,1,S]
             probs = g.op("Softmax", [g.op("Add", [scores, "src_bias"])], axis=-1)
             ctx = g.op("MatMul", [probs, v])
@@ -302,22 +293,21 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
         gemm_inputs.append(g.weight("decoder.output_bias", spec.weights["decoder.output_bias"]))
     logits = g.op("Gemm", gemm_inputs, hint="logits", transB=1)
     g.rename_output(g.op("LogSoftmax", [logits], axis=-1), "log_probs")
-    stacked = g.op("Concat", new_kv, axis=0, hint="new_kv")  # [L,2,B,H,1,Dh]
-    g.rename_output(g.op("Concat", ["past_kv", stacked], axis=4), "present_kv")
 
     float_t = TensorProto.FLOAT
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
         helper.make_tensor_value_info("step", TensorProto.INT64, []),
-        helper.make_tensor_value_info("past_kv", float_t, [n_layers, 2, "batch", h, "past_len", dh]),
-        helper.make_tensor_value_info("cross_kv", float_t, [n_layers, 2, "batch", h, "src_len", dh]),
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len", dh]) for name in past_names(n_layers)),
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "src_len", dh]) for name in cross_names(n_layers)),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
     ]
     outputs = [
         helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),
-        helper.make_tensor_value_info("present_kv", float_t, [n_layers, 2, "batch", h, "present_len", dh]),
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "present_len", dh])
+          for name in present_names(n_layers)),
     ]
-    return g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present_kv")
+    return g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present caches")
 
 
 def build_models(spec: TransformerSpec) -> tuple[onnx.ModelProto, onnx.ModelProto]:

@@ -29,6 +29,23 @@ _SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("relu", "swish", "gelu")
 MASK_VALUE = -1e9
 
 
+# The decoder-step graph's cache tensors, one per layer and kind (keys, values), each [B, H, T, Dh]; callers hold
+# them stacked as [L, 2, B, H, T, Dh] and pass views (``cache[i, 0]`` is ``past_k.{i}``).
+def past_names(layers: int) -> list[str]:
+    """Self-attention cache inputs, in ``[L, 2]`` order."""
+    return [f"past_{kind}.{i}" for i in range(layers) for kind in "kv"]
+
+
+def cross_names(layers: int) -> list[str]:
+    """Cross-attention key/value inputs (the encoder's ``cross_kv``), in ``[L, 2]`` order."""
+    return [f"cross_{kind}.{i}" for i in range(layers) for kind in "kv"]
+
+
+def present_names(layers: int) -> list[str]:
+    """Self-attention cache outputs (past + this step), in ``[L, 2]`` order."""
+    return [f"present_{kind}.{i}" for i in range(layers) for kind in "kv"]
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Token ids with a fixed meaning. ``zero_embedding_id``: this id embeds to an all-zero vector (T2T's PAD 0)."""

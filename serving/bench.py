@@ -781,9 +781,12 @@ def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> 
 
 
 def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[str], None]) -> Path:
+    from serving.package import FORMAT
+
     package = folder / f"mtgate-package-{'-'.join(plan.precisions)}"
-    if (package / "manifest.json").is_file():
-        return package
+    manifest = package / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT:
+        return package  # converted by an mtgate that writes this package format
     progress(f"converting {model} with mtgate convert into {package}")
     cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package),
            "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]

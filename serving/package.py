@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = "mtgate-model/1"
+FORMAT = "mtgate-model/2"
 MANIFEST = "manifest.json"
 RUNTIMES = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")
@@ -67,7 +67,8 @@ def read_manifest(package_dir: Path) -> dict[str, Any]:
         raise PackageError(f"{path}: manifest is not a JSON object")
     fmt = manifest.get("format")
     if fmt != FORMAT:
-        raise PackageError(f"{path}: unsupported package format {fmt!r} (this mtgate reads {FORMAT!r})")
+        raise PackageError(f"{path}: unsupported package format {fmt!r} (this mtgate reads {FORMAT!r}; "
+                           "convert the checkpoint again with `mtgate convert`)")
     return manifest
 
 

@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from converters.spec import cross_names, past_names
+
 
 @dataclass(frozen=True)
 class EncoderOutput:
@@ -50,6 +52,20 @@ def empty_past(cross_kv: np.ndarray) -> np.ndarray:
     """The step-0 self-attention cache ``[L, 2, B, H, 0, Dh]`` matching an encoder output's ``cross_kv``."""
     layers, _, batch, heads, _, head_dim = cross_kv.shape
     return np.zeros((layers, 2, batch, heads, 0, head_dim), dtype=np.float32)
+
+
+def decoder_feeds(
+    input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The decoder-step graph's inputs: the stacked caches ``[L, 2, ...]`` become one view per layer and kind
+    (``past_k.0``, ``past_v.0``, ...; no copy when they are float32 and C-contiguous)."""
+    past_kv, cross_kv = as_floats(past_kv), as_floats(cross_kv)
+    layers = past_kv.shape[0]
+    feeds = {"input_ids": as_ids(input_ids), "step": np.array(step, dtype=np.int64), "src_bias": as_floats(src_bias)}
+    for names, stacked in ((past_names(layers), past_kv), (cross_names(layers), cross_kv)):
+        for index, name in enumerate(names):
+            feeds[name] = stacked[index // 2, index % 2]
+    return feeds
 
 
 def as_ids(input_ids: np.ndarray) -> np.ndarray:

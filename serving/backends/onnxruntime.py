@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends.base import BackendUnavailable, EncoderOutput, as_floats, as_ids
+from converters.spec import present_names
+from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
 
 logger = logging.getLogger(__name__)
 
 _ENCODER_OUTPUTS = ["memory", "cross_kv", "src_bias"]
-_DECODER_OUTPUTS = ["log_probs", "present_kv"]
 
 
 def session_options(threads: int | None) -> Any:
@@ -60,6 +60,7 @@ class OnnxRuntimeBackend:
         self.reuse_buffers = reuse_buffers
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
+        self._vocab: int | None = None
         logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
                     threads)
 
@@ -72,31 +73,32 @@ class OnnxRuntimeBackend:
     ) -> tuple[np.ndarray, np.ndarray]:
         """One decoder step (the ``Backend`` contract).
 
-        With ``reuse_buffers``, nothing is copied out of ONNX Runtime and nothing is allocated per step:
-        ``log_probs`` is a view of one buffer, valid until the next call; ``present_kv`` is a view of one of two
-        cache buffers, the one that does not hold ``past_kv`` (nor, when ``past_kv`` is elsewhere, the last
-        ``present_kv``), so it stays valid while it is fed back as the next ``past_kv``.
+        ONNX Runtime writes the outputs in place (I/O binding); nothing is copied out. Without ``reuse_buffers``
+        they are new arrays. With it, nothing is allocated per step: ``log_probs`` is a view of one buffer, valid
+        until the next call; ``present_kv`` is a view of one of two cache buffers, the one that does not hold
+        ``past_kv`` (nor, when ``past_kv`` is elsewhere, the last ``present_kv``), so it stays valid while it is
+        fed back as the next ``past_kv``.
         """
-        feeds = {
-            "input_ids": as_ids(input_ids),
-            "step": np.array(step, dtype=np.int64),
-            "past_kv": as_floats(past_kv),
-            "cross_kv": as_floats(cross_kv),
-            "src_bias": as_floats(src_bias),
-        }
-        if not self.reuse_buffers:
-            log_probs, present_kv = self.decoder.run(_DECODER_OUTPUTS, feeds)
-            return log_probs, present_kv
-        rows, vocab = past_kv.shape[2], self._vocab_size()
-        if self._log_probs.size < rows * vocab:
-            self._log_probs = np.empty(rows * vocab, dtype=np.float32)
-        log_probs = self._log_probs[: rows * vocab].reshape(rows, vocab)
-        shape = past_kv.shape
-        present_kv = self._caches.next((shape[0], shape[1], shape[2], shape[3], shape[4] + 1, shape[5]), past_kv)
+        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias)
+        layers, _, rows, heads, past_len, head_dim = past_kv.shape
+        present_shape = (layers, 2, rows, heads, past_len + 1, head_dim)
+        vocab = self._vocab_size()
+        if self.reuse_buffers:
+            if self._log_probs.size < rows * vocab:
+                self._log_probs = np.empty(rows * vocab, dtype=np.float32)
+            log_probs = self._log_probs[: rows * vocab].reshape(rows, vocab)
+            present_kv = self._caches.next(present_shape, past_kv)
+        else:
+            log_probs = np.empty((rows, vocab), dtype=np.float32)
+            present_kv = np.empty(present_shape, dtype=np.float32)
+        # Every output is written by the runtime straight into its place: the present caches into the slices of
+        # one stacked array.
         binding = self.decoder.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
-        for name, out in (("log_probs", log_probs), ("present_kv", present_kv)):
+        outputs = [("log_probs", log_probs)]
+        outputs += [(name, present_kv[i // 2, i % 2]) for i, name in enumerate(present_names(layers))]
+        for name, out in outputs:
             binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.decoder.run_with_iobinding(binding)
         return log_probs, present_kv
@@ -111,11 +113,11 @@ class OnnxRuntimeBackend:
         return out
 
     def _vocab_size(self) -> int:
-        if not hasattr(self, "_vocab"):
-            dim = self.decoder.get_outputs()[0].shape[-1]
-            self._vocab = int(dim) if isinstance(dim, int) else -1
-        if self._vocab < 0:
-            raise ValueError("decoder.onnx has no static vocabulary size; reuse_buffers needs one")
+        if self._vocab is None:
+            dim = next(o.shape[-1] for o in self.decoder.get_outputs() if o.name == "log_probs")
+            if not isinstance(dim, int):
+                raise ValueError("decoder.onnx: log_probs has no fixed vocabulary size")
+            self._vocab = dim
         return self._vocab
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends.base import BackendUnavailable, EncoderOutput, as_floats, as_ids
+from converters.spec import present_names
+from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +70,11 @@ class OpenVinoBackend:
     def decode_step(
         self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        result = self._decoder_request.infer(
-            {
-                "input_ids": as_ids(input_ids),
-                "step": np.array(step, dtype=np.int64),
-                "past_kv": as_floats(past_kv),
-                "cross_kv": as_floats(cross_kv),
-                "src_bias": as_floats(src_bias),
-            },
-            share_inputs=True,
-            share_outputs=False,
-        )
-        return result["log_probs"], result["present_kv"]
+        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias)
+        # share_outputs=True: views of the request's buffers, copied once into the stacked cache below.
+        result = self._decoder_request.infer(feeds, share_inputs=True, share_outputs=True)
+        layers, _, rows, heads, past_len, head_dim = past_kv.shape
+        present_kv = np.empty((layers, 2, rows, heads, past_len + 1, head_dim), dtype=np.float32)
+        for i, name in enumerate(present_names(layers)):
+            present_kv[i // 2, i % 2] = result[name]
+        return np.array(result["log_probs"], dtype=np.float32), present_kv

@@ -108,10 +108,16 @@ def test_graph_io_contract(tmp_path: Path) -> None:
     assert io(enc.graph.input) == {"input_ids": ["batch", "src_len"]}
     assert io(enc.graph.output) == {"memory": ["batch", "src_len", 16], "cross_kv": [3, 2, "batch", 2, "src_len", 8],
                                     "src_bias": ["batch", 1, 1, "src_len"]}
-    assert io(dec.graph.input) == {"input_ids": ["batch", 1], "step": [],
-                                   "past_kv": [3, 2, "batch", 2, "past_len", 8],
-                                   "cross_kv": [3, 2, "batch", 2, "src_len", 8], "src_bias": ["batch", 1, 1, "src_len"]}
-    assert io(dec.graph.output) == {"log_probs": ["batch", 40], "present_kv": [3, 2, "batch", 2, "present_len", 8]}
+    past = {f"past_{kind}.{i}": ["batch", 2, "past_len", 8] for i in range(3) for kind in "kv"}
+    cross = {f"cross_{kind}.{i}": ["batch", 2, "src_len", 8] for i in range(3) for kind in "kv"}
+    present = {f"present_{kind}.{i}": ["batch", 2, "present_len", 8] for i in range(3) for kind in "kv"}
+    assert io(dec.graph.input) == {"input_ids": ["batch", 1], "step": [], **past, **cross,
+                                   "src_bias": ["batch", 1, 1, "src_len"]}
+    assert io(dec.graph.output) == {"log_probs": ["batch", 40], **present}
+    assert [v.name for v in dec.graph.input][2:4] == ["past_k.0", "past_v.0"]  # [L, 2] order
+    # Speed: no op copies a layer out of a stacked cache.
+    assert not any(n.op_type == "Gather" and any(i.startswith(("past_", "cross_")) for i in n.input)
+                   for n in dec.graph.node)
     assert all(op.domain in ("", "ai.onnx") and op.version >= 17 for op in enc.opset_import)
     # Speed: the encoder projects all layers' cross K/V in one matmul; the tied matrix is stored once.
     assert sum(1 for n in enc.graph.node if n.op_type == "MatMul" and "cross_kv" in n.name) == 1

@@ -121,10 +121,13 @@ class _OrtGraphs:
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        log_probs, present = self.decoder.run(["log_probs", "present_kv"], {
-            "input_ids": input_ids, "step": np.array(step, dtype=np.int64), "past_kv": past_kv,
-            "cross_kv": cross_kv, "src_bias": src_bias})
-        return log_probs, present
+        from converters.spec import present_names
+        from serving.backends.base import decoder_feeds
+
+        layers = past_kv.shape[0]
+        log_probs, *present = self.decoder.run(["log_probs", *present_names(layers)],
+                                               decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias))
+        return log_probs, np.stack(present).reshape(layers, 2, *present[0].shape)
 
 
 def _check_parity(loaded: LoadedModel, ref: T2TReference, src: np.ndarray, targets: np.ndarray,
