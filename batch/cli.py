@@ -183,11 +183,12 @@ def _model_dir(args: argparse.Namespace) -> Path:
         if not model.is_dir():
             raise UsageError(f"{model}: no such model package directory")
         return model
-    from serving.settings import DEFAULT_MODEL_DIR, demo_missing
+    from serving.settings import demo_missing, demo_model
 
-    if not (DEFAULT_MODEL_DIR / "manifest.json").is_file():
+    demo = demo_model()
+    if demo is None:
         raise UsageError(f"{demo_missing()}, or --server URL")
-    return DEFAULT_MODEL_DIR
+    return demo
 
 
 def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:

@@ -279,11 +279,11 @@ def run(args: argparse.Namespace) -> int:
     if args.start_server == bool(args.host):
         raise _usage_error("give either --host URL or --start-server -m PKG")
     if args.start_server and args.model is None:
-        from serving.settings import DEFAULT_MODEL_DIR, demo_missing
+        from serving.settings import demo_missing, demo_model
 
-        if not (DEFAULT_MODEL_DIR / "manifest.json").is_file():
+        args.model = demo_model()
+        if args.model is None:
             raise _usage_error(demo_missing())
-        args.model = DEFAULT_MODEL_DIR
     report_dir: Path = args.report or default_report_dir("loadtest")
     try:
         for scenario in scenarios:  # check every corpus before starting anything

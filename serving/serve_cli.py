@@ -90,7 +90,7 @@ def build_settings(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: an invalid value, a missing package or a package that is not a model package.
     """
-    from serving.settings import DEFAULT_MODEL_DIR, ServingSettings, demo_missing
+    from serving.settings import DEFAULT_MODEL_DIR, ServingSettings, demo_missing, demo_model
 
     overrides: dict[str, Any] = {
         field: getattr(args, flag) for flag, field in _SETTINGS_FLAGS.items() if getattr(args, flag, None) is not None
@@ -109,9 +109,9 @@ def build_settings(args: argparse.Namespace) -> Any:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
         raise UsageError(f"invalid settings: {problems}") from None
     for package in settings.model_dirs:
+        if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
+            raise UsageError(demo_missing())
         if not package.exists():
-            if package == DEFAULT_MODEL_DIR and not args.models:
-                raise UsageError(demo_missing(package))
             raise UsageError(f"model package {package} does not exist")
         try:
             read_manifest(package)

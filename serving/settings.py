@@ -17,9 +17,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
 
 
-def demo_missing(package: Path = DEFAULT_MODEL_DIR) -> str:
+def demo_model() -> Path | None:
+    """The model every command uses when given none: the bundled demo package, if ``make demo`` has built it."""
+    return DEFAULT_MODEL_DIR if (DEFAULT_MODEL_DIR / "manifest.json").is_file() else None
+
+
+def demo_missing() -> str:
     """What every command says when it was given no model and the demo package has not been built from its source."""
-    return (f"no model given and the bundled demo model is not built ({package}): run `make demo` "
+    return (f"no model given and the bundled demo model is not built ({DEFAULT_MODEL_DIR}): run `make demo` "
             "(converts models/demo-en-de-src), or pass -m PKG (a directory written by 'mtgate convert')")
 
 

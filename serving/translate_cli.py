@@ -14,11 +14,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from serving.cli import UsageError
-from serving.settings import DEFAULT_MODEL_DIR, demo_missing
+from serving.settings import DEFAULT_MODEL_DIR, demo_missing, demo_model
 
 logger = logging.getLogger(__name__)
 
-DEMO_MODEL_DIR = DEFAULT_MODEL_DIR
 _CHUNK_LINES = 256
 
 
@@ -26,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``translate`` options."""
     parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: stdin, one per line)")
     parser.add_argument(
-        "-m", "--model", type=Path, metavar="DIR", help=f"model package directory (default: the demo model {DEMO_MODEL_DIR})"
+        "-m", "--model", type=Path, metavar="DIR", help=f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})"
     )
     parser.add_argument("--beam-size", type=int, metavar="N", help="beams (1: greedy; default: the package's)")
     parser.add_argument(
@@ -47,9 +46,11 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    package = args.model if args.model is not None else DEMO_MODEL_DIR
+    package = args.model if args.model is not None else demo_model()
+    if package is None:
+        raise UsageError(demo_missing())
     if not package.exists():
-        raise UsageError(f"model package not found: {package}" if args.model is not None else demo_missing(package))
+        raise UsageError(f"model package not found: {package}")
 
     from serving.engine import DecodeOptions, Translator
     from serving.errors import InferenceFailed, InvalidInput

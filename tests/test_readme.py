@@ -48,13 +48,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+
+from tests.utils.server import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -387,20 +388,8 @@ class Tour:
             # its own process group, so that stopping it reaches mtgate behind bash
             self.server = subprocess.Popen(["bash", "-c", command], cwd=self.work, env=self.env, stdout=log,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        url = f"http://127.0.0.1:{port}/v2/health/ready"
-        while True:
-            if self.server.poll() is not None:
-                pytest.fail(f"`{command}` exited with {self.server.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"`{command}` not ready after {READY_TIMEOUT_S} s: {self.log_tail()}")
-            time.sleep(0.2)
+        wait_until_ready(f"http://127.0.0.1:{port}", self.server, READY_TIMEOUT_S,
+                         lambda: f"`{command}`: {self.log_tail()}")
         self.port = port
 
     def log_tail(self) -> str:

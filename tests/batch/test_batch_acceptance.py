@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ sacrebleu = pytest.importorskip("sacrebleu")
 
 from batch.cli import main  # noqa: E402
 from batch.records import EOS_ID, frame_record  # noqa: E402
+from tests.utils.server import wait_until_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB_8K = ROOT / "tests" / "data" / "t2t" / "vocab.translate_ende_wmt8k.8192.subwords"
@@ -343,19 +343,7 @@ def server(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mtgate serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mtgate serve not ready after 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_until_ready(url, proc, 120, lambda: "\n" + log.read_text()[-3000:])
         yield url
     finally:
         proc.terminate()

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
+from tests.utils.server import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -305,20 +306,11 @@ def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, P
                PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]))
     [cmd] = of("CMD", FINAL)
     log = (app.parent / "serve.log").open("w")
-    started = time.monotonic()
     proc = subprocess.Popen(json.loads(cmd), cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            assert proc.poll() is None, (app.parent / "serve.log").read_text()[-3000:]
-            assert time.monotonic() - started < 120, "not ready after 120 s"
-            try:
-                if get(f"{url}/v2/health/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        sys.stderr.write(f"\nmtgate serve (fresh venv) ready in {time.monotonic() - started:.1f}s\n")
+        took = wait_until_ready(url, proc, 120, lambda: (app.parent / "serve.log").read_text()[-3000:])
+        sys.stderr.write(f"\nmtgate serve (fresh venv) ready in {took:.1f}s\n")
         # the image's HEALTHCHECK command, as Docker would run it in the container
         [healthcheck] = of("HEALTHCHECK", FINAL)
         check = json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import serving.settings
 from serving import translate_cli
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
@@ -96,7 +97,7 @@ def test_bad_input(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     code, lines, err = run(["-m", str(package), "--beam-size", "1"], capsys, "fine\n" + "word " * 300 + "\n",
                            monkeypatch)
     _one_line_error(code, err, "line 2:", "the model accepts at most 128")
-    monkeypatch.setattr(translate_cli, "DEMO_MODEL_DIR", tmp_path / "models" / "demo-en-de")
+    monkeypatch.setattr(serving.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
     code, lines, err = run(["hello"], capsys)
     _one_line_error(code, err, "bundled demo model is not built", str(tmp_path / "models" / "demo-en-de"))
 

@@ -54,11 +54,11 @@ def test_more_than_one_worker(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert code == 2 and "--workers" in err
 
 
-def test_default_model_missing_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
-    from serving.settings import DEFAULT_MODEL_DIR
+def test_default_model_missing_is_explained(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import serving.settings
 
-    if DEFAULT_MODEL_DIR.exists():
-        pytest.skip("the bundled demo model is present")
+    monkeypatch.setattr(serving.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
     code, err = run_cli(capsys)
     assert code == 2 and "bundled demo model is not built" in err and "make demo" in err and "-m PKG" in err
 

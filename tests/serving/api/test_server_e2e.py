@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine import DecodeOptions, Translator
 from tests.utils.marian_factory import corpus
+from tests.utils.server import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = "/usr/bin/chromium"
@@ -77,16 +78,12 @@ def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, 
         if process.poll() is not None or time.monotonic() > deadline:
             server.stop()
             raise AssertionError("server did not start:\n" + "".join(server.log))
-    while True:
-        try:
-            if httpx.get(server.url + "/v2/health/ready", timeout=5).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise AssertionError("server did not become ready:\n" + "".join(server.log))
-        time.sleep(0.05)
+    try:
+        wait_until_ready(server.url, process, max(1.0, deadline - time.monotonic()), lambda: "\n" + "".join(server.log))
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 @pytest.fixture(scope="module")
