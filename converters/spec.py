@@ -46,6 +46,12 @@ def present_names(layers: int) -> list[str]:
     return [f"present_{kind}.{i}" for i in range(layers) for kind in "kv"]
 
 
+def stacked(names: list[str]) -> list[tuple[str, tuple[int, int]]]:
+    """Each name of ``past_names``/``cross_names``/``present_names`` with its ``(layer, kind)`` index into the
+    stacked ``[L, 2, ...]`` cache."""
+    return [(name, divmod(position, 2)) for position, name in enumerate(names)]
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Token ids with a fixed meaning. ``zero_embedding_id``: this id embeds to an all-zero vector (T2T's PAD 0)."""

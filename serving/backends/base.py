@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from converters.spec import cross_names, past_names
+from converters.spec import cross_names, past_names, stacked
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ def decoder_feeds(
     past_kv, cross_kv = as_floats(past_kv), as_floats(cross_kv)
     layers = past_kv.shape[0]
     feeds = {"input_ids": as_ids(input_ids), "step": np.array(step, dtype=np.int64), "src_bias": as_floats(src_bias)}
-    for names, stacked in ((past_names(layers), past_kv), (cross_names(layers), cross_kv)):
-        for index, name in enumerate(names):
-            feeds[name] = stacked[index // 2, index % 2]
+    for names, cache in ((past_names(layers), past_kv), (cross_names(layers), cross_kv)):
+        for name, index in stacked(names):
+            feeds[name] = cache[index]
     return feeds
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.spec import present_names
+from converters.spec import present_names, stacked
 from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class OnnxRuntimeBackend:
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         outputs = [("log_probs", log_probs)]
-        outputs += [(name, present_kv[i // 2, i % 2]) for i, name in enumerate(present_names(layers))]
+        outputs += [(name, present_kv[index]) for name, index in stacked(present_names(layers))]
         for name, out in outputs:
             binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.decoder.run_with_iobinding(binding)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.spec import present_names
+from converters.spec import present_names, stacked
 from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,6 @@ class OpenVinoBackend:
         result = self._decoder_request.infer(feeds, share_inputs=True, share_outputs=True)
         layers, _, rows, heads, past_len, head_dim = past_kv.shape
         present_kv = np.empty((layers, 2, rows, heads, past_len + 1, head_dim), dtype=np.float32)
-        for i, name in enumerate(present_names(layers)):
-            present_kv[i // 2, i % 2] = result[name]
+        for name, index in stacked(present_names(layers)):
+            present_kv[index] = result[name]
         return np.array(result["log_probs"], dtype=np.float32), present_kv
