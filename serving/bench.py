@@ -781,12 +781,14 @@ def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> 
 
 
 def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[str], None]) -> Path:
-    from serving.package import FORMAT
+    from serving.package import PackageError, read_manifest
 
     package = folder / f"mtgate-package-{'-'.join(plan.precisions)}"
-    manifest = package / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT:
-        return package  # converted by an mtgate that writes this package format
+    try:
+        read_manifest(package)  # there, and in the package format this mtgate reads
+        return package
+    except PackageError:
+        pass  # not converted yet, or by an mtgate that wrote another format
     progress(f"converting {model} with mtgate convert into {package}")
     cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package),
            "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]
