@@ -4,8 +4,10 @@ Built node by node with ``onnx.helper`` (no tracing), standard opset-17 ops only
 the same graphs. I/O names and shapes are the contract in docs/architecture.md:
 
 - encoder: ``input_ids [B,S]`` -> ``memory [B,S,D]``, ``cross_kv [L,2,B,H,S,Dh]``, ``src_bias [B,1,1,S]``
-- decoder: ``input_ids [B,1]``, ``step`` (int64 scalar), ``past_kv [L,2,B,H,T,Dh]``, ``cross_kv``, ``src_bias``
-  -> ``log_probs [B,V]``, ``present_kv [L,2,B,H,T+1,Dh]``
+- decoder: ``input_ids [B,1]``, ``position_ids [B,1]`` (int64), the caches ``past_k.{i}``/``past_v.{i}``
+  ``[B,H,T,Dh]`` and ``cross_k.{i}``/``cross_v.{i}``, ``src_bias [B,1,1,S]``, ``self_bias [B,1,1,T]``
+  -> ``log_probs [B,V]``, ``present_k.{i}``/``present_v.{i}`` ``[B,H,T+1,Dh]``. Each row has its own position and
+  self-attention mask, so rows at different steps share one batch (step-level batching).
 
 Speed choices:
 - the encoder projects every decoder layer's cross-attention keys/values in ONE matmul (``[D, L*2*D]``), once per
@@ -243,8 +245,9 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
     else:
         table = g.weight(embed_name, e.input_embedding_table(embed, True))
         x = g.op("Gather", [table, "input_ids"], hint="embed", axis=0)
-    position = g.op("Gather", [g.weight("positions", spec.weights["positions"]), "step"], hint="position", axis=0)
-    x = g.op("Add", [x, position], hint="embed_pos")  # [B,1,D] + [D]
+    position = g.op("Gather", [g.weight("positions", spec.weights["positions"]), "position_ids"], hint="position",
+                    axis=0)  # [B,1,D]
+    x = g.op("Add", [x, position], hint="embed_pos")
 
     # The caches come and go one tensor per layer and kind ([B,H,T,Dh] each): the runtime reads them where the
     # caller keeps them, with no Gather copying a layer out of a stacked cache.
@@ -263,6 +266,7 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
             g.rename_output(g.op("Concat", [past_v, v_new], axis=2, hint=f"{p}.present_v"), f"present_v.{i}")
             # Score the cached keys and the new key apart; no per-layer cache concat.
             scores_past = g.op("MatMul", [q, g.op("Transpose", [past_k], perm=[0, 1, 3, 2])])  # [B,H,1,T]
+            scores_past = g.op("Add", [scores_past, "self_bias"])  # masks cache slots a row has not filled
             score_new = g.op("ReduceSum", [g.op("Mul", [q, k_new]), g.const([3])], keepdims=1)  # [B,H,1,1]
             probs = g.op("Softmax", [g.op("Concat", [scores_past, score_new], axis=3)], axis=-1)
             probs_past = g.op("Slice", [probs, g.const([0]), g.const([-1]), g.const([3])])
@@ -297,10 +301,11 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
     float_t = TensorProto.FLOAT
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
-        helper.make_tensor_value_info("step", TensorProto.INT64, []),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len", dh]) for name in past_names(n_layers)),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "src_len", dh]) for name in cross_names(n_layers)),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
+        helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"]),
     ]
     outputs = [
         helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),

@@ -107,6 +107,77 @@ class Hypothesis:
     score: float
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What the next decoder step runs on, as decided by one search step.
+
+    Attributes:
+        tokens: ``[M, 1]`` the next step's inputs, one per row.
+        rows: ``[M]`` for each next row, the row of this step whose cache it continues (beam reorder, finished
+            sentences dropped).
+        encoder_rows: ``[M]`` for each next row, the row of this step's encoder outputs (``cross_kv``, ``src_bias``)
+            it attends to; None when they stay as they are.
+    """
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    encoder_rows: np.ndarray | None
+
+
+class Search(Protocol):
+    """A search over encoded sentences, driven one decoder step at a time: feed ``tokens`` (an empty cache) to the
+    decoder, pass its log-probs to :meth:`advance`, and continue with the plan it returns until it returns None.
+    ``results`` collects each finished sentence's hypothesis under its id as soon as it is done.
+
+    Sentences may join a running search (:meth:`join`, for step-level batching): their rows come after the running
+    ones, and each sentence counts its own steps."""
+
+    tokens: np.ndarray
+    results: dict[int, Hypothesis]
+
+    def advance(self, log_probs: np.ndarray) -> StepPlan | None: ...
+
+    def join(self, other: Search) -> None: ...
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None: ...
+
+
+def start_search(
+    max_steps: np.ndarray,
+    options: SearchOptions,
+    on_step: StepCallback | None = None,
+    *,
+    ids: np.ndarray | None = None,
+    joinable: bool = False,
+) -> Search:
+    """A step-wise search for sentences with the per-sentence caps ``max_steps`` (``[B]``, EOS included, >= 1).
+
+    Arguments:
+        max_steps: per-sentence caps.
+        options: search options.
+        on_step: streaming hook; its ``rows`` are sentence ids.
+        ids: the sentences' ids in ``results`` and ``on_step`` (default ``0..B-1``).
+        joinable: beam search starts with ``beam_size`` rows per sentence (identical; beams 1..K-1 masked), so that
+            it can join or be joined at any step; otherwise its first step runs one row per sentence.
+
+    Raises:
+        ValueError: an empty batch, a cap below 1, or a beam size below 1.
+    """
+    caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
+    if caps.size == 0:
+        raise ValueError("a search needs at least one sentence")
+    if caps.min() < 1:
+        raise ValueError("max_steps must be at least 1")
+    if options.beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {options.beam_size}")
+    sentence_ids = np.arange(caps.size) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+    if options.beam_size == 1:
+        return _GreedySearch(caps, options, on_step, sentence_ids)
+    if options.length_penalty_kind == "gnmt":
+        return _T2TBeamSearch(caps, options, on_step, sentence_ids, joinable)
+    return _HFBeamSearch(caps, options, on_step, sentence_ids, joinable)
+
+
 def search(
     decoder: DecoderStep,
     cross_kv: np.ndarray,
@@ -133,15 +204,24 @@ def search(
         raise ValueError(f"max_steps has {caps.shape[0]} entries for a batch of {cross_kv.shape[2]}")
     if caps.size == 0:
         return []
-    if caps.min() < 1:
-        raise ValueError("max_steps must be at least 1")
-    if options.beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {options.beam_size}")
-    if options.beam_size == 1:
-        return _greedy(decoder, cross_kv, src_bias, caps, options, on_step)
-    if options.length_penalty_kind == "gnmt":
-        return _T2TBeamSearch(decoder, cross_kv, src_bias, caps, options, on_step).run()
-    return _HFBeamSearch(decoder, cross_kv, src_bias, caps, options, on_step).run()
+    state = start_search(caps, options, on_step)
+    tokens, past, step = state.tokens, _empty_cache(cross_kv, caps.size), 0
+    while True:
+        log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
+        plan = state.advance(log_probs)
+        if plan is None:
+            break
+        if not _is_identity(plan.rows, past.shape[2]):
+            past = take_rows(decoder, past, plan.rows)
+        if plan.encoder_rows is not None:
+            cross_kv = np.take(cross_kv, plan.encoder_rows, axis=2)
+            src_bias = np.take(src_bias, plan.encoder_rows, axis=0)
+        tokens, step = plan.tokens, step + 1
+    return [state.results.get(i, Hypothesis([], 0.0)) for i in range(caps.size)]
+
+
+def _is_identity(rows: np.ndarray, size: int) -> bool:
+    return rows.size == size and bool((rows == np.arange(size)).all())
 
 
 def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
@@ -152,11 +232,11 @@ def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOpt
     return np.asarray(log_prob / length**options.length_penalty)
 
 
-def _take_rows(decoder: DecoderStep, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def take_rows(decoder: DecoderStep, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The cache rows ``rows`` (axis 2), in that order: the backend's ``take_rows`` when it has one (it may write
     into a buffer it reuses), else ``np.take``."""
-    take_rows = getattr(decoder, "take_rows", None)
-    return np.asarray(take_rows(cache, rows)) if take_rows is not None else np.take(cache, rows, axis=2)
+    backend_take = getattr(decoder, "take_rows", None)
+    return np.asarray(backend_take(cache, rows)) if backend_take is not None else np.take(cache, rows, axis=2)
 
 
 def _empty_cache(cross_kv: np.ndarray, rows: int) -> np.ndarray:
@@ -195,52 +275,80 @@ def _apply_rules(
     return log_probs
 
 
-def _greedy(
-    decoder: DecoderStep,
-    cross_kv: np.ndarray,
-    src_bias: np.ndarray,
-    caps: np.ndarray,
-    options: SearchOptions,
-    on_step: StepCallback | None,
-) -> list[Hypothesis]:
-    batch = caps.shape[0]
-    width = int(caps.max())
-    eos = options.eos_id
-    out = np.full((batch, width), eos, dtype=np.int64)
-    lengths = np.zeros(batch, dtype=np.int64)
-    log_prob_sum = np.zeros(batch, dtype=np.float64)
-    rows = np.arange(batch)  # batch index of each row still decoding
-    row_caps = caps
-    tokens = np.full((batch, 1), options.decoder_start_id, dtype=np.int64)
-    past = _empty_cache(cross_kv, batch)
-    bad: np.ndarray | None = None
-    for step in range(width):
-        log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
-        if bad is None:
-            bad = _bad_word_index(options, log_probs.shape[1])
+class _GreedySearch:
+    """Arg-max after the logits processors, as transformers does for ``num_beams=1``; one row per sentence."""
+
+    def __init__(self, caps: np.ndarray, options: SearchOptions, on_step: StepCallback | None,
+                 ids: np.ndarray) -> None:
+        self.options = options
+        self.on_step = on_step
+        self.ids = ids  # of the rows still decoding
+        self.caps = caps
+        self.steps = np.zeros(caps.size, dtype=np.int64)  # tokens each row has generated
+        self.out = np.full((caps.size, int(caps.max())), options.eos_id, dtype=np.int64)
+        self.log_prob_sum = np.zeros(caps.size, dtype=np.float64)
+        self.tokens = np.full((caps.size, 1), options.decoder_start_id, dtype=np.int64)
+        self.results: dict[int, Hypothesis] = {}
+        self.bad: np.ndarray | None = None
+
+    def advance(self, log_probs: np.ndarray) -> StepPlan | None:
+        options = self.options
+        if self.bad is None:
+            self.bad = _bad_word_index(options, log_probs.shape[1])
         forced = None
         if options.forced_eos:
-            last = row_caps == step + 1
+            last = self.caps == self.steps + 1
             forced = last if last.any() else None
-        log_probs = _apply_rules(log_probs, bad, forced, options)
+        log_probs = _apply_rules(log_probs, self.bad, forced, options)
         next_ids = log_probs.argmax(axis=1)
-        log_prob_sum[rows] += log_probs[np.arange(rows.size), next_ids]
-        out[rows, step] = next_ids
-        if on_step is not None:
-            on_step(rows, out[rows, : step + 1], np.full(rows.size, step + 1, dtype=np.int64))
-        done = (next_ids == eos) | (row_caps <= step + 1)
-        if done.any():
-            lengths[rows[done]] = step + 1
-            keep = np.flatnonzero(~done)
-            if keep.size == 0:
-                break
-            rows, row_caps, next_ids = rows[keep], row_caps[keep], next_ids[keep]
-            past = _take_rows(decoder, past, keep)
-            cross_kv = np.take(cross_kv, keep, axis=2)
-            src_bias = np.take(src_bias, keep, axis=0)
-        tokens = next_ids[:, None]
-    scores = normalize_score(log_prob_sum, lengths, options)
-    return [Hypothesis(out[i, : lengths[i]].tolist(), float(scores[i])) for i in range(batch)]
+        rows = np.arange(next_ids.size)
+        self.log_prob_sum += log_probs[rows, next_ids]
+        self.out[rows, self.steps] = next_ids
+        lengths = self.steps = self.steps + 1
+        if self.on_step is not None:
+            self.on_step(self.ids, self.out[:, : int(lengths.max())], lengths)
+        done = (next_ids == options.eos_id) | (self.caps <= lengths)
+        if not done.any():
+            return StepPlan(tokens=next_ids[:, None], rows=rows, encoder_rows=None)
+        finished = np.flatnonzero(done)
+        scores = normalize_score(self.log_prob_sum[finished], lengths[finished], options)
+        for j, i in enumerate(finished.tolist()):
+            self.results[int(self.ids[i])] = Hypothesis(self.out[i, : lengths[i]].tolist(), float(scores[j]))
+        keep = np.flatnonzero(~done)
+        if keep.size == 0:
+            return None
+        self._keep(keep)
+        return StepPlan(tokens=next_ids[keep][:, None], rows=keep, encoder_rows=keep)
+
+    def join(self, other: Search) -> None:
+        assert isinstance(other, _GreedySearch) and other.options == self.options
+        width = max(self.out.shape[1], other.out.shape[1])
+        eos = self.options.eos_id
+        self.out = np.concatenate([_pad_width(self.out, width, eos), _pad_width(other.out, width, eos)])
+        self.ids = np.concatenate([self.ids, other.ids])
+        self.caps = np.concatenate([self.caps, other.caps])
+        self.steps = np.concatenate([self.steps, other.steps])
+        self.log_prob_sum = np.concatenate([self.log_prob_sum, other.log_prob_sum])
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None:
+        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
+        keep = np.flatnonzero(~np.isin(self.ids, ids))
+        if keep.size == 0:
+            return None
+        self._keep(keep)
+        return keep
+
+    def _keep(self, keep: np.ndarray) -> None:
+        self.ids, self.caps, self.steps = self.ids[keep], self.caps[keep], self.steps[keep]
+        self.out, self.log_prob_sum = self.out[keep], self.log_prob_sum[keep]
+
+
+def _pad_width(seqs: np.ndarray, width: int, fill: int) -> np.ndarray:
+    """``seqs [n, ..., w]`` padded with ``fill`` to ``width`` on the last axis."""
+    pad = width - seqs.shape[-1]
+    if pad == 0:
+        return seqs
+    return np.pad(seqs, [(0, 0)] * (seqs.ndim - 1) + [(0, pad)], constant_values=fill)
 
 
 _CHUNK = 64  # top-k over wide rows: chunk maxima first (see _top_k_sorted)
@@ -282,69 +390,78 @@ def _top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class _BeamSearchBase:
-    """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``."""
+    """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``. Each sentence counts
+    its own steps (``steps``), so that sentences that joined later share the search."""
 
-    def __init__(
-        self,
-        decoder: DecoderStep,
-        cross_kv: np.ndarray,
-        src_bias: np.ndarray,
-        caps: np.ndarray,
-        options: SearchOptions,
-        on_step: StepCallback | None,
-    ) -> None:
-        self.decoder = decoder
+    def __init__(self, caps: np.ndarray, options: SearchOptions, on_step: StepCallback | None, ids: np.ndarray,
+                 joinable: bool) -> None:
         self.options = options
         self.on_step = on_step
         self.k = options.beam_size
-        self.batch = caps.shape[0]
-        self.width = int(caps.max())
-        self.cross_kv = cross_kv
-        self.src_bias = src_bias
-        self.caps = caps  # of the sentences still decoding
-        self.sentences = np.arange(self.batch)  # batch index of each sentence still decoding
-        n, k, w = self.batch, self.k, self.width
+        n, k, w = caps.shape[0], self.k, int(caps.max())
+        # Not joinable: at the first step every beam of a sentence has the same prefix, so one row per sentence is
+        # decoded; its log-probs are shared by the K beams, and the first plan repeats each row K times.
+        self.expanded = joinable
+        self.tokens = np.full((n * k if joinable else n, 1), options.decoder_start_id, dtype=np.int64)
+        self.ids = ids  # of the sentences still decoding
+        self.caps = caps
+        self.steps = np.zeros(n, dtype=np.int64)  # tokens each sentence has generated
         self.alive_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
         self.finished_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
         self.finished_len = np.zeros((n, k), dtype=np.int64)
         self.finished_flag = np.zeros((n, k), dtype=bool)
-        self.results: list[Hypothesis | None] = [None] * n
-        self._init_state()
+        self.results: dict[int, Hypothesis] = {}
+        self.bad: np.ndarray | None = None
+        self._init_state(n)
 
-    def run(self) -> list[Hypothesis]:
+    def advance(self, log_probs: np.ndarray) -> StepPlan | None:
         k = self.k
-        # Step 0: every beam of a sentence has the same prefix, so one row per sentence is decoded and its log-probs
-        # are shared by the K beams; the cache is then repeated K times.
-        tokens = np.full((self.batch, 1), self.options.decoder_start_id, dtype=np.int64)
-        log_probs, past = self.decoder.decode_step(
-            tokens, 0, _empty_cache(self.cross_kv, self.batch), self.cross_kv, self.src_bias
-        )
-        self.vocab = log_probs.shape[1]
-        self.bad = _bad_word_index(self.options, self.vocab)
-        log_probs = np.repeat(log_probs, k, axis=0)
-        past = np.repeat(past, k, axis=2)
-        self.cross_kv = np.repeat(self.cross_kv, k, axis=2)
-        self.src_bias = np.repeat(self.src_bias, k, axis=0)
-        step = 0
-        while True:
-            candidates = self._candidates(log_probs, step)
-            select = self._advance(candidates, step)  # rows of the cache to keep, in their new order
-            if select is None:
-                break
-            tokens = self.alive_seq[:, :, step].reshape(-1, 1)
-            if not np.array_equal(select, np.arange(past.shape[2])):
-                past = _take_rows(self.decoder, past, select)
-            step += 1
-            log_probs, past = self.decoder.decode_step(tokens, step, past, self.cross_kv, self.src_bias)
-        return [r if r is not None else Hypothesis([], 0.0) for r in self.results]
+        if self.bad is None:
+            self.vocab = log_probs.shape[1]
+            self.bad = _bad_word_index(self.options, self.vocab)
+        first = not self.expanded
+        if first:
+            log_probs = np.repeat(log_probs, k, axis=0)
+            self.expanded = True
+        candidates = self._candidates(log_probs)
+        select = self._advance(candidates)  # rows (sentence * K + beam) to continue, in their new order
+        if select is None:
+            return None
+        tokens = self.alive_seq[np.arange(self.ids.size), :, self.steps].reshape(-1, 1)
+        self.steps = self.steps + 1
+        if first:  # this step had one row per sentence
+            rows = select // k
+            return StepPlan(tokens=tokens, rows=rows, encoder_rows=rows)
+        return StepPlan(tokens=tokens, rows=select, encoder_rows=self.encoder_rows)
 
-    def _candidates(self, log_probs: np.ndarray, step: int) -> np.ndarray:
+    def join(self, other: Search) -> None:
+        assert isinstance(other, type(self)) and other.options == self.options
+        assert self.expanded and other.expanded, "only joinable searches join"
+        width = max(self.alive_seq.shape[2], other.alive_seq.shape[2])
+        eos = self.options.eos_id
+        for name in ("alive_seq", "finished_seq"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, np.concatenate([_pad_width(mine, width, eos), _pad_width(theirs, width, eos)]))
+        for name in self._per_sentence():
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None:
+        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
+        keep = np.flatnonzero(~np.isin(self.ids, ids))
+        if keep.size == 0:
+            return None
+        self._keep(keep)
+        rows_per_sentence = self.k if self.expanded else 1
+        return np.asarray((keep[:, None] * rows_per_sentence + np.arange(rows_per_sentence)).reshape(-1))
+
+    def _candidates(self, log_probs: np.ndarray) -> np.ndarray:
         """``[n, K * V]`` float32 candidate log-probs: alive log-prob + next-token log-prob after the rules."""
-        n, k, v = self.sentences.size, self.k, self.vocab
+        n, k, v = self.ids.size, self.k, self.vocab
         forced = None
         if self.options.forced_eos:
-            last = self.caps == step + 1
+            last = self.caps == self.steps + 1
             forced = np.repeat(last, k) if last.any() else None
+        assert self.bad is not None
         log_probs = _writable(_apply_rules(log_probs, self.bad, forced, self.options))
         scores = log_probs.reshape(n, k, v)
         scores += self.alive_scores[:, :, None]
@@ -354,85 +471,85 @@ class _BeamSearchBase:
         """array [n, M, ...] gathered along axis 1 with index [n, J]."""
         return np.asarray(np.take_along_axis(array, index.reshape(index.shape + (1,) * (array.ndim - 2)), axis=1))
 
-    def _retire(self, done: np.ndarray, step: int) -> np.ndarray | None:
+    def _extend(self, beam: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """The 2K candidates' sequences ``[n, 2K, w]``: the parent's prefix plus the token at each sentence's step."""
+        cand_seq = self._gather(self.alive_seq, beam)
+        cand_seq[np.arange(self.ids.size)[:, None], np.arange(beam.shape[1])[None, :], self.steps[:, None]] = token
+        return cand_seq
+
+    def _retire(self, done: np.ndarray) -> np.ndarray | None:
         """Record the results of the sentences marked done, drop them; return the cache rows to keep."""
         k = self.k
         if done.any():
             idx = np.flatnonzero(done)
-            seqs, lens, scores = self._final(idx, step)
-            for j, i in enumerate(idx):
-                self.results[int(self.sentences[i])] = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
+            seqs, lens, scores = self._final(idx)
+            for j, i in enumerate(idx.tolist()):
+                self.results[int(self.ids[i])] = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
             if self.on_step is not None:
-                self.on_step(self.sentences[idx], seqs, lens)
+                self.on_step(self.ids[idx], seqs, lens)
             keep = np.flatnonzero(~done)
             if keep.size == 0:
                 return None
             self._keep(keep)
-            keep_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
-            self.cross_kv = np.take(self.cross_kv, keep_rows, axis=2)
-            self.src_bias = np.take(self.src_bias, keep_rows, axis=0)
+            self.encoder_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
             parents = self.parents[keep]
         else:
-            keep = np.arange(self.sentences.size)
+            keep = np.arange(self.ids.size)
             parents = self.parents
+            self.encoder_rows = None
         return np.asarray((keep[:, None] * k + parents).reshape(-1))
 
-    def _keep(self, keep: np.ndarray) -> None:
-        self.sentences = self.sentences[keep]
-        self.caps = self.caps[keep]
-        self.alive_seq = self.alive_seq[keep]
-        self.alive_scores = self.alive_scores[keep]
-        self.finished_seq = self.finished_seq[keep]
-        self.finished_len = self.finished_len[keep]
-        self.finished_flag = self.finished_flag[keep]
-        self.finished_scores = self.finished_scores[keep]
-        self._keep_extra(keep)
+    def _per_sentence(self) -> tuple[str, ...]:
+        """The state arrays indexed by sentence (first axis), besides the sequences."""
+        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores")
 
-    def _keep_extra(self, keep: np.ndarray) -> None:
-        pass
+    def _keep(self, keep: np.ndarray) -> None:
+        for name in ("alive_seq", "finished_seq", *self._per_sentence()):
+            setattr(self, name, getattr(self, name)[keep])
 
     # Implemented by each rule set.
+    encoder_rows: np.ndarray | None
     alive_scores: np.ndarray
     finished_scores: np.ndarray
     parents: np.ndarray
     vocab: int
-    bad: np.ndarray
 
-    def _init_state(self) -> None:
+    def _init_state(self, n: int) -> None:
         raise NotImplementedError
 
-    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         raise NotImplementedError
 
-    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
 
 class _HFBeamSearch(_BeamSearchBase):
     """transformers 4.57 ``_beam_search`` rules (module docstring)."""
 
-    def _init_state(self) -> None:
-        n, k = self.batch, self.k
+    def _init_state(self, n: int) -> None:
+        k = self.k
         self.alive_scores = np.zeros((n, k), dtype=np.float32)
         self.alive_scores[:, 1:] = _HF_MASK
         self.finished_scores = np.full((n, k), _HF_MASK, dtype=np.float32)
         self.improvable = np.ones(n, dtype=bool)
         self.top_k_mask = np.arange(2 * k) < k
 
-    def _keep_extra(self, keep: np.ndarray) -> None:
-        self.improvable = self.improvable[keep]
+    def _per_sentence(self) -> tuple[str, ...]:
+        return (*super()._per_sentence(), "improvable")
 
-    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
-        n = self.sentences.size
+        n = self.ids.size
+        lengths = self.steps + 1  # of the candidates, EOS included
+        # transformers divides by float(length) ** lp, rounded to float32.
+        penalty = (lengths.astype(np.float64) ** opts.length_penalty).astype(np.float32)[:, None]
         top = _top_k_sorted(candidates, 2 * k)  # [n, 2K] flat indices
         top_scores = np.take_along_axis(candidates, top, axis=1)
         beam, token = top // v, top % v
-        at_cap = (self.caps <= step + 1)[:, None]
+        at_cap = (self.caps <= lengths)[:, None]
         hits = (token == opts.eos_id) | at_cap  # [n, 2K]
-        # New sequences of the 2K candidates: the parent's prefix plus the token.
-        cand_seq = self._gather(self.alive_seq, beam)
-        cand_seq[:, :, step] = token
+        cand_seq = self._extend(beam, token)
 
         # Alive beams for the next step: the best K candidates that did not finish.
         alive_candidates = top_scores + hits.astype(np.float32) * _HF_MASK
@@ -443,7 +560,7 @@ class _HFBeamSearch(_BeamSearchBase):
 
         # Finished hypotheses: only candidates among the first K of the 2K count.
         just_finished = hits & self.top_k_mask[None, :]
-        finished_candidates = top_scores / np.float32(float(step + 1) ** opts.length_penalty)
+        finished_candidates = top_scores / penalty
         if opts.early_stopping:
             full = self.finished_flag.all(axis=1, keepdims=True)
             finished_candidates = finished_candidates + full.astype(np.float32) * _HF_MASK
@@ -453,7 +570,7 @@ class _HFBeamSearch(_BeamSearchBase):
         best = _top_k_sorted(merged_scores, k)
         self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
         self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
-        cand_len = np.full((n, 2 * k), step + 1, dtype=np.int64)
+        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
         self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
         self.finished_flag = np.take_along_axis(
             np.concatenate([self.finished_flag, just_finished], axis=1), best, axis=1
@@ -461,7 +578,7 @@ class _HFBeamSearch(_BeamSearchBase):
 
         # Can the best alive beam still beat the worst finished one? (early_stopping=False heuristic; it also keeps
         # the sentence going while any of its K finished slots is empty.)
-        best_alive = self.alive_scores[:, :1] / np.float32(float(step + 1) ** opts.length_penalty)
+        best_alive = self.alive_scores[:, :1] / penalty
         worst_finished = np.where(
             self.finished_flag, self.finished_scores.min(axis=1, keepdims=True), _HF_MASK
         )
@@ -469,9 +586,9 @@ class _HFBeamSearch(_BeamSearchBase):
         done = ~self.improvable | at_cap[:, 0]
         if opts.early_stopping:
             done |= self.finished_flag.all(axis=1)
-        return self._retire(done, step)
+        return self._retire(done)
 
-    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         seqs = self.finished_seq[idx, 0]
         lens = self.finished_len[idx, 0]
         scores = self.finished_scores[idx, 0].astype(np.float64)
@@ -479,7 +596,7 @@ class _HFBeamSearch(_BeamSearchBase):
         if missing.any():  # cannot happen with transformers' rules; kept as a guard
             seqs = seqs.copy()
             seqs[missing] = self.alive_seq[idx[missing], 0]
-            lens = np.where(missing, step + 1, lens)
+            lens = np.where(missing, self.steps[idx] + 1, lens)
             scores = np.where(missing, self.alive_scores[idx, 0], scores)
         return seqs, lens, scores
 
@@ -487,8 +604,8 @@ class _HFBeamSearch(_BeamSearchBase):
 class _T2TBeamSearch(_BeamSearchBase):
     """tensor2tensor ``beam_search`` rules (module docstring)."""
 
-    def _init_state(self) -> None:
-        n, k = self.batch, self.k
+    def _init_state(self, n: int) -> None:
+        k = self.k
         self.alive_scores = np.zeros((n, k), dtype=np.float32)  # raw log-probs
         self.alive_scores[:, 1:] = -_T2T_INF
         self.finished_scores = np.full((n, k), -_T2T_INF, dtype=np.float32)  # penalized
@@ -497,18 +614,18 @@ class _T2TBeamSearch(_BeamSearchBase):
         alpha = np.float32(self.options.length_penalty)
         return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
 
-    def _advance(self, candidates: np.ndarray, step: int) -> np.ndarray | None:
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
-        n = self.sentences.size
-        penalty = self._penalty(step + 1)
+        n = self.ids.size
+        lengths = self.steps + 1
+        penalty = self._penalty(lengths)[:, None]
         penalized = candidates / penalty
         top = _top_k_sorted(penalized, 2 * k)
         top_scores = np.take_along_axis(penalized, top, axis=1)
         top_log_probs = top_scores * penalty  # T2T recovers the log-probs this way
         beam, token = top // v, top % v
         finished_now = token == opts.eos_id
-        cand_seq = self._gather(self.alive_seq, beam)
-        cand_seq[:, :, step] = token
+        cand_seq = self._extend(beam, token)
 
         alive_candidates = top_scores + finished_now.astype(np.float32) * -_T2T_INF
         pick = _top_k_sorted(alive_candidates, k)
@@ -521,7 +638,7 @@ class _T2TBeamSearch(_BeamSearchBase):
         best = _top_k_sorted(merged_scores, k)
         self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
         self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
-        cand_len = np.full((n, 2 * k), step + 1, dtype=np.int64)
+        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
         self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
         self.finished_flag = np.take_along_axis(
             np.concatenate([self.finished_flag, finished_now], axis=1), best, axis=1
@@ -529,12 +646,12 @@ class _T2TBeamSearch(_BeamSearchBase):
 
         # Stop once no alive beam, even at the longest allowed length, can beat the best finished one.
         bound = self.alive_scores[:, 0] / self._penalty(self.caps)
-        done = (self.finished_scores.max(axis=1) > bound) | (self.caps <= step + 1)
-        return self._retire(done, step)
+        done = (self.finished_scores.max(axis=1) > bound) | (self.caps <= lengths)
+        return self._retire(done)
 
-    def _final(self, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         has_finished = self.finished_flag[idx].any(axis=1)
         seqs = np.where(has_finished[:, None], self.finished_seq[idx, 0], self.alive_seq[idx, 0])
-        lens = np.where(has_finished, self.finished_len[idx, 0], step + 1)
+        lens = np.where(has_finished, self.finished_len[idx, 0], self.steps[idx] + 1)
         scores = np.where(has_finished, self.finished_scores[idx, 0], self.alive_scores[idx, 0]).astype(np.float64)
         return seqs, lens, scores

@@ -28,7 +28,7 @@ import numpy as np
 
 from converters.spec import MASK_VALUE, DecodingDefaults
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
-from serving.decoding import SearchOptions, search
+from serving.decoding import Hypothesis, SearchOptions, search
 from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ServingError
 from serving.package import PackageError, find_artifact, load_manifest
 from serving.tokenizers import Tokenizer, load_tokenizer
@@ -265,13 +265,7 @@ class Translator:
         search_options = self.search_options(options)
         sources = self.encode(texts)
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
-        limit = self.info.max_input_tokens
-        if lengths.size and lengths.max() > limit:
-            index = int(np.argmax(lengths > limit))
-            raise InputTooLong(
-                f"text {index} has {int(lengths[index])} tokens; the model accepts at most {limit}",
-                index=index, tokens=int(lengths[index]), limit=limit,
-            )
+        self.check_lengths(lengths)
         caps = self.max_steps(lengths, options)
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, search_options.beam_size):
@@ -301,35 +295,55 @@ class Translator:
         on_step: OnStep | None,
     ) -> None:
         started = time.perf_counter()
-        batch_lengths = lengths[batch]
-        input_ids = np.full((batch.size, int(batch_lengths.max())), self.ids.pad, dtype=np.int64)
-        for row, index in enumerate(batch):
-            input_ids[row, : batch_lengths[row]] = sources[index]
         hook = None if on_step is None else self._stream_hook(batch, on_step)
         try:
-            encoded = self._encode(input_ids, batch_lengths)
+            encoded = self.encode_batch(sources, batch)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, caps[batch], options, hook)
         except ServingError:
             raise
         except Exception as e:
             raise InferenceFailed(f"{self.info.runtime} failed on a batch of {batch.size}: {e}") from e
-        eos = self.ids.eos
         generated = 0
         for row, index in enumerate(batch):
-            hypothesis = hypotheses[row]
-            ids = _until_eos(hypothesis.token_ids, eos)
-            generated += len(ids)
-            results[index] = Translation(
-                text=self.tokenizer.decode(ids),
-                input_tokens=int(lengths[index]),
-                output_tokens=len(ids),
-                score=hypothesis.score,
-                token_ids=ids,
-            )
+            translation = self.translation(hypotheses[row], int(lengths[index]))
+            generated += translation.output_tokens
+            results[index] = translation
         logger.debug(
-            "batch of %d (source length %d, beam %d): %d tokens in %.1f ms", batch.size, input_ids.shape[1],
+            "batch of %d (source length %d, beam %d): %d tokens in %.1f ms", batch.size, encoded.src_bias.shape[3],
             options.beam_size, generated, (time.perf_counter() - started) * 1000,
         )
+
+    def translation(self, hypothesis: Hypothesis, input_tokens: int) -> Translation:
+        """A decoded hypothesis as a :class:`Translation` (EOS and what follows dropped, detokenized)."""
+        ids = _until_eos(hypothesis.token_ids, self.ids.eos)
+        return Translation(text=self.tokenizer.decode(ids), input_tokens=input_tokens, output_tokens=len(ids),
+                           score=hypothesis.score, token_ids=ids)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of generated ids, up to the first EOS."""
+        return self.tokenizer.decode(_until_eos(token_ids, self.ids.eos))
+
+    def check_lengths(self, lengths: np.ndarray) -> None:
+        """Refuse sources longer than the model's positions.
+
+        Raises:
+            InputTooLong: the first text that is too long (nothing is translated).
+        """
+        limit = self.info.max_input_tokens
+        if lengths.size and lengths.max() > limit:
+            index = int(np.argmax(lengths > limit))
+            raise InputTooLong(
+                f"text {index} has {int(lengths[index])} tokens; the model accepts at most {limit}",
+                index=index, tokens=int(lengths[index]), limit=limit,
+            )
+
+    def encode_batch(self, sources: list[list[int]], rows: np.ndarray) -> EncoderOutput:
+        """Encode the sources ``rows`` (sorted by decreasing length), right-padded with the pad id."""
+        lengths = np.array([len(sources[i]) for i in rows], dtype=np.int64)
+        input_ids = np.full((rows.size, int(lengths.max())), self.ids.pad, dtype=np.int64)
+        for row, index in enumerate(rows):
+            input_ids[row, : lengths[row]] = sources[index]
+        return self._encode(input_ids, lengths)
 
     def _encode(self, input_ids: np.ndarray, lengths: np.ndarray) -> EncoderOutput:
         """Encode a batch sorted by decreasing length in groups of similar length (:func:`encoder_groups`), so that
@@ -341,13 +355,14 @@ class Translator:
         return join_encoder_outputs(parts, [start for start, _ in groups], input_ids.shape)
 
     def _stream_hook(self, batch: np.ndarray, on_step: OnStep) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
-        eos, decode = self.ids.eos, self.tokenizer.decode
+        """The search's streaming hook for a batch whose row ``i`` is text ``batch[i]``: calls ``on_step(index,
+        partial_text)`` when a text's partial translation changes."""
         last: dict[int, str] = {}
 
         def hook(rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
             for row, row_tokens, length in zip(rows.tolist(), tokens, lengths.tolist(), strict=True):
                 index = int(batch[row])
-                text = decode(_until_eos(row_tokens[:length].tolist(), eos))
+                text = self.detokenize(row_tokens[:length].tolist())
                 if last.get(index) != text:
                     last[index] = text
                     on_step(index, text)

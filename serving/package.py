@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = "mtgate-model/2"
+FORMAT = "mtgate-model/3"
 MANIFEST = "manifest.json"
 RUNTIMES = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")

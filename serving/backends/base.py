@@ -44,6 +44,24 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class StepBackend(Protocol):
+    """A backend whose rows may be at different steps (both runtimes' backends): step-level batching needs it."""
+
+    def decode_step(
+        self,
+        input_ids: np.ndarray,
+        step: int | np.ndarray,
+        past_kv: np.ndarray,
+        cross_kv: np.ndarray,
+        src_bias: np.ndarray,
+        self_bias: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Feed one token per row (``[B, 1]``) at position ``step`` (one for every row, or ``[B]``: one per row);
+        return ``(log_probs [B, V], present_kv)``. ``self_bias [B, 1, 1, T]`` masks cache slots (None: none)."""
+        ...
+
+
 class BackendUnavailable(RuntimeError):
     """The runtime a backend needs is not installed (the message says which package to install)."""
 
@@ -55,13 +73,26 @@ def empty_past(cross_kv: np.ndarray) -> np.ndarray:
 
 
 def decoder_feeds(
-    input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+    input_ids: np.ndarray,
+    step: int | np.ndarray,
+    past_kv: np.ndarray,
+    cross_kv: np.ndarray,
+    src_bias: np.ndarray,
+    self_bias: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The decoder-step graph's inputs: the stacked caches ``[L, 2, ...]`` become one view per layer and kind
-    (``past_k.0``, ``past_v.0``, ...; no copy when they are float32 and C-contiguous)."""
+    (``past_k.0``, ``past_v.0``, ...; no copy when they are float32 and C-contiguous); ``step`` becomes one position
+    per row, and a missing ``self_bias`` masks nothing."""
     past_kv, cross_kv = as_floats(past_kv), as_floats(cross_kv)
-    layers = past_kv.shape[0]
-    feeds = {"input_ids": as_ids(input_ids), "step": np.array(step, dtype=np.int64), "src_bias": as_floats(src_bias)}
+    layers, _, rows, _, past_len, _ = past_kv.shape
+    if np.ndim(step) == 0:
+        position_ids = np.full((rows, 1), int(step), dtype=np.int64)
+    else:
+        position_ids = np.ascontiguousarray(np.reshape(step, (rows, 1)), dtype=np.int64)
+    if self_bias is None:
+        self_bias = np.zeros((rows, 1, 1, past_len), dtype=np.float32)
+    feeds = {"input_ids": as_ids(input_ids), "position_ids": position_ids, "src_bias": as_floats(src_bias),
+             "self_bias": as_floats(self_bias)}
     for names, cache in ((past_names(layers), past_kv), (cross_names(layers), cross_kv)):
         for name, index in stacked(names):
             feeds[name] = cache[index]

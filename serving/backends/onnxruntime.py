@@ -77,7 +77,13 @@ class OnnxRuntimeBackend:
         return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
 
     def decode_step(
-        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+        self,
+        input_ids: np.ndarray,
+        step: int | np.ndarray,
+        past_kv: np.ndarray,
+        cross_kv: np.ndarray,
+        src_bias: np.ndarray,
+        self_bias: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """One decoder step (the ``Backend`` contract).
 
@@ -87,7 +93,7 @@ class OnnxRuntimeBackend:
         ``past_kv`` (nor, when ``past_kv`` is elsewhere, the last ``present_kv``), so it stays valid while it is
         fed back as the next ``past_kv``.
         """
-        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias)
+        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
         layers, _, rows, heads, past_len, head_dim = past_kv.shape
         present_shape = (layers, 2, rows, heads, past_len + 1, head_dim)
         vocab = self._vocab_size()

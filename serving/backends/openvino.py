@@ -68,9 +68,15 @@ class OpenVinoBackend:
         return EncoderOutput(memory=result["memory"], cross_kv=result["cross_kv"], src_bias=result["src_bias"])
 
     def decode_step(
-        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+        self,
+        input_ids: np.ndarray,
+        step: int | np.ndarray,
+        past_kv: np.ndarray,
+        cross_kv: np.ndarray,
+        src_bias: np.ndarray,
+        self_bias: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias)
+        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
         # share_outputs=True: views of the request's buffers, copied once into the stacked cache below.
         result = self._decoder_request.infer(feeds, share_inputs=True, share_outputs=True)
         layers, _, rows, heads, past_len, head_dim = past_kv.shape

@@ -111,8 +111,8 @@ def test_graph_io_contract(tmp_path: Path) -> None:
     past = {f"past_{kind}.{i}": ["batch", 2, "past_len", 8] for i in range(3) for kind in "kv"}
     cross = {f"cross_{kind}.{i}": ["batch", 2, "src_len", 8] for i in range(3) for kind in "kv"}
     present = {f"present_{kind}.{i}": ["batch", 2, "present_len", 8] for i in range(3) for kind in "kv"}
-    assert io(dec.graph.input) == {"input_ids": ["batch", 1], "step": [], **past, **cross,
-                                   "src_bias": ["batch", 1, 1, "src_len"]}
+    assert io(dec.graph.input) == {"input_ids": ["batch", 1], "position_ids": ["batch", 1], **past, **cross,
+                                   "src_bias": ["batch", 1, 1, "src_len"], "self_bias": ["batch", 1, 1, "past_len"]}
     assert io(dec.graph.output) == {"log_probs": ["batch", 40], **present}
     assert [v.name for v in dec.graph.input][2:4] == ["past_k.0", "past_v.0"]  # [L, 2] order
     # Speed: no op copies a layer out of a stacked cache.
