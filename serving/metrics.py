@@ -61,6 +61,13 @@ class ServingMetrics:
             "mtgate_batch_size", "sentences per engine batch", ["model"], buckets=_BATCH_BUCKETS, registry=r
         )
         self.batches = Counter("mtgate_batches_total", "engine batches run", ["model", "outcome"], registry=r)
+        self.step_sentences = Histogram(
+            "mtgate_step_sentences",
+            "sentences in flight at each decoder step (step-level batching only)",
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("mtgate_queue_depth", "sentences waiting in the batch queue", ["model"], registry=r)
         self.dropped = Counter(
             "mtgate_dropped_sentences_total",
@@ -101,6 +108,7 @@ class _ModelObserver:
         self._queue = metrics.queue_seconds.labels(model)
         self._compute = metrics.compute_seconds.labels(model)
         self._size = metrics.batch_size.labels(model)
+        self._step = metrics.step_sentences.labels(model)
         self._metrics = metrics
         self._model = model
         self._depth.set(0)
@@ -127,3 +135,6 @@ class _ModelObserver:
 
     def on_dropped(self, reason: str, items: int) -> None:
         self._metrics.dropped.labels(self._model, reason).inc(items)
+
+    def on_step(self, sentences: int) -> None:
+        self._step.observe(sentences)

@@ -34,6 +34,7 @@ _SETTINGS_FLAGS = {
     "max_batch_sentences": "max_batch_sentences",
     "max_batch_tokens": "max_batch_tokens",
     "max_batch_delay_ms": "max_batch_delay_ms",
+    "batching": "batching",
     "queue_capacity": "queue_capacity",
     "request_timeout": "request_timeout_s",
     "grace_period": "grace_period_s",
@@ -61,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-sentences", type=int, help="most sentences per engine batch (default 32)")
     parser.add_argument("--max-batch-tokens", type=int, help="most padded source tokens per batch (default 8192)")
     parser.add_argument("--max-batch-delay-ms", type=float, help="longest wait for a fuller batch (default 5)")
+    parser.add_argument("--batching", choices=["request", "step"],
+                        help="request: a batch runs to its end before the next starts; step: new sentences join the "
+                             "running batch at the next decoder step (default request; MTGATE_BATCHING)")
     parser.add_argument("--queue-capacity", type=int, help="most sentences waiting; beyond it 503 (default 512)")
     parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="request deadline (default 30)")
     parser.add_argument("--grace-period", type=float, metavar="SECONDS", help="SIGTERM drain limit (default 30)")

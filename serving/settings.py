@@ -38,9 +38,12 @@ class ServingSettings(BaseSettings):
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
         host: address to listen on.
         port: TCP port to listen on.
-        max_batch_sentences: most sentences in one engine batch.
-        max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch.
-        max_batch_delay_ms: how long the oldest queued sentence may wait for a fuller batch.
+        batching: ``request``: queued sentences form a batch that runs to its end before the next one starts;
+            ``step``: they join the running decode batch at the next decoder step and leave it when done
+            (``serving.step_batching``).
+        max_batch_sentences: most sentences in one engine batch (with ``step`` batching: in flight at once).
+        max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch (``request`` only).
+        max_batch_delay_ms: how long the oldest queued sentence may wait for a fuller batch (``request`` only).
         queue_capacity: most sentences waiting per model; beyond it requests get 503 with Retry-After.
         retry_after_s: the Retry-After value sent with that 503.
         request_timeout_s: default deadline of a request; a client may only shorten it.
@@ -70,6 +73,7 @@ class ServingSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 
+    batching: Literal["request", "step"] = "request"
     max_batch_sentences: int = Field(default=32, ge=1)
     max_batch_tokens: int = Field(default=8192, ge=1)
     max_batch_delay_ms: float = Field(default=5.0, ge=0)

@@ -18,10 +18,11 @@ from typing import Any, Protocol
 
 from serving.api.errors import LimitExceeded, ModelNotFound
 from serving.batching import BatchLimits, DynamicBatcher, Pending, StepCallback
-from serving.errors import InputTooLong, InvalidInput, ModelNotReady, ServingError
+from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError, read_manifest
 from serving.settings import ServingSettings
+from serving.step_batching import StepBatcher, StepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,11 @@ class ModelRunner:
             queue_capacity=s.queue_capacity,
             retry_after_s=s.retry_after_s,
         )
-        self.batcher = DynamicBatcher(self._run_batch, limits, self._metrics.observer(self.name), name=self.name)
+        observer = self._metrics.observer(self.name)
+        if s.batching == "step":
+            self.batcher = StepBatcher(self._run_batch, self._step_runner, limits, observer, name=self.name)
+        else:
+            self.batcher = DynamicBatcher(self._run_batch, limits, observer, name=self.name)
         self.batcher.start()
 
     async def load(self) -> None:
@@ -172,9 +177,54 @@ class ModelRunner:
         options = DecodeOptions(beam_size=key.options.beam_size, max_length=key.options.max_length)
         return self.translator.translate(texts, options, on_step=on_step)
 
+    def _step_runner(self) -> StepRunner:
+        from serving.engine import Translator
+
+        if not isinstance(self.translator, Translator):
+            raise ModelNotReady(f"model {self.name!r}: step-level batching needs a loaded engine")
+        return EngineStepRunner(self.translator)
+
     async def stop(self) -> None:
         if self.batcher is not None:
             await self.batcher.stop()
+
+
+class EngineStepRunner:
+    """The step batcher's runner over the engine's :class:`serving.continuous.ContinuousDecoder`; a chunk's key
+    (:class:`_Key`) carries its decoding options."""
+
+    def __init__(self, translator: Any) -> None:
+        from serving.continuous import ContinuousDecoder
+
+        self.decoder = ContinuousDecoder(translator)
+
+    @property
+    def idle(self) -> bool:
+        return self.decoder.idle
+
+    @property
+    def sentences(self) -> int:
+        return self.decoder.sentences
+
+    def add(
+        self,
+        key: Hashable,
+        payloads: list[Any],
+        on_result: Callable[[Any], None],
+        on_step: StepCallback | None,
+        alive: Callable[[], bool],
+    ) -> None:
+        from serving.engine import DecodeOptions
+
+        assert isinstance(key, _Key)
+        options = DecodeOptions(beam_size=key.options.beam_size, max_length=key.options.max_length)
+        self.decoder.add(payloads, options, on_result, on_step=on_step, alive=alive)
+
+    def step(self) -> None:
+        self.decoder.step()
+
+    def fail(self, error: BaseException) -> None:
+        self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
 
 
 class TranslationService:

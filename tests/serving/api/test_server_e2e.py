@@ -35,6 +35,7 @@ class ServerProcess:
     process: subprocess.Popen[str]
     url: str = ""
     log: list[str] = field(default_factory=list)
+    batching: str = "request"
 
     @property
     def address(self) -> str:
@@ -86,9 +87,11 @@ def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, 
     return server
 
 
-@pytest.fixture(scope="module")
-def server(tiny_package: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tiny_package, "--max-batch-delay-ms", "20")
+@pytest.fixture(scope="module", params=["request", "step"])
+def server(request: pytest.FixtureRequest, tiny_package: Path) -> Iterator[ServerProcess]:
+    """The server with each batching mode: every test below holds for both."""
+    proc = start_server(tiny_package, "--max-batch-delay-ms", "20", "--batching", request.param)
+    proc.batching = request.param
     yield proc
     assert proc.stop() == 0, "".join(proc.log)
 
@@ -149,6 +152,14 @@ def test_32_concurrent_clients_get_their_own_answers_in_batches(server: ServerPr
     assert [results[i].json()["translations"][0]["text"] for i in range(len(texts))] == expected
     after = metric_samples(server.url)
     model = (("model", translator.info.name),)
+    if server.batching == "step":
+        # Requests join the running decode batch: many decoder steps had more than one sentence in flight.
+        steps = after[("mtgate_step_sentences_count", model)] - before.get(("mtgate_step_sentences_count", model), 0)
+        single_key = ("mtgate_step_sentences_bucket", (("le", "1.0"), *model))
+        singles = after[single_key] - before.get(single_key, 0)
+        assert steps - singles > 0, "no decoder step with more than one sentence"
+        sys.stderr.write(f"\n32 clients, step batching: {len(texts) / elapsed:.1f} requests/s, {steps:.0f} steps\n")
+        return
     batches = after[("mtgate_batch_size_count", model)] - before.get(("mtgate_batch_size_count", model), 0)
     sentences = after[("mtgate_batch_size_sum", model)] - before.get(("mtgate_batch_size_sum", model), 0)
     single_key = ("mtgate_batch_size_bucket", (("le", "1.0"), *model))
@@ -364,9 +375,12 @@ def test_overload_sheds_excess_with_retry_after(tiny_package: Path, translator: 
         assert proc.stop() == 0
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_package: Path, translator: Translator) -> None:
-    proc = start_server(tiny_package, "--max-batch-sentences", "1", "--drain-delay", "1.5", "--grace-period", "30")
-    texts = SENTENCES[120:123]
+@pytest.mark.parametrize("batching", ["request", "step"])
+def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_package: Path, translator: Translator,
+                                                        batching: str) -> None:
+    proc = start_server(tiny_package, "--max-batch-sentences", "1", "--drain-delay", "1.5", "--grace-period", "30",
+                        "--batching", batching)
+    texts = SENTENCES[120:136]  # 64 sentences one at a time: the 4 requests are still in flight when polled
     expected = [t.text for t in translator.translate(texts, DecodeOptions())]
     results: dict[int, httpx.Response] = {}
 

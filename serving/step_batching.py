@@ -1,0 +1,279 @@
+"""Step-level (continuous) batching for the server: queued sentences join the running decode batch at the next
+decoder step instead of waiting for the running batch to finish.
+
+:class:`StepBatcher` keeps :class:`serving.batching.DynamicBatcher`'s admission, queue limits, deadlines and
+cancellation, and replaces how batches run. One *drive* loop on the worker thread calls ``runner.step()`` while
+anything is in flight; at every step boundary it first adds the chunks the collector handed over. The collector (on
+the event loop) hands queued items over, oldest first, while fewer than ``max_items`` sentences are in flight;
+items of different keys (decoding options) share the batch, each chunk keeping its own options. A request whose
+client went away or whose deadline passed leaves the batch at the next step. The batcher knows nothing of models:
+the runner (``serving.continuous.ContinuousDecoder`` behind an adapter) does the decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from serving.batching import (
+    BatchLimits,
+    BatchObserver,
+    BatchStats,
+    DynamicBatcher,
+    Pending,
+    RunBatch,
+    StepCallback,
+    _as_serving_error,
+    _call_if_pending,
+    _Item,
+)
+from serving.errors import InferenceFailed, ModelNotReady
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
+"""``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
+
+
+class StepRunner(Protocol):
+    """Decodes chunks of payloads together, one step at a time; used from the worker thread only."""
+
+    def add(
+        self,
+        key: Hashable,
+        payloads: list[Any],
+        on_result: OnChunkResult,
+        on_step: StepCallback | None,
+        alive: Callable[[], bool],
+    ) -> None:
+        """Let a chunk join at the next step (``on_step(i, progress)`` for payload ``i``; ``alive()`` False: drop it).
+        Raises for a chunk it refuses (nothing joins)."""
+        ...
+
+    def step(self) -> None:
+        """One step for every chunk in flight; finished chunks get their ``on_result``."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """Fail every chunk in flight with ``error``."""
+        ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight."""
+        ...
+
+    @property
+    def sentences(self) -> int:
+        """Sentences in flight."""
+        ...
+
+
+
+@dataclass(eq=False)
+class _Chunk:
+    key: Hashable
+    items: list[_Item[Any]]
+    handed_at: float
+
+
+class StepBatcher(DynamicBatcher[P, R]):
+    """A :class:`DynamicBatcher` whose batches are decoded step by step, joined and left at step boundaries.
+
+    Arguments:
+        run_batch: runs a whole batch at once on the worker thread (model warm-up; not used for requests).
+        make_runner: builds the step runner, called once on the worker thread when the first chunk arrives (after
+            the model is loaded).
+        limits: ``max_items`` bounds the sentences in flight; the queue limits are as in DynamicBatcher.
+            ``max_delay_s`` and ``max_cost`` are not used: a sentence joins at the next step.
+        observer: gets one :class:`BatchStats` per chunk, when it is done (``compute_s``: from joining to done), and,
+            if it has ``on_step(sentences)``, the sentences in flight at every decoder step (from the worker thread).
+        name: used in the worker thread's name and in log lines.
+    """
+
+    def __init__(
+        self,
+        run_batch: RunBatch[P, R],
+        make_runner: Callable[[], StepRunner],
+        limits: BatchLimits,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+    ) -> None:
+        super().__init__(run_batch, limits, observer, name)
+        self._make_runner = make_runner
+        self._runner: StepRunner | None = None
+        self._lock = threading.Lock()
+        self._joining: list[_Chunk] = []  # handed over, not yet added by the drive loop (guarded by _lock)
+        self._driving = False  # a drive loop is running or scheduled (guarded by _lock)
+        self._stopping = False
+        self._in_flight = 0  # items handed over and not yet finished (event loop only)
+        self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
+
+    @property
+    def in_flight(self) -> int:
+        """Sentences handed to the decode batch and not finished."""
+        return self._in_flight
+
+    async def stop(self) -> None:
+        """Refuse new requests, fail queued and in-flight ones with ModelNotReady and stop the worker thread."""
+        self._stopping = True
+        for chunk in list(self._chunks):
+            for item in chunk.items:
+                item.request._fail(ModelNotReady("server is shutting down"))
+        await super().stop()
+
+    # -- the collector (event loop) ----------------------------------------------------------------------------------
+
+    async def _collect(self) -> None:
+        while True:
+            self._arrival.clear()
+            if self._groups:
+                self._drop_expired()
+                self._hand_over()
+            await self._arrival.wait()
+
+    def _hand_over(self) -> None:
+        """Move queued items, oldest first, into the decode batch while it has room."""
+        room = self.limits.max_items - self._in_flight
+        if room <= 0 or not self._groups:
+            return
+        queued = sorted((item for group in self._groups.values() for item in group), key=lambda i: i.enqueued_at)
+        chosen = queued[:room]
+        taken = set(map(id, chosen))
+        for key in list(self._groups):
+            rest = [item for item in self._groups[key] if id(item) not in taken]
+            if rest:
+                self._groups[key] = rest
+            else:
+                del self._groups[key]
+        self._queued -= len(chosen)
+        self._in_flight += len(chosen)
+        self._report_depth()
+        self._room.set()
+        now = time.monotonic()
+        chunks: list[_Chunk] = []
+        for item in chosen:  # consecutive items of one request form one chunk
+            if chunks and chunks[-1].items[-1].request is item.request:
+                chunks[-1].items.append(item)
+            else:
+                chunks.append(_Chunk(item.request.key, [item], now))
+        self._chunks.update(chunks)
+        with self._lock:
+            self._joining.extend(chunks)
+            start = not self._driving
+            self._driving = True
+        if start:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._executor, self._drive, loop)
+            future.add_done_callback(_log_drive_failure)
+
+    def _finish(self, chunk: _Chunk, outcome: Sequence[Any] | BaseException) -> None:
+        """A chunk's results (or error) arrived from the worker thread; deliver them and make room."""
+        if chunk not in self._chunks:
+            return
+        self._chunks.discard(chunk)
+        self._in_flight -= len(chunk.items)
+        ok = not isinstance(outcome, BaseException)
+        if isinstance(outcome, BaseException) and all(item.request.done for item in chunk.items):
+            if self._observer is not None:  # cancelled or expired while decoding: its rows left the batch
+                self._observer.on_dropped("abandoned", len(chunk.items))
+            self._arrival.set()
+            return
+        if isinstance(outcome, BaseException):
+            error = _as_serving_error(outcome)
+            for request in {id(item.request): item.request for item in chunk.items}.values():
+                self._fail(request, error, "failed")
+        elif len(outcome) != len(chunk.items):
+            ok = False
+            error = InferenceFailed(f"engine returned {len(outcome)} results for {len(chunk.items)} inputs")
+            self._fail(chunk.items[0].request, error, "failed")
+        else:
+            for item, result in zip(chunk.items, outcome, strict=True):
+                item.request._deliver(item.index, result)
+        if self._observer is not None:
+            costs = [item.cost for item in chunk.items]
+            self._observer.on_batch(
+                BatchStats(
+                    size=len(chunk.items),
+                    padded_cost=len(costs) * max(costs),
+                    cost=sum(costs),
+                    queue_waits=[chunk.handed_at - item.enqueued_at for item in chunk.items],
+                    compute_s=time.monotonic() - chunk.handed_at,
+                    tags=sorted({item.request.tag for item in chunk.items}),
+                    ok=ok,
+                )
+            )
+        self._arrival.set()  # room for more
+
+    # -- the drive loop (worker thread) ------------------------------------------------------------------------------
+
+    def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._runner is None:
+            try:
+                self._runner = self._make_runner()
+            except Exception as error:
+                with self._lock:
+                    joining, self._joining, self._driving = self._joining, [], False
+                for chunk in joining:
+                    loop.call_soon_threadsafe(self._finish, chunk, error)
+                return
+        runner = self._runner
+        while True:
+            with self._lock:
+                joining, self._joining = self._joining, []
+                if self._stopping or (not joining and runner.idle):
+                    self._driving = False
+                    if self._stopping and not runner.idle:
+                        runner.fail(ModelNotReady("server is shutting down"))
+                    return
+            for chunk in joining:
+                self._add(runner, chunk, loop)
+            if not runner.idle:
+                sentences = runner.sentences
+                try:
+                    runner.step()
+                except Exception as error:  # the runner reports its own failures; this is a bug
+                    logger.exception("batcher %s: step failed", self.name)
+                    runner.fail(error)
+                on_step = getattr(self._observer, "on_step", None)
+                if on_step is not None:  # prometheus metrics are thread-safe: no hop to the event loop
+                    on_step(sentences)
+
+    def _add(self, runner: StepRunner, chunk: _Chunk, loop: asyncio.AbstractEventLoop) -> None:
+        items = chunk.items
+        requests = {id(item.request): item.request for item in items}
+
+        def on_result(outcome: Sequence[Any] | BaseException) -> None:  # worker thread
+            loop.call_soon_threadsafe(self._finish, chunk, outcome)
+
+        def on_step(i: int, progress: Any) -> None:  # worker thread
+            item = items[i]
+            callback = item.request.on_step
+            if callback is not None and not item.request.done:
+                loop.call_soon_threadsafe(_call_if_pending, item.request, callback, item.index, progress)
+
+        def alive() -> bool:  # worker thread: a plain read of the futures' state
+            return not all(request.done for request in requests.values())
+
+        wants_steps = any(item.request.on_step is not None for item in items)
+        try:
+            runner.add(chunk.key, [item.payload for item in items], on_result, on_step if wants_steps else None,
+                       alive)
+        except Exception as error:  # refused (e.g. too long): only this chunk fails
+            on_result(error)
+
+
+def _log_drive_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("step batcher: the drive loop died", exc_info=future.exception())
+
+
+__all__ = ["StepBatcher", "StepRunner", "Pending"]

@@ -1,0 +1,181 @@
+"""Step-level batching in the engine (serving.continuous): groups that join a running batch at different steps, with
+different options and source lengths, get the translations they get alone, on both runtimes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.continuous import ContinuousDecoder
+from serving.engine import DecodeOptions, Translation, Translator
+from serving.errors import InferenceFailed, InputTooLong, ServingError
+from tests.utils.marian_factory import corpus
+
+SENTENCES = corpus("en")
+
+
+@pytest.fixture(scope="module", params=["onnxruntime", "openvino"])
+def translator(request: pytest.FixtureRequest, tiny_package: Path) -> Translator:
+    return Translator.load(tiny_package, runtime=request.param)
+
+
+class Results:
+    """Collects each group's on_result value."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[Translation] | ServingError] = {}
+
+    def sink(self, name: str) -> Any:
+        def on_result(value: list[Translation] | ServingError) -> None:
+            assert name not in self.values, f"{name} got two results"
+            self.values[name] = value
+
+        return on_result
+
+
+GROUPS: list[tuple[str, list[str], DecodeOptions]] = [
+    ("greedy", SENTENCES[0:3], DecodeOptions(beam_size=1)),
+    ("beam", SENTENCES[3:5], DecodeOptions(beam_size=3)),
+    ("short", [SENTENCES[5] + " " + SENTENCES[6]], DecodeOptions(beam_size=1, max_length=4)),
+    ("default", SENTENCES[7:10], DecodeOptions()),
+]
+
+
+def _ids(translations: list[Translation] | ServingError) -> list[list[int]]:
+    assert isinstance(translations, list), translations
+    return [t.token_ids for t in translations]
+
+
+def test_groups_joining_at_different_steps_translate_as_alone(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    widths = []
+    for joins_after, (name, texts, options) in zip([0, 2, 1, 3], GROUPS, strict=True):
+        for _ in range(joins_after):
+            decoder.step()
+        decoder.add(texts, options, results.sink(name))
+    while not decoder.idle:
+        decoder.step()
+        for lane in decoder._lanes:
+            assert lane._past is not None
+            widths.append(lane._past.shape[4])
+            # The cache is cut from the left: as wide as the row that has decoded longest, no more.
+            assert lane._past.shape[4] == int(lane._positions.max())
+    assert decoder.rows == 0 and decoder.sentences == 0 and decoder.lanes == 0
+    for name, texts, options in GROUPS:
+        alone = translator.translate(texts, options)
+        assert _ids(results.values[name]) == [t.token_ids for t in alone], name
+        assert [t.text for t in results.values[name]] == [t.text for t in alone]  # type: ignore[union-attr]
+
+
+def test_late_sentences_open_a_new_lane_and_still_translate_as_alone(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator, max_join_width=3)
+    results = Results()
+    decoder.add(SENTENCES[40:42], DecodeOptions(beam_size=2), results.sink("first"))
+    for _ in range(2):
+        decoder.step()
+    decoder.add(SENTENCES[42:43], DecodeOptions(beam_size=2), results.sink("joins"))  # width 2 < 3: same lane
+    decoder.step()
+    assert decoder.lanes == 1
+    decoder.add(SENTENCES[43:45], DecodeOptions(beam_size=2), results.sink("new lane"))  # width 3: a new lane
+    decoder.step()
+    assert decoder.lanes == 2
+    while not decoder.idle:
+        decoder.step()
+    assert decoder.lanes == 0
+    for name, texts in (("first", SENTENCES[40:42]), ("joins", SENTENCES[42:43]), ("new lane", SENTENCES[43:45])):
+        alone = translator.translate(texts, DecodeOptions(beam_size=2))
+        assert _ids(results.values[name]) == [t.token_ids for t in alone], name
+
+
+def test_a_group_that_is_no_longer_wanted_leaves_the_batch(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    wanted = {"gone": True}
+    decoder.add(SENTENCES[10:13], DecodeOptions(beam_size=2), results.sink("gone"), alive=lambda: wanted["gone"])
+    decoder.add(SENTENCES[13:15], DecodeOptions(beam_size=1), results.sink("kept"))
+    decoder.step()
+    wanted["gone"] = False
+    while not decoder.idle:
+        decoder.step()
+    assert isinstance(results.values["gone"], ServingError) and "abandoned" in str(results.values["gone"])
+    assert _ids(results.values["kept"]) == [t.token_ids for t in translator.translate(SENTENCES[13:15],
+                                                                                        DecodeOptions(beam_size=1))]
+
+
+def test_streaming_reports_partial_texts_of_each_group(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    partial: list[tuple[int, str]] = []
+    decoder.add(SENTENCES[15:17], DecodeOptions(beam_size=1), results.sink("a"),
+                on_step=lambda i, text: partial.append((i, text)))
+    decoder.step()
+    decoder.add(SENTENCES[17:18], DecodeOptions(beam_size=1), results.sink("b"))
+    while not decoder.idle:
+        decoder.step()
+    final = results.values["a"]
+    assert isinstance(final, list)
+    for index in (0, 1):
+        texts = [text for i, text in partial if i == index]
+        assert texts and texts[-1] == final[index].text
+
+
+def test_refused_input_joins_nothing_and_runtime_failure_fails_every_group(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    with pytest.raises(InputTooLong):
+        decoder.add(["word " * 2000], None, results.sink("long"))
+    assert decoder.idle and decoder.rows == 0
+    decoder.add(SENTENCES[20:22], None, results.sink("a"))
+    decoder.add(SENTENCES[22:23], None, results.sink("b"))
+
+    class Broken:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(translator.backend, name)
+
+        def decode_step(self, *args: Any) -> Any:
+            raise RuntimeError("boom")
+
+    decoder.backend = Broken()  # type: ignore[assignment]
+    decoder.step()
+    assert decoder.idle
+    assert all(isinstance(results.values[name], InferenceFailed) for name in ("a", "b"))
+    assert "boom" in str(results.values["a"])
+
+
+def test_rows_at_different_positions_match_separate_calls(translator: Translator) -> None:
+    """The graph contract behind it all: position_ids and self_bias make a merged call equal to separate ones."""
+    backend = translator.backend
+    sources = translator.encode(SENTENCES[30:32])
+    encoded = [translator.encode_batch([s], np.array([0])) for s in sources]
+    start = translator.ids.decoder_start
+    # Row 0 decodes 3 steps alone.
+    past = np.zeros(encoded[0].cross_kv.shape[:4] + (0,) + encoded[0].cross_kv.shape[5:], dtype=np.float32)
+    token = np.array([[start]])
+    for step in range(3):
+        log_probs, past = backend.decode_step(token, step, past, encoded[0].cross_kv, encoded[0].src_bias)
+        past = np.array(past)
+        token = np.array([[int(np.argmax(log_probs[0]))]])
+    alone_a, _ = backend.decode_step(token, 3, past, encoded[0].cross_kv, encoded[0].src_bias)
+    alone_a = np.array(alone_a)
+    empty = past[:, :, :, :, :0]
+    alone_b, _ = backend.decode_step(np.array([[start]]), 0, empty, encoded[1].cross_kv, encoded[1].src_bias)
+    alone_b = np.array(alone_b)
+    # Both rows in one call: row 1 is at position 0 with 3 masked cache slots.
+    width = max(e.cross_kv.shape[4] for e in encoded)
+    cross = np.zeros(encoded[0].cross_kv.shape[:2] + (2,) + encoded[0].cross_kv.shape[3:4] + (width,)
+                     + encoded[0].cross_kv.shape[5:], dtype=np.float32)
+    src_bias = np.full((2, 1, 1, width), -1e9, dtype=np.float32)
+    for row, e in enumerate(encoded):
+        cross[:, :, row, :, : e.cross_kv.shape[4]] = e.cross_kv[:, :, 0]
+        src_bias[row, :, :, : e.src_bias.shape[3]] = e.src_bias[0]
+    merged_past = np.concatenate([past, np.zeros_like(past)], axis=2)
+    self_bias = np.zeros((2, 1, 1, 3), dtype=np.float32)
+    self_bias[1] = -1e9
+    merged, _ = backend.decode_step(np.array([[int(token[0, 0])], [start]]), np.array([3, 0]), merged_past, cross,
+                                    src_bias, self_bias)
+    np.testing.assert_allclose(merged[0], alone_a[0], atol=1e-4)
+    np.testing.assert_allclose(merged[1], alone_b[0], atol=1e-4)
