@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -119,9 +119,11 @@ class LocalServer:
 
 
 @contextmanager
-def start_server(package: Path, log_path: Path, timeout_s: float = 120.0,
-                 extra_args: Sequence[str] = ()) -> Iterator[LocalServer]:
+def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> Iterator[LocalServer]:
     """Run ``mtgate serve -m PACKAGE [extra_args]`` on a free 127.0.0.1 port until the block ends (then SIGTERM).
+
+    ``env`` is added to this process's environment for the server (settings such as ``MTGATE_THREADS``).
 
     Raises:
         LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
@@ -133,7 +135,8 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0,
                "--port", str(port), *extra_args]
     logger.info("starting server: %s", " ".join(command))
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **env} if env else None)
     try:
         deadline = time.monotonic() + timeout_s
         while not _ready(url):

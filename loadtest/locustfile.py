@@ -11,12 +11,18 @@ Users (pick with Locust's positional class names; weights with ``--config-users`
   measures a Triton deployment; it fires Locust request events itself.
 
 Sentences are drawn uniformly from ``--corpus`` (default: the bundled Multi30k test set), so requests follow the
-corpus's real length distribution. Every response is checked: one non-empty translation per input, otherwise the
-request counts as a failure. ``--tokens-file`` receives the translated-token counts (the stats CSVs have none).
+corpus's real length distribution. Each user sends its next request when the last one is answered (``--think-time``
+adds a pause), or, with ``--arrival-rate R``, paces its requests so that all users together send R per second
+whatever the latency (an open-loop approximation: it holds while every user's interval, users / R seconds, is longer
+than a request takes; one Locust process, not --master/--worker runs). Every response is checked: one non-empty
+translation per input, otherwise the request counts as a failure. ``--tokens-file`` receives the translated-token
+counts (the stats CSVs have none).
 
 Run by hand::
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 20s --host http://127.0.0.1:8000 TranslateUser
+    locust -f loadtest/locustfile.py --headless -u 40 -r 40 -t 30s --host http://127.0.0.1:8000 \
+        --arrival-rate 10 TranslateUser
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -44,6 +51,7 @@ from locust.exception import StopUser
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from loadtest.corpus import CorpusError, default_corpus, read_lines
+from loadtest.pacing import Pacer, arrival_interval
 from loadtest.stats import TTFE
 
 logger = logging.getLogger(__name__)
@@ -66,6 +74,7 @@ class SuiteState:
     beam_size: int | None
     model_name: str | None
     think_time_s: float
+    arrival_rate: float
     tokens_file: Path | None
     headers: dict[str, str]
     input_tokens: int = 0
@@ -94,6 +103,18 @@ def state_of(environment: Environment) -> SuiteState:
     return cast(SuiteState, environment.mtgate_state)  # type: ignore[attr-defined]
 
 
+def next_wait(environment: Environment, pacer: Pacer) -> float:
+    """A user's wait before its next request: ``--arrival-rate`` pacing when set, else ``--think-time``."""
+    state = state_of(environment)
+    if state.arrival_rate <= 0:
+        return state.think_time_s
+    # The target user count (--users, or the web UI's), not the count spawned so far: during the ramp-up the rate is
+    # lower, rather than the first users sending the whole rate between them.
+    options = environment.parsed_options
+    users = options.num_users if options is not None and options.num_users else 1
+    return pacer.wait(arrival_interval(state.arrival_rate, users), time.perf_counter())
+
+
 def _add_options(parser: LocustArgumentParser) -> None:
     group = parser.add_argument_group("mtgate")
     group.add_argument("--corpus", default="", env_var="MTGATE_CORPUS",
@@ -108,6 +129,9 @@ def _add_options(parser: LocustArgumentParser) -> None:
                        help="model for the TritonUser (default: the first model the server reports)")
     group.add_argument("--think-time", type=float, default=0.0, env_var="MTGATE_THINK_TIME",
                        help="seconds each user waits between requests (default: 0, back to back)")
+    group.add_argument("--arrival-rate", type=float, default=0.0, env_var="MTGATE_ARRIVAL_RATE",
+                       help="requests per second of all users together; each user sends one every users / rate "
+                            "seconds, whatever the latency (default: 0, off; not with --think-time)")
     group.add_argument("--tokens-file", default="", env_var="MTGATE_TOKENS_FILE",
                        help="write translated-token counts and their history to this JSON file")
     group.add_argument("--seed", type=int, default=0, env_var="MTGATE_SEED",
@@ -125,6 +149,13 @@ def _init(environment: Environment, **_: Any) -> None:
     except CorpusError as e:
         sys.stderr.write(f"locustfile: {e}\n")
         sys.exit(2)
+    if not math.isfinite(options.arrival_rate) or options.arrival_rate < 0:
+        sys.stderr.write(f"locustfile: --arrival-rate must be 0 (off) or a positive number, "
+                         f"not {options.arrival_rate}\n")
+        sys.exit(2)
+    if options.arrival_rate > 0 and options.think_time > 0:
+        sys.stderr.write("locustfile: give --arrival-rate or --think-time, not both\n")
+        sys.exit(2)
     environment.mtgate_state = SuiteState(  # type: ignore[attr-defined]
         sentences=sentences,
         rng=random.Random(options.seed),
@@ -133,6 +164,7 @@ def _init(environment: Environment, **_: Any) -> None:
         beam_size=options.beam_size or None,
         model_name=options.model_name or None,
         think_time_s=max(0.0, options.think_time),
+        arrival_rate=options.arrival_rate,
         tokens_file=Path(options.tokens_file) if options.tokens_file else None,
         headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
     )
@@ -228,8 +260,17 @@ def _error_message(status: int, text: str) -> str:
 class _RestUser(FastHttpUser):
     abstract = True
 
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        self.pacer = Pacer(state_of(environment).rng)
+
+    def on_start(self) -> None:
+        if state_of(self.environment).arrival_rate > 0:
+            # The first request's random delay (Pacer); a stopping test ends it at once. Locust's wait is untyped.
+            self.wait()  # type: ignore[no-untyped-call]
+
     def wait_time(self) -> float:
-        return state_of(self.environment).think_time_s
+        return next_wait(self.environment, self.pacer)
 
     def _payload(self, text: str | list[str]) -> dict[str, Any]:
         state = state_of(self.environment)
@@ -395,9 +436,10 @@ class TritonUser(User):
         self.input_name = ""
         self.output_name = ""
         self.counted: list[str] = []
+        self.pacer = Pacer(state_of(environment).rng)
 
     def wait_time(self) -> float:
-        return state_of(self.environment).think_time_s
+        return next_wait(self.environment, self.pacer)
 
     def on_start(self) -> None:
         state = state_of(self.environment)
@@ -415,6 +457,9 @@ class TritonUser(User):
                 exception=e if not isinstance(e, StopIteration) else WrongAnswer("model has no BYTES input/output"),
                 context={}, start_time=start_time)
             raise StopUser() from e
+        if state.arrival_rate > 0:
+            # The first request's random delay (Pacer); a stopping test ends it at once. Locust's wait is untyped.
+            self.wait()  # type: ignore[no-untyped-call]
 
     def on_stop(self) -> None:
         self.client.close()

@@ -89,6 +89,8 @@ SKIPPED: dict[str, str] = {
     "benchmarks/setup_peers_venv.sh": "downloads the peer engines (about 2 GB)",
     "mtgate bench": "about an hour on an idle machine with the peers' venv",
     "mtgate bench --quick": "builds and converts a model with torch in a subprocess; tests/serving/test_bench.py runs it",
+    ".venv/bin/python -m benchmarks.served_batching --modes request,step --rates 48,64,80,96,112,128,144 --duration 30s":
+        "about 10 minutes of load; tests/loadtest/test_served_batching.py runs it for 3 s",
 }
 
 # Programs whose commands this test runs (anything else must be in SKIPPED).

@@ -1,0 +1,557 @@
+"""Served latency at fixed arrival rates, per batching mode (``MTGATE_BATCHING``). A benchmark, not a test.
+
+    .venv/bin/python -m benchmarks.served_batching
+    .venv/bin/python benchmarks/served_batching.py --modes request,step --rates 2,4,8 --duration 30s
+
+For each mode of ``--modes`` (``request``: a batch runs to completion before the next starts; ``step``: new
+requests join the running decode batch at decoder-step boundaries), ``mtgate serve`` runs on a free loopback port
+with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_BACKEND`` in its environment
+(plus any ``--server-env NAME=VALUE``). For each rate of ``--rates``, in order, headless Locust runs
+``TranslateUser`` (one sentence per ``POST /v1/translate``, drawn from the bundled Multi30k test set) with
+``--arrival-rate RATE``: every user sends one request every users / RATE seconds whatever the latency, so the
+offered load is RATE requests/s. Before each rate the server must be idle (nothing in flight or queued on
+``/metrics``), so that a rate does not inherit the backlog of the one before.
+
+A rate holds when the ``Aggregated`` row of Locust's stats has p95 < ``--p95-ms``, no failed request and an achieved
+rate of at least 90% of the offered one. A mode's ladder stops after two consecutive rates that do not hold; its
+result is the highest rate that held. The server is stopped (SIGTERM) before the next mode starts.
+
+Writes ``<out-dir>/<name>.json`` and ``.md`` (after every rate, so an interrupted run keeps what it measured) and
+prints the Markdown. Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or
+when a mode could not be measured (its server did not start, Locust failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from loadtest.cli import GRACE_S, LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, start_server  # noqa: E402
+from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.stats import Entry, StatsError, read_run  # noqa: E402
+from loadtest.targets import parse_duration  # noqa: E402
+
+MODES = ("request", "step")
+DEFAULT_RATES = "2,4,6,8,10,12,14,16,20,24"
+MIN_ACHIEVED = 0.9  # achieved / offered rate for a rate to hold
+MISSES_TO_STOP = 2  # consecutive rates that do not hold end a mode's ladder
+# Users per offered request/s: each user then has 4 s per request, far beyond any latency that can hold.
+USERS_PER_RPS, MIN_USERS, MAX_USERS = 4, 16, 200
+IDLE_TIMEOUT_S = 60.0  # the server's request timeout (30 s by default) ends any backlog well within it
+# Set by this script for each server; --server-env may not set them.
+_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_BACKEND", "MTGATE_HOST",
+                 "MTGATE_PORT", "MTGATE_MODEL_DIRS")
+
+
+class UsageError(Exception):
+    """Bad arguments: one line on stderr, exit code 2."""
+
+
+class BenchmarkError(Exception):
+    """A measurement could not be carried out (server, Locust); the message says why."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs, checked (``parse_args`` is the only place that builds it)."""
+
+    package: Path
+    model: dict[str, Any]
+    modes: list[str]
+    rates: list[float]
+    duration_s: float
+    p95_ms: float
+    users: int | None  # None: users_for(rate)
+    threads: int
+    precision: str
+    backend: str
+    beam_size: int | None
+    server_env: dict[str, str]
+    out_dir: Path
+    work_dir: Path
+    name: str
+    server_timeout_s: float
+    command: str
+
+
+@dataclass
+class RateResult:
+    """One rate of a mode's ladder: what Locust measured and whether it held."""
+
+    rate: float
+    users: int
+    requests: int
+    failures: int
+    achieved_rps: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    holds: bool
+    reasons: list[str]
+    top_failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModeResult:
+    """One batching mode: its ladder, its highest holding rate, and what its server said about its settings."""
+
+    mode: str
+    reported_batching: str | None = None
+    rates: list[RateResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def highest_rate_held(self) -> float | None:
+        held = [r.rate for r in self.rates if r.holds]
+        return max(held) if held else None
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.served_batching", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--model", type=Path, help="model package (default: the bundled demo models/demo-en-de)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"batching modes, in order (default: {','.join(MODES)})")
+    parser.add_argument("--rates", default=DEFAULT_RATES,
+                        help=f"offered requests/s, increasing (default: {DEFAULT_RATES})")
+    parser.add_argument("--duration", default="30s", help="Locust run time per rate: 30, '30s', '2m' (default: 30s)")
+    parser.add_argument("--p95-ms", type=float, default=500.0, help="a rate holds while p95 < this (default: 500)")
+    parser.add_argument("--users", type=int, default=0,
+                        help=f"Locust users per rate (default: {USERS_PER_RPS} per request/s, at least {MIN_USERS}, "
+                             f"at most {MAX_USERS})")
+    parser.add_argument("--threads", type=int, default=2, help="MTGATE_THREADS of the server (default: 2)")
+    parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
+                        help="MTGATE_PRECISION of the server (default: int8)")
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                        help="MTGATE_BACKEND of the server (default: onnxruntime)")
+    parser.add_argument("--beam-size", type=int, help="beam_size sent with every request (default: the package's)")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
+    parser.add_argument("--name", help="result file name (default: served-batching-<UTC date>)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results",
+                        help="where <name>.json and <name>.md go (default: benchmarks/results)")
+    parser.add_argument("--work-dir", type=Path,
+                        help="Locust CSVs and server logs (default: build/served-batching/<name>)")
+    parser.add_argument("--server-timeout", type=float, default=120.0,
+                        help="seconds to wait for a server to become ready (default: 120)")
+    return parser
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise UsageError(f"--rates {text!r}: not a comma-separated list of numbers") from None
+    if not rates or any(not math.isfinite(r) or r <= 0 for r in rates):
+        raise UsageError(f"--rates {text!r}: give one or more positive numbers, e.g. 2,4,8")
+    if any(b <= a for a, b in zip(rates, rates[1:], strict=False)):
+        raise UsageError(f"--rates {text!r}: the rates must increase (a ladder)")
+    return rates
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if not modes or unknown:
+        raise UsageError(f"--modes {text!r}: unknown mode {', '.join(unknown) or '(none given)'} "
+                         f"(modes: {', '.join(MODES)})")
+    if len(set(modes)) != len(modes):
+        raise UsageError(f"--modes {text!r}: a mode is listed twice")
+    return modes
+
+
+def _server_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.startswith("MTGATE_"):
+            raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/settings.py)")
+        if name in _OWN_SETTINGS:
+            raise UsageError(f"--server-env {name}: set by this script (use --modes, --threads, --precision, "
+                             "--backend; host, port and model are chosen per server)")
+        env[name] = value
+    return env
+
+
+def _package(path: Path | None) -> tuple[Path, dict[str, Any]]:
+    from serving.package import PackageError, read_manifest
+    from serving.settings import demo_missing, demo_model
+
+    package = path or demo_model()
+    if package is None:
+        raise UsageError(demo_missing())
+    try:
+        manifest = read_manifest(package)
+    except PackageError as e:
+        raise UsageError(str(e)) from None
+    decoding = manifest.get("decoding") or {}
+    return package, {"name": manifest.get("name"), "version": manifest.get("version"),
+                     "package_beam_size": decoding.get("beam_size")}
+
+
+def parse_args(argv: Sequence[str]) -> Config:
+    """Check the command line and turn it into a Config.
+
+    Raises:
+        UsageError: any invalid argument or an unusable model package (one line that says which).
+    """
+    args = _build_parser().parse_args(argv)
+    modes, rates, server_env = _modes(args.modes), _rates(args.rates), _server_env(args.server_env)
+    try:
+        duration_s = parse_duration(args.duration)
+    except ValueError as e:
+        raise UsageError(f"--duration: {e}") from None
+    for flag, value in (("--p95-ms", args.p95_ms), ("--server-timeout", args.server_timeout)):
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"{flag} must be a positive number (got {value:g})")
+    if args.users < 0:
+        raise UsageError(f"--users must be 0 (the default rule) or a number of users (got {args.users})")
+    for flag, number in (("--threads", args.threads), ("--beam-size", args.beam_size)):
+        if number is not None and number < 1:
+            raise UsageError(f"{flag} must be at least 1 (got {number})")
+    package, model = _package(args.model)
+    name = args.name or f"served-batching-{datetime.now(UTC):%Y-%m-%d}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
+    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
+    if existing:
+        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    return Config(
+        package=package, model=model, modes=modes, rates=rates, duration_s=duration_s,
+        p95_ms=args.p95_ms, users=args.users or None, threads=args.threads, precision=args.precision,
+        backend=args.backend, beam_size=args.beam_size, server_env=server_env,
+        out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-batching" / name, name=name,
+        server_timeout_s=args.server_timeout,
+        command=shlex.join(["python", "-m", "benchmarks.served_batching", *argv]),
+    )
+
+
+def users_for(rate: float) -> int:
+    """Locust users for an offered rate: enough that each has seconds per request, so latency cannot pace them."""
+    return min(MAX_USERS, max(MIN_USERS, math.ceil(USERS_PER_RPS * rate)))
+
+
+# ---------------------------------------------------------------- one rate
+
+
+def locust_command(host: str, rate: float, users: int, duration_s: float, prefix: Path,
+                   beam_size: int | None) -> list[str]:
+    """Headless Locust, ``TranslateUser`` only, at a fixed arrival rate."""
+    command = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
+        "--users", str(users), "--spawn-rate", str(users),
+        "--run-time", f"{max(1, round(duration_s))}s", "--stop-timeout", str(STOP_TIMEOUT_S),
+        "--csv", str(prefix), "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING",
+        "--arrival-rate", f"{rate:g}",
+    ]
+    if beam_size is not None:
+        command += ["--beam-size", str(beam_size)]
+    return [*command, "TranslateUser"]
+
+
+def judge(rate: float, row: Entry, p95_limit_ms: float, top_failure: str | None = None) -> list[str]:
+    """Why a rate does not hold (empty: it holds), from Locust's ``Aggregated`` row (and its most frequent failure)."""
+    reasons = []
+    p95 = row.percentile("95%")
+    if row.requests == 0:
+        reasons.append("no request completed")
+    elif p95 is None or p95 >= p95_limit_ms:
+        reasons.append(f"p95 {_ms(p95)} ms >= {p95_limit_ms:g} ms")
+    if row.failures:
+        reasons.append(f"{row.failures} of {row.requests} requests failed"
+                       + (f" (most often: {top_failure[:120]})" if top_failure else ""))
+    if row.rps < MIN_ACHIEVED * rate:
+        reasons.append(f"achieved {row.rps:.2f} req/s < {MIN_ACHIEVED:.0%} of {rate:g}")
+    return reasons
+
+
+def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateResult:
+    """One Locust run at ``rate`` against ``host``, bounded in time.
+
+    Raises:
+        BenchmarkError: Locust failed or overran, or its stats are unreadable.
+    """
+    users = config.users or users_for(rate)
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = directory / "locust"
+    command = locust_command(host, rate, users, config.duration_s, prefix, config.beam_size)
+    env = dict(os.environ)
+    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    timeout = config.duration_s + STOP_TIMEOUT_S + GRACE_S
+    log_path = directory / "locust.log"
+    with log_path.open("wb") as log:
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=env, timeout=timeout, check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise BenchmarkError(f"rate {rate:g}: Locust still running after {timeout:g} s; killed") from None
+    if code != 0:
+        raise BenchmarkError(f"rate {rate:g}: Locust exited with code {code}: {_tail(log_path)}")
+    try:
+        run = read_run(prefix)
+    except StatsError as e:
+        raise BenchmarkError(f"rate {rate:g}: {e}") from None
+    row = run.aggregated
+    failures = sorted(run.failures, key=lambda f: -f.occurrences)[:3]
+    reasons = judge(rate, row, config.p95_ms, failures[0].error if failures else None)
+    return RateResult(
+        rate=rate, users=users, requests=row.requests, failures=row.failures, achieved_rps=row.rps,
+        p50_ms=row.percentile("50%"), p95_ms=row.percentile("95%"), p99_ms=row.percentile("99%"),
+        holds=not reasons, reasons=reasons, top_failures=[f"{f.occurrences} x {f.error}" for f in failures])
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+# ---------------------------------------------------------------- one mode
+
+
+def server_load(host: str) -> float | None:
+    """Requests in flight plus sentences queued, from the server's ``/metrics`` (None: it reports neither)."""
+    try:
+        with urllib.request.urlopen(f"{host}/metrics", timeout=5) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(("mtgate_inflight_requests", "mtgate_queue_depth"))]
+    return sum(values) if values else None
+
+
+def wait_until_idle(host: str, timeout_s: float = IDLE_TIMEOUT_S) -> None:
+    """Return once the server has nothing in flight or queued.
+
+    Raises:
+        BenchmarkError: still busy after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (load := server_load(host)) not in (None, 0.0):
+        if time.monotonic() > deadline:
+            raise BenchmarkError(f"the server is still busy ({load:g} requests and queued sentences) "
+                                 f"{timeout_s:g} s after the last run")
+        time.sleep(0.5)
+
+
+def reported_batching(log_path: Path) -> str | None:
+    """The batching mode in the server's ``settings:`` log line, or None when it logs none (a server without the
+    setting ignores ``MTGATE_BATCHING``)."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"settings: .*?['\"]batching['\"]: ['\"]([A-Za-z_-]+)['\"]", text)
+    return match.group(1) if match else None
+
+
+def server_environment(config: Config, mode: str) -> dict[str, str]:
+    return {**config.server_env, "MTGATE_BATCHING": mode, "MTGATE_THREADS": str(config.threads),
+            "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
+
+
+def run_mode(result: ModeResult, config: Config, on_rate: Callable[[], object]) -> None:
+    """Start the server for ``result.mode``, climb the rate ladder into ``result`` (calling ``on_rate`` after each
+    rate), stop the server. A server or Locust failure ends the ladder and goes into ``result.error``."""
+    mode = result.mode
+    directory = config.work_dir / mode
+    misses = 0
+    try:
+        with start_server(config.package, directory / "server.log", config.server_timeout_s,
+                          env=server_environment(config, mode)) as server:
+            result.reported_batching = reported_batching(server.log)
+            if result.reported_batching != mode:
+                _say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
+                     f"not {mode}")
+            for rate in config.rates:
+                wait_until_idle(server.url)
+                users = config.users or users_for(rate)
+                _say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
+                measured = run_rate(server.url, rate, config, directory / f"rate-{rate:g}")
+                result.rates.append(measured)
+                _say(f"{mode}: {rate:g} req/s: p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, "
+                     f"{measured.failures} failed: " + ("holds" if measured.holds else "; ".join(measured.reasons)))
+                on_rate()
+                misses = 0 if measured.holds else misses + 1
+                if misses >= MISSES_TO_STOP:
+                    break
+    except (LoadTestError, BenchmarkError) as e:
+        result.error = str(e)
+        _say(f"{mode}: error: {e}")
+
+
+# ---------------------------------------------------------------- report
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (the load average says whether something else used the cores)."""
+    return {"cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "load_average_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _users_text(config: Config) -> str:
+    if config.users:
+        return str(config.users)
+    return f"{USERS_PER_RPS} per offered req/s, at least {MIN_USERS}, at most {MAX_USERS}"
+
+
+def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], started: datetime,
+            complete: bool) -> dict[str, Any]:
+    return {
+        "name": config.name,
+        "command": config.command,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds") if complete else None,
+        "complete": complete,
+        "machine": host,
+        "model": {"package": str(config.package), **config.model},
+        "server": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+                   "env": dict(config.server_env)},
+        "load": {"user": "TranslateUser", "corpus": str(default_corpus()), "duration_s": config.duration_s,
+                 "users": config.users or "auto", "users_rule": _users_text(config), "beam_size": config.beam_size,
+                 "rates": config.rates},
+        "rule": {"p95_below_ms": config.p95_ms, "max_failures": 0, "min_achieved_fraction": MIN_ACHIEVED,
+                 "stop_after_misses": MISSES_TO_STOP},
+        "modes": [{"mode": m.mode, "reported_batching": m.reported_batching, "highest_rate_held": m.highest_rate_held,
+                   "error": m.error, "rates": [asdict(r) for r in m.rates]} for m in modes],
+    }
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    """The report: how it was measured, the highest holding rate per mode, then each mode's table."""
+    m, model, server, load, rule = data["machine"], data["model"], data["server"], data["load"], data["rule"]
+    beam = load["beam_size"] if load["beam_size"] is not None else f"the package's ({model['package_beam_size']})"
+    extra_env = ", ".join(f"`{k}={v}`" for k, v in server["env"].items())
+    lines = [
+        f"# Served batching at fixed arrival rates: {data['name']}",
+        "",
+        f"- command: `{data['command']}`" + ("" if data["complete"] else " (**incomplete run**)"),
+        f"- started {data['started']}, finished {data['finished'] or '-'}",
+        f"- machine: {m['cpu_count']} CPUs ({m['usable_cpus']} usable), {m['cpu_model'] or 'unknown CPU'}; "
+        f"load average at start {m['load_average_start']}, at end {m.get('load_average_end', '-')}",
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['backend']}, "
+        f"{server['precision']}, {server['threads']} threads" + (f", {extra_env}" if extra_env else ""),
+        f"- load: Locust `{load['user']}` (one sentence per `POST /v1/translate`), sentences from "
+        f"`{Path(load['corpus']).name}`, beam size {beam}, {load['duration_s']:g} s per rate, users: "
+        f"{load['users_rule']}; Locust runs on the same machine",
+        f"- a rate holds when p95 < {rule['p95_below_ms']:g} ms, no request failed and the achieved rate is at "
+        f"least {rule['min_achieved_fraction']:.0%} of the offered one; a ladder stops after "
+        f"{rule['stop_after_misses']} consecutive rates that do not hold",
+        "",
+        "| mode | highest rate held (req/s) | p95 there (ms) | server reports batching |",
+        "|---|---|---|---|",
+    ]
+    for mode in data["modes"]:
+        held = mode["highest_rate_held"]
+        at = next((r for r in mode["rates"] if r["rate"] == held), None)
+        best = "error" if mode["error"] and held is None else ("none" if held is None else f"{held:g}")
+        lines.append(f"| {mode['mode']} | {best} | {_ms(at['p95_ms']) if at else '-'} | "
+                     f"{mode['reported_batching'] or 'nothing (setting ignored?)'} |")
+    for mode in data["modes"]:
+        lines += ["", f"## {mode['mode']}", ""]
+        if mode["error"]:
+            lines += [f"Error: {mode['error']}", ""]
+        lines += ["| offered req/s | users | requests | failed | achieved req/s | p50 ms | p95 ms | p99 ms | holds |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in mode["rates"]:
+            verdict = "yes" if r["holds"] else "no: " + "; ".join(r["reasons"])
+            lines.append(f"| {r['rate']:g} | {r['users']} | {r['requests']} | {r['failures']} | "
+                         f"{r['achieved_rps']:.2f} | {_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} | {_ms(r['p99_ms'])} | "
+                         f"{verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = parse_args(args)
+    except UsageError as e:
+        _say(f"served_batching: error: {e}")
+        return 2
+    except SystemExit as e:  # argparse: --help, or a malformed flag (its usage message is already on stderr)
+        return int(e.code or 0)
+    started = datetime.now(UTC)
+    host = machine()
+    modes: list[ModeResult] = []
+    json_path, md_path = config.out_dir / f"{config.name}.json", config.out_dir / f"{config.name}.md"
+
+    def write(complete: bool) -> str:
+        data = to_json(config, host, modes, started, complete)
+        markdown = to_markdown(data)
+        _write_atomically(json_path, json.dumps(data, indent=2) + "\n")
+        _write_atomically(md_path, markdown)
+        return markdown
+
+    try:
+        for mode in config.modes:
+            modes.append(ModeResult(mode))
+            run_mode(modes[-1], config, on_rate=lambda: write(False))
+    except KeyboardInterrupt:
+        _say(f"served_batching: interrupted; what was measured is in {json_path}")
+        return 130
+    host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    sys.stdout.write(write(True))
+    _say(f"wrote {json_path} and {md_path}")
+    return 2 if any(m.error for m in modes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
