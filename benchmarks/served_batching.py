@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from loadtest.cli import GRACE_S, LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, start_server  # noqa: E402
+from loadtest.cli import GRACE_S, LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, log_tail, start_server  # noqa: E402
 from loadtest.corpus import default_corpus  # noqa: E402
 from loadtest.stats import Entry, StatsError, read_run  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
@@ -310,7 +310,7 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
         except subprocess.TimeoutExpired:
             raise BenchmarkError(f"rate {rate:g}: Locust still running after {timeout:g} s; killed") from None
     if code != 0:
-        raise BenchmarkError(f"rate {rate:g}: Locust exited with code {code}: {_tail(log_path)}")
+        raise BenchmarkError(f"rate {rate:g}: Locust exited with code {code}: {log_tail(log_path)}")
     try:
         run = read_run(prefix)
     except StatsError as e:
@@ -322,14 +322,6 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
         rate=rate, users=users, requests=row.requests, failures=row.failures, achieved_rps=row.rps,
         p50_ms=row.percentile("50%"), p95_ms=row.percentile("95%"), p99_ms=row.percentile("99%"),
         holds=not reasons, reasons=reasons, top_failures=[f"{f.occurrences} x {f.error}" for f in failures])
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
 
 
 # ---------------------------------------------------------------- one mode

@@ -141,9 +141,9 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_
         deadline = time.monotonic() + timeout_s
         while not _ready(url):
             if process.poll() is not None:
-                raise LoadTestError(f"server exited with code {process.returncode}: {_tail(log_path)}")
+                raise LoadTestError(f"server exited with code {process.returncode}: {log_tail(log_path)}")
             if time.monotonic() > deadline:
-                raise LoadTestError(f"server not ready after {timeout_s:g} s: {_tail(log_path)}")
+                raise LoadTestError(f"server not ready after {timeout_s:g} s: {log_tail(log_path)}")
             time.sleep(0.2)
         logger.info("server ready at %s (pid %d)", url, process.pid)
         yield LocalServer(url, process, log_path)
@@ -161,7 +161,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def _tail(path: Path, lines: int = 5) -> str:
+def log_tail(path: Path, lines: int = 5) -> str:
+    """The last ``lines`` lines of a log file on one line (for error messages)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
@@ -229,7 +230,7 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
         except subprocess.TimeoutExpired as e:
             raise LoadTestError(f"scenario {scenario.name}: Locust still running after {timeout:g} s; killed") from e
     if code != 0:
-        raise LoadTestError(f"scenario {scenario.name}: Locust exited with code {code}: {_tail(log_path)}")
+        raise LoadTestError(f"scenario {scenario.name}: Locust exited with code {code}: {log_tail(log_path)}")
     try:
         run = read_run(prefix)
     except StatsError as e:
