@@ -618,10 +618,18 @@ def _run(job: Job, state: StateDir, done: dict[int, ChunkMeta], started: float,
         finished, _ = cf.wait(list(pending), timeout=timeout, return_when=cf.FIRST_COMPLETED)
         assert executor is not None
         bar.update(executor.drain_progress())
-        for future in finished:
+        # Every chunk that finished is committed, in chunk order, before a failed one's error is raised: work done
+        # before a crash is never lost (``finished`` is a set, so a failure could otherwise come first).
+        failures: list[BaseException] = []
+        for future in sorted(finished, key=lambda f: pending[f].chunk):
             item = pending.pop(future)
-            outcomes = future.result()
-            _commit(state, job, encoder, item, outcomes, counters)
+            error = future.exception()
+            if error is not None:
+                failures.append(error)
+                continue
+            _commit(state, job, encoder, item, future.result(), counters)
+        if failures:
+            raise failures[0]
 
     try:
         for chunk, entries in _chunks(job, done, seen):
