@@ -30,7 +30,6 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from loadtest.cli import GRACE_S, LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, log_tail, start_server  # noqa: E402
+from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import default_corpus  # noqa: E402
-from loadtest.stats import Entry, StatsError, read_run  # noqa: E402
+from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
 
 MODES = ("request", "step")
@@ -298,23 +297,10 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
     directory.mkdir(parents=True, exist_ok=True)
     prefix = directory / "locust"
     command = locust_command(host, rate, users, config.duration_s, prefix, config.beam_size)
-    env = dict(os.environ)
-    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    timeout = config.duration_s + STOP_TIMEOUT_S + GRACE_S
-    log_path = directory / "locust.log"
-    with log_path.open("wb") as log:
-        try:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=env, timeout=timeout, check=False).returncode
-        except subprocess.TimeoutExpired:
-            raise BenchmarkError(f"rate {rate:g}: Locust still running after {timeout:g} s; killed") from None
-    if code != 0:
-        raise BenchmarkError(f"rate {rate:g}: Locust exited with code {code}: {log_tail(log_path)}")
     try:
-        run = read_run(prefix)
-    except StatsError as e:
-        raise BenchmarkError(f"rate {rate:g}: {e}") from None
+        run = run_locust(command, prefix, config.duration_s, f"rate {rate:g}")
+    except LoadTestError as e:
+        raise BenchmarkError(str(e)) from None
     row = run.aggregated
     failures = sorted(run.failures, key=lambda f: -f.occurrences)[:3]
     reasons = judge(rate, row, config.p95_ms, failures[0].error if failures else None)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.gate import evaluate, format_table
 from loadtest.report import ScenarioResult, write_report
-from loadtest.stats import StatsError, read_run
+from loadtest.stats import RunStats, StatsError, read_run
 from loadtest.targets import Scenario, TargetsError, load_targets
 
 logger = logging.getLogger(__name__)
@@ -205,6 +205,34 @@ def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, mo
     return command
 
 
+def run_locust(command: Sequence[str], prefix: Path, duration_s: float, label: str,
+               env: Mapping[str, str] | None = None) -> RunStats:
+    """Run a headless Locust command (``--csv PREFIX``) in a subprocess, bounded to its run time plus the stop
+    timeout and a grace period, its output in ``<prefix's directory>/locust.log``; return its stats.
+
+    Raises:
+        LoadTestError: Locust failed or overran its time, or its output is unreadable (the message starts with
+            ``label``).
+    """
+    run_env = {**os.environ, **(env or {})}
+    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
+    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LOCUSTFILE.parents[1]), run_env.get("PYTHONPATH")]))
+    timeout = duration_s + STOP_TIMEOUT_S + GRACE_S
+    log_path = prefix.parent / "locust.log"
+    with log_path.open("wb") as log:
+        try:
+            code = subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, env=run_env).returncode
+        except subprocess.TimeoutExpired as e:
+            raise LoadTestError(f"{label}: Locust still running after {timeout:g} s; killed") from e
+    if code != 0:
+        raise LoadTestError(f"{label}: Locust exited with code {code}: {log_tail(log_path)}")
+    try:
+        return read_run(prefix)
+    except StatsError as e:
+        raise LoadTestError(f"{label}: {e}") from e
+
+
 def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
                  api_key: str | None = None) -> ScenarioResult:
     """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
@@ -215,26 +243,9 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
     directory.mkdir(parents=True, exist_ok=True)
     prefix = directory / "locust"
     command = locust_command(host, scenario, prefix, corpus, model_name)
-    env = dict(os.environ)
-    if api_key:
-        env["MTGATE_LOADTEST_API_KEY"] = api_key
-    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LOCUSTFILE.parents[1]), env.get("PYTHONPATH")]))
-    timeout = scenario.duration + STOP_TIMEOUT_S + GRACE_S
     logger.info("scenario %s: %s", scenario.name, " ".join(command))
-    log_path = directory / "locust.log"
-    with log_path.open("wb") as log:
-        try:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, env=env).returncode
-        except subprocess.TimeoutExpired as e:
-            raise LoadTestError(f"scenario {scenario.name}: Locust still running after {timeout:g} s; killed") from e
-    if code != 0:
-        raise LoadTestError(f"scenario {scenario.name}: Locust exited with code {code}: {log_tail(log_path)}")
-    try:
-        run = read_run(prefix)
-    except StatsError as e:
-        raise LoadTestError(f"scenario {scenario.name}: {e}") from e
+    extra_env = {"MTGATE_LOADTEST_API_KEY": api_key} if api_key else {}
+    run = run_locust(command, prefix, scenario.duration, f"scenario {scenario.name}", extra_env)
     return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run))
 
 

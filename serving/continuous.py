@@ -34,7 +34,7 @@ import numpy as np
 
 from converters.spec import MASK_VALUE
 from serving.backends.base import StepBackend
-from serving.decoding import Search, SearchOptions, start_search, take_rows
+from serving.decoding import Search, SearchOptions, is_identity, start_search, take_rows
 from serving.engine import DecodeOptions, OnStep, Translation, Translator
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 
@@ -257,15 +257,17 @@ class ContinuousDecoder:
 class _Lane:
     """One dense batch: blocks of rows (one search per option set) and the arrays of the decoder step."""
 
+    _tokens: np.ndarray
+    _positions: np.ndarray
+    _past: np.ndarray | None
+    _cross_kv: np.ndarray | None
+    _src_bias: np.ndarray | None
+    _self_bias: np.ndarray
+
     def __init__(self, backend: StepBackend) -> None:
         self.backend = backend
         self.blocks: list[_Block] = []
-        self._tokens = np.zeros((0, 1), dtype=np.int64)
-        self._positions = np.zeros(0, dtype=np.int64)
-        self._past: np.ndarray | None = None
-        self._cross_kv: np.ndarray | None = None
-        self._src_bias: np.ndarray | None = None
-        self._self_bias = np.zeros((0, 1, 1, 0), dtype=np.float32)
+        self._clear()
 
     @property
     def rows(self) -> int:
@@ -415,14 +417,14 @@ class _Lane:
         positions = self._positions[rows] + 1  # = the cache slots each row has filled (the last ones)
         cut = present.shape[4] - int(positions.max())
         self_bias = np.concatenate([self._self_bias, np.zeros(self._self_bias.shape[:3] + (1,), np.float32)], axis=3)
-        if cut or not _is_identity(rows, present.shape[2]):
+        if cut or not is_identity(rows, present.shape[2]):
             source = present[:, :, :, :, cut:] if cut else present
             self._past = np.take(source, rows, axis=2) if private else take_rows(self.backend, source, rows)
             self._self_bias = np.ascontiguousarray(self_bias[rows, :, :, cut:])
         else:
             self._past = np.array(present) if private else present
             self._self_bias = self_bias
-        if not _is_identity(encoder_rows, self._src_bias.shape[0]):
+        if not is_identity(encoder_rows, self._src_bias.shape[0]):
             self._cross_kv = np.take(self._cross_kv, encoder_rows, axis=2)
             self._src_bias = np.take(self._src_bias, encoder_rows, axis=0)
         self._positions = positions
@@ -436,10 +438,6 @@ class _Lane:
         self._self_bias = self._self_bias[index]
         self._positions = self._positions[index]
         self._tokens = self._tokens[index]
-
-
-def _is_identity(rows: np.ndarray, size: int) -> bool:
-    return rows.size == size and bool((rows == np.arange(size)).all())
 
 
 def _alive(group: _Group) -> bool:

@@ -211,7 +211,7 @@ def search(
         plan = state.advance(log_probs)
         if plan is None:
             break
-        if not _is_identity(plan.rows, past.shape[2]):
+        if not is_identity(plan.rows, past.shape[2]):
             past = take_rows(decoder, past, plan.rows)
         if plan.encoder_rows is not None:
             cross_kv = np.take(cross_kv, plan.encoder_rows, axis=2)
@@ -220,7 +220,8 @@ def search(
     return [state.results.get(i, Hypothesis([], 0.0)) for i in range(caps.size)]
 
 
-def _is_identity(rows: np.ndarray, size: int) -> bool:
+def is_identity(rows: np.ndarray, size: int) -> bool:
+    """``rows`` is ``0..size-1`` in order: taking them would copy the array unchanged."""
     return rows.size == size and bool((rows == np.arange(size)).all())
 
 

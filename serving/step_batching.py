@@ -25,7 +25,6 @@ from serving.batching import (
     BatchObserver,
     BatchStats,
     DynamicBatcher,
-    Pending,
     RunBatch,
     StepCallback,
     _as_serving_error,
@@ -77,7 +76,6 @@ class StepRunner(Protocol):
         ...
 
 
-
 @dataclass(eq=False)
 class _Chunk:
     key: Hashable
@@ -114,13 +112,12 @@ class StepBatcher(DynamicBatcher[P, R]):
         self._joining: list[_Chunk] = []  # handed over, not yet added by the drive loop (guarded by _lock)
         self._driving = False  # a drive loop is running or scheduled (guarded by _lock)
         self._stopping = False
-        self._in_flight = 0  # items handed over and not yet finished (event loop only)
         self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
 
     @property
     def in_flight(self) -> int:
         """Sentences handed to the decode batch and not finished."""
-        return self._in_flight
+        return sum(len(chunk.items) for chunk in self._chunks)
 
     async def stop(self) -> None:
         """Refuse new requests, fail queued and in-flight ones with ModelNotReady and stop the worker thread."""
@@ -142,7 +139,7 @@ class StepBatcher(DynamicBatcher[P, R]):
 
     def _hand_over(self) -> None:
         """Move queued items, oldest first, into the decode batch while it has room."""
-        room = self.limits.max_items - self._in_flight
+        room = self.limits.max_items - self.in_flight
         if room <= 0 or not self._groups:
             return
         queued = sorted((item for group in self._groups.values() for item in group), key=lambda i: i.enqueued_at)
@@ -155,7 +152,6 @@ class StepBatcher(DynamicBatcher[P, R]):
             else:
                 del self._groups[key]
         self._queued -= len(chosen)
-        self._in_flight += len(chosen)
         self._report_depth()
         self._room.set()
         now = time.monotonic()
@@ -180,7 +176,6 @@ class StepBatcher(DynamicBatcher[P, R]):
         if chunk not in self._chunks:
             return
         self._chunks.discard(chunk)
-        self._in_flight -= len(chunk.items)
         ok = not isinstance(outcome, BaseException)
         if isinstance(outcome, BaseException) and all(item.request.done for item in chunk.items):
             if self._observer is not None:  # cancelled or expired while decoding: its rows left the batch
@@ -226,6 +221,8 @@ class StepBatcher(DynamicBatcher[P, R]):
                     loop.call_soon_threadsafe(self._finish, chunk, error)
                 return
         runner = self._runner
+        # Prometheus metrics are thread-safe: the step count goes to the observer without a hop to the event loop.
+        observe_step = getattr(self._observer, "on_step", None)
         while True:
             with self._lock:
                 joining, self._joining = self._joining, []
@@ -243,9 +240,8 @@ class StepBatcher(DynamicBatcher[P, R]):
                 except Exception as error:  # the runner reports its own failures; this is a bug
                     logger.exception("batcher %s: step failed", self.name)
                     runner.fail(error)
-                on_step = getattr(self._observer, "on_step", None)
-                if on_step is not None:  # prometheus metrics are thread-safe: no hop to the event loop
-                    on_step(sentences)
+                if observe_step is not None:
+                    observe_step(sentences)
 
     def _add(self, runner: StepRunner, chunk: _Chunk, loop: asyncio.AbstractEventLoop) -> None:
         items = chunk.items
@@ -275,5 +271,3 @@ def _log_drive_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("step batcher: the drive loop died", exc_info=future.exception())
 
-
-__all__ = ["StepBatcher", "StepRunner", "Pending"]
