@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from serving.cli_options import add_log_level
+
 # subcommand -> (module, one-line help)
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("converters.convert_cli", "convert a Hugging Face Marian or tensor2tensor checkpoint into a model package"),
@@ -32,10 +34,12 @@ class UsageError(Exception):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
-    parser.add_argument("--log-level", default=None, help="logging level (default: WARNING; for serve, $MTGATE_LOG_LEVEL)")
+    level_help = "logging level, before or after the subcommand (default: WARNING; for serve, $MTGATE_LOG_LEVEL)"
+    add_log_level(parser, default=None, help=level_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        add_log_level(sub_parser, help=level_help)
         if only is None or name == only:
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)

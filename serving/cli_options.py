@@ -1,0 +1,157 @@
+"""One vocabulary of command-line options for every ``mtgate`` subcommand and ``batch-score``.
+
+The same thing has the same name in every command, Triton's name where Triton has one:
+
+=========================  =============================================  ==========================================
+option                     what it is                                     old spellings (hidden, accepted one release)
+=========================  =============================================  ==========================================
+``-m, --model PKG``        a model package (``mtgate convert``'s output)  ``--candidate`` (validate)
+``--checkpoint DIR``       a training checkpoint (bench)                  ``--model`` (bench)
+``--backend NAME``         ``onnxruntime`` or ``openvino``                ``--runtime``
+``--precision NAME``       ``fp32`` or ``int8``
+``--threads N``            intra-op threads of the runtime
+``--beam-size N``          beams (1: greedy)
+``--max-length N``         most generated tokens per sentence, EOS excl.
+``--max-batch-size N``     most sentences in one engine batch             ``--max-batch-sentences``
+``--max-batch-tokens N``   most padded source tokens in one batch         ``--max-tokens`` (batch-score)
+``--max-queue-delay-us N`` longest wait of a queued sentence for a        ``--max-batch-delay-ms`` (milliseconds)
+                           fuller batch, in microseconds
+``--max-queue-size N``     most sentences waiting; beyond it 503          ``--queue-capacity``
+``--api-key KEY``          ``Authorization: Bearer KEY``
+``--log-level LEVEL``      before or after the subcommand
+=========================  =============================================  ==========================================
+
+Each ``add_*`` function registers one option with its help text; an old spelling is registered with
+``argparse.SUPPRESS`` help (so ``--help`` shows only the new name) and writes the same destination.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("onnxruntime", "openvino")
+PRECISIONS = ("fp32", "int8")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer of at least 0."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {number}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    """argparse type: a number above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return number
+
+
+def log_level(value: str) -> str:
+    """argparse type: a logging level name (any case)."""
+    upper = value.upper()
+    if upper not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown level {value!r} (choose from {', '.join(LOG_LEVELS)})")
+    return upper
+
+
+class _MillisecondsToMicroseconds(argparse.Action):
+    """An old option given in milliseconds that fills a destination in microseconds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, int(round(float(values) * 1000)))
+
+
+def add_alias(parser: argparse.ArgumentParser | Any, old: str, dest: str, **kwargs: Any) -> None:
+    """Accept the old spelling ``old`` for ``dest`` without showing it in ``--help``."""
+    parser.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def add_model(parser: argparse.ArgumentParser | Any, help: str, *, repeat: bool = False, required: bool = False,
+              aliases: Sequence[str] = (), dest: str = "model") -> None:
+    """``-m/--model PKG``: a model package (``repeat``: the option may be given several times, a list)."""
+    kwargs: dict[str, Any] = {"type": Path, "metavar": "PKG"}
+    if repeat:
+        kwargs["action"] = "append"
+    parser.add_argument("-m", "--model", dest=dest, required=required, help=help, **kwargs)
+    for old in aliases:
+        add_alias(parser, old, dest, **kwargs)
+
+
+def add_runtime(parser: argparse.ArgumentParser | Any, *, default_backend: str | None = "onnxruntime",
+                default_precision: str | None = "fp32", threads_help: str = "intra-op threads of the runtime "
+                "(default: the engine's choice for this machine)") -> None:
+    """``--backend``, ``--precision`` and ``--threads`` (the old ``--runtime`` hidden)."""
+    shown = f" (default {default_backend})" if default_backend else ""
+    parser.add_argument("--backend", choices=BACKENDS, default=default_backend,
+                        help=f"runtime that runs the graphs{shown}")
+    add_alias(parser, "--runtime", "backend", choices=BACKENDS)
+    shown = f" (default {default_precision})" if default_precision else ""
+    parser.add_argument("--precision", choices=PRECISIONS, default=default_precision,
+                        help=f"which artifact of the package to load{shown}")
+    parser.add_argument("--threads", type=positive_int, metavar="N", help=threads_help)
+
+
+def add_decoding(parser: argparse.ArgumentParser | Any) -> None:
+    """``--beam-size`` and ``--max-length`` (default: the package's decoding defaults)."""
+    parser.add_argument("--beam-size", type=positive_int, metavar="N",
+                        help="beams (1: greedy search; default: the package's)")
+    parser.add_argument("--max-length", type=positive_int, metavar="N",
+                        help="at most N generated tokens per sentence, EOS excluded (default: the package's)")
+
+
+def add_max_batch_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
+    """``--max-batch-size N`` (the old ``--max-batch-sentences`` hidden)."""
+    parser.add_argument("--max-batch-size", type=positive_int, default=default, metavar="N", help=help)
+    add_alias(parser, "--max-batch-sentences", "max_batch_size", type=positive_int)
+
+
+def add_max_batch_tokens(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None,
+                         aliases: Sequence[str] = ()) -> None:
+    """``--max-batch-tokens N``."""
+    parser.add_argument("--max-batch-tokens", type=positive_int, default=default, metavar="N", help=help)
+    for old in aliases:
+        add_alias(parser, old, "max_batch_tokens", type=positive_int)
+
+
+def add_max_queue_delay(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
+    """``--max-queue-delay-us N`` (the old ``--max-batch-delay-ms`` hidden, converted to microseconds)."""
+    parser.add_argument("--max-queue-delay-us", type=non_negative_int, default=default, metavar="US", help=help)
+    parser.add_argument("--max-batch-delay-ms", dest="max_queue_delay_us", action=_MillisecondsToMicroseconds,
+                        type=float, help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+
+
+def add_max_queue_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
+    """``--max-queue-size N`` (the old ``--queue-capacity`` hidden)."""
+    parser.add_argument("--max-queue-size", type=positive_int, default=default, metavar="N", help=help)
+    add_alias(parser, "--queue-capacity", "max_queue_size", type=positive_int)
+
+
+def add_log_level(parser: argparse.ArgumentParser | Any, *, default: Any = argparse.SUPPRESS,
+                  help: str = "logging level (default WARNING)") -> None:
+    """``--log-level LEVEL``; with the default ``SUPPRESS`` a subcommand parser leaves the global value alone."""
+    parser.add_argument("--log-level", type=log_level, default=default, metavar="LEVEL", help=help)
