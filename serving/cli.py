@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from serving.cli_options import add_log_level
 
@@ -32,8 +33,15 @@ class UsageError(Exception):
     """Bad arguments or input: reported as one line on stderr, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``mtgate translate: error: argument --beam-size: ...`` (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
+    parser = _Parser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
     level_help = "logging level, before or after the subcommand (default: WARNING; for serve, $MTGATE_LOG_LEVEL)"
     add_log_level(parser, default=None, help=level_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

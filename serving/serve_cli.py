@@ -13,13 +13,21 @@ import logging
 import signal
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
 
 from serving.cli import UsageError
+from serving.cli_options import (
+    add_max_batch_size,
+    add_max_batch_tokens,
+    add_max_queue_delay,
+    add_max_queue_size,
+    add_model,
+    add_runtime,
+    non_negative_int,
+)
 from serving.package import PackageError, read_manifest
 
 logger = logging.getLogger(__name__)
@@ -31,11 +39,11 @@ _SETTINGS_FLAGS = {
     "backend": "backend",
     "precision": "precision",
     "threads": "threads",
-    "max_batch_sentences": "max_batch_sentences",
+    "max_batch_size": "max_batch_size",
     "max_batch_tokens": "max_batch_tokens",
-    "max_batch_delay_ms": "max_batch_delay_ms",
+    "max_queue_delay_us": "max_queue_delay_us",
     "batching": "batching",
-    "queue_capacity": "queue_capacity",
+    "max_queue_size": "max_queue_size",
     "request_timeout": "request_timeout_s",
     "grace_period": "grace_period_s",
     "drain_delay": "drain_delay_s",
@@ -44,28 +52,24 @@ _SETTINGS_FLAGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-m",
-        "--model",
-        dest="models",
-        action="append",
-        type=Path,
-        metavar="PKG",
-        help="model package directory (repeat to serve several; the first is the default; "
+    add_model(
+        parser,
+        "model package directory (repeat to serve several; the first is the default; "
         "default: the bundled demo model models/demo-en-de)",
+        repeat=True,
+        dest="models",
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 8000, 0 picks a free one; MTGATE_PORT)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], help="runtime (default onnxruntime)")
-    parser.add_argument("--precision", choices=["fp32", "int8"], help="artifact precision (default fp32)")
-    parser.add_argument("--threads", type=int, help="intra-op threads of the runtime (default: the engine's choice)")
-    parser.add_argument("--max-batch-sentences", type=int, help="most sentences per engine batch (default 32)")
-    parser.add_argument("--max-batch-tokens", type=int, help="most padded source tokens per batch (default 8192)")
-    parser.add_argument("--max-batch-delay-ms", type=float, help="longest wait for a fuller batch (default 5)")
+    parser.add_argument("--port", type=non_negative_int, help="port to listen on (default 8000, 0 picks a free one; "
+                        "MTGATE_PORT)")
+    add_runtime(parser, default_backend=None, default_precision=None)
+    add_max_batch_size(parser, "most sentences per engine batch (default 32)")
+    add_max_batch_tokens(parser, "most padded source tokens per batch (default 8192)")
+    add_max_queue_delay(parser, "longest wait of a queued sentence for a fuller batch, in microseconds (default 5000)")
     parser.add_argument("--batching", choices=["request", "step"],
                         help="request: a batch runs to its end before the next starts; step: new sentences join the "
                              "running batch at the next decoder step (default request; MTGATE_BATCHING)")
-    parser.add_argument("--queue-capacity", type=int, help="most sentences waiting; beyond it 503 (default 512)")
+    add_max_queue_size(parser, "most sentences waiting per model; beyond it 503 with Retry-After (default 512)")
     parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="request deadline (default 30)")
     parser.add_argument("--grace-period", type=float, metavar="SECONDS", help="SIGTERM drain limit (default 30)")
     parser.add_argument(

@@ -7,11 +7,13 @@ Build it once (``ServingSettings()`` reads the environment, keyword arguments ov
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 # models/demo-en-de beside the source tree (also where the Docker image puts it).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
@@ -41,10 +43,13 @@ class ServingSettings(BaseSettings):
         batching: ``request``: queued sentences form a batch that runs to its end before the next one starts;
             ``step``: they join the running decode batch at the next decoder step and leave it when done
             (``serving.step_batching``).
-        max_batch_sentences: most sentences in one engine batch (with ``step`` batching: in flight at once).
+        max_batch_size: most sentences in one engine batch (with ``step`` batching: in flight at once); the old
+            ``MTGATE_MAX_BATCH_SENTENCES`` still works.
         max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch (``request`` only).
-        max_batch_delay_ms: how long the oldest queued sentence may wait for a fuller batch (``request`` only).
-        queue_capacity: most sentences waiting per model; beyond it requests get 503 with Retry-After.
+        max_queue_delay_us: how long the oldest queued sentence may wait for a fuller batch, in microseconds
+            (``request`` only); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
+        max_queue_size: most sentences waiting per model; beyond it requests get 503 with Retry-After; the old
+            ``MTGATE_QUEUE_CAPACITY`` still works.
         retry_after_s: the Retry-After value sent with that 503.
         request_timeout_s: default deadline of a request; a client may only shorten it.
         max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
@@ -64,7 +69,8 @@ class ServingSettings(BaseSettings):
         access_log: also log one line per HTTP request (uvicorn's access log).
     """
 
-    model_config = SettingsConfigDict(env_prefix="MTGATE_", extra="ignore", validate_default=True)
+    # validate_by_name: ServingSettings(max_batch_size=...) works although the field's aliases are env var names.
+    model_config = SettingsConfigDict(env_prefix="MTGATE_", extra="ignore", validate_default=True, validate_by_name=True)
 
     model_dirs: list[Path] = Field(default_factory=lambda: [DEFAULT_MODEL_DIR], min_length=1)
     backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
@@ -74,10 +80,15 @@ class ServingSettings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
 
     batching: Literal["request", "step"] = "request"
-    max_batch_sentences: int = Field(default=32, ge=1)
+    # An alias is the whole environment variable name (the prefix does not apply to aliases).
+    max_batch_size: int = Field(
+        default=32, ge=1, validation_alias=AliasChoices("mtgate_max_batch_size", "mtgate_max_batch_sentences")
+    )
     max_batch_tokens: int = Field(default=8192, ge=1)
-    max_batch_delay_ms: float = Field(default=5.0, ge=0)
-    queue_capacity: int = Field(default=512, ge=1)
+    max_queue_delay_us: int = Field(default=5000, ge=0)  # MTGATE_MAX_BATCH_DELAY_MS: _LegacyEnvironment
+    max_queue_size: int = Field(
+        default=512, ge=1, validation_alias=AliasChoices("mtgate_max_queue_size", "mtgate_queue_capacity")
+    )
     retry_after_s: int = Field(default=1, ge=0)
     request_timeout_s: float = Field(default=30.0, gt=0)
 
@@ -96,6 +107,19 @@ class ServingSettings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     access_log: bool = False
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The old variables in other units come after the current environment: a new name given too wins.
+        legacy = _LegacyEnvironment(settings_cls)
+        return init_settings, env_settings, legacy, dotenv_settings, file_secret_settings
 
     @field_validator("log_level")
     @classmethod
@@ -116,10 +140,10 @@ class ServingSettings(BaseSettings):
     @model_validator(mode="after")
     def _consistent_limits(self) -> ServingSettings:
         problems = []
-        if self.max_sentences_per_request > self.queue_capacity:
+        if self.max_sentences_per_request > self.max_queue_size:
             problems.append(
-                f"max_sentences_per_request ({self.max_sentences_per_request}) exceeds queue_capacity "
-                f"({self.queue_capacity}): such a request could never be queued"
+                f"max_sentences_per_request ({self.max_sentences_per_request}) exceeds max_queue_size "
+                f"({self.max_queue_size}): such a request could never be queued"
             )
         names = [p.name for p in self.model_dirs]
         if len(set(self.model_dirs)) != len(self.model_dirs):
@@ -127,3 +151,24 @@ class ServingSettings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+class _LegacyEnvironment(PydanticBaseSettingsSource):
+    """Old environment variables whose unit changed with their name (an alias cannot convert):
+    ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) fills ``max_queue_delay_us``."""
+
+    _OLD = {"MTGATE_MAX_BATCH_DELAY_MS": ("max_queue_delay_us", 1000.0)}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        environment = {name.upper(): value for name, value in os.environ.items()}
+        values: dict[str, Any] = {}
+        for old, (field, factor) in self._OLD.items():
+            if old in environment:
+                try:
+                    values[field] = round(float(environment[old]) * factor)
+                except (ValueError, OverflowError):
+                    values[field] = environment[old]  # let the field's validation name the bad value
+        return values

@@ -11,9 +11,9 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from serving.cli import UsageError
+from serving.cli_options import add_decoding, add_model, add_runtime
 from serving.settings import DEFAULT_MODEL_DIR, demo_missing, demo_model
 
 logger = logging.getLogger(__name__)
@@ -24,16 +24,9 @@ _CHUNK_LINES = 256
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``translate`` options."""
     parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: stdin, one per line)")
-    parser.add_argument(
-        "-m", "--model", type=Path, metavar="DIR", help=f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})"
-    )
-    parser.add_argument("--beam-size", type=int, metavar="N", help="beams (1: greedy; default: the package's)")
-    parser.add_argument(
-        "--max-length", type=int, metavar="N", help="at most N generated tokens per sentence, EOS excluded"
-    )
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime", help="runtime")
-    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="artifact precision")
-    parser.add_argument("--threads", type=int, metavar="N", help="runtime intra-op threads (default: all cores)")
+    add_model(parser, f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})")
+    add_runtime(parser)
+    add_decoding(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,10 +35,6 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         UsageError: bad options, a missing or invalid package, an input longer than the model accepts.
     """
-    for name in ("beam_size", "max_length", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     package = args.model if args.model is not None else demo_model()
     if package is None:
         raise UsageError(demo_missing())

@@ -269,7 +269,8 @@ def _serve_flags() -> dict[str, str]:
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
-    option = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    option = {action.dest: action.option_strings[0] for action in parser._actions
+              if action.option_strings and action.help != argparse.SUPPRESS}  # hidden aliases are not shown
     flags = {setting: f"`{option[dest]}`" for dest, setting in serve_cli._SETTINGS_FLAGS.items()}
     flags["model_dirs"] = f"`{option['models']} PKG` (repeatable)"
     flags["access_log"] = f"`{option['access_log']}`"

@@ -128,10 +128,10 @@ class ModelRunner:
     def start(self) -> None:
         s = self._settings
         limits = BatchLimits(
-            max_items=s.max_batch_sentences,
+            max_items=s.max_batch_size,
             max_cost=s.max_batch_tokens,
-            max_delay_s=s.max_batch_delay_ms / 1000,
-            queue_capacity=s.queue_capacity,
+            max_delay_s=s.max_queue_delay_us / 1e6,
+            queue_capacity=s.max_queue_size,
             retry_after_s=s.retry_after_s,
         )
         observer = self._metrics.observer(self.name)

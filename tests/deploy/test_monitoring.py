@@ -31,7 +31,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 def exposition(model_package: Path) -> Iterator[dict[str, set[str] | None]]:
     """Series name -> label names seen on /metrics after translating over /v1 and /v2 (and one expired deadline);
     None for a series the server declares (HELP/TYPE) but has no sample of yet."""
-    settings = ServingSettings(model_dirs=[model_package], threads=1, max_batch_delay_ms=20.0)
+    settings = ServingSettings(model_dirs=[model_package], threads=1, max_queue_delay_us=20_000)
     with TestClient(create_app(settings)) as client:
         deadline = time.monotonic() + 60
         while client.get("/v2/health/ready").status_code != 200:

@@ -91,7 +91,7 @@ def test_bad_input(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     code, lines, err = run(["-m", str(tmp_path), "x"], capsys)
     _one_line_error(code, err, "not an mtgate model package")
     code, lines, err = run(["-m", str(package), "--beam-size", "0", "x"], capsys)
-    _one_line_error(code, err, "--beam-size must be at least 1")
+    _one_line_error(code, err, "--beam-size: must be at least 1")
     code, lines, err = run(["-m", str(package), "--precision", "int8", "x"], capsys)
     _one_line_error(code, err, "no onnxruntime/int8 artifact", "onnxruntime/fp32")
     code, lines, err = run(["-m", str(package), "--beam-size", "1"], capsys, "fine\n" + "word " * 300 + "\n",

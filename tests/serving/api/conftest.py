@@ -40,7 +40,7 @@ def wait_ready(client: TestClient, timeout: float = 10.0) -> None:
 def serve_app(translator: Any = None, **settings: Any) -> Iterator[TestClient]:
     """The real app around ``translator`` (default: an EchoTranslator), started and ready."""
     settings.setdefault("model_dirs", [ROOT / "unused"])
-    settings.setdefault("max_batch_delay_ms", 2.0)
+    settings.setdefault("max_queue_delay_us", 2000)
     app = create_app(ServingSettings(**settings), translator if translator is not None else EchoTranslator())
     with TestClient(app, raise_server_exceptions=False) as client:
         wait_ready(client)

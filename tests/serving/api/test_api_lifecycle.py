@@ -53,7 +53,7 @@ def test_not_ready_until_warm_then_ready() -> None:
 def test_overload_gives_503_with_retry_after_and_accepted_requests_complete(serve: Any) -> None:
     translator = EchoTranslator(step_delay=0.02)
     with serve(
-        translator, queue_capacity=4, max_sentences_per_request=4, max_batch_sentences=2, retry_after_s=2, warmup=False
+        translator, max_queue_size=4, max_sentences_per_request=4, max_batch_size=2, retry_after_s=2, warmup=False
     ) as client:
         results: dict[int, Any] = {}
 
@@ -155,7 +155,7 @@ def test_metrics_parse_and_move(client: TestClient) -> None:
 
 def test_client_disconnect_cancels_queued_work(live: Any) -> None:
     translator = EchoTranslator(step_delay=0.1)
-    with live(translator, max_batch_sentences=1, max_batch_delay_ms=0, warmup=False) as url:
+    with live(translator, max_batch_size=1, max_queue_delay_us=0, warmup=False) as url:
         host, port = url.removeprefix("http://").split(":")
 
         async def main() -> None:
@@ -184,7 +184,7 @@ def test_client_disconnect_cancels_queued_work(live: Any) -> None:
 
 def test_stream_disconnect_cancels_queued_work(live: Any) -> None:
     translator = EchoTranslator(step_delay=0.1)
-    with live(translator, max_batch_sentences=1, max_batch_delay_ms=0, warmup=False) as url:
+    with live(translator, max_batch_size=1, max_queue_delay_us=0, warmup=False) as url:
 
         async def main() -> None:
             async with httpx.AsyncClient(base_url=url) as client:

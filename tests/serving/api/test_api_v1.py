@@ -32,7 +32,7 @@ def test_translate_a_string_and_a_list(client: TestClient) -> None:
 
 def test_decode_options_reach_the_engine_and_split_batches(serve: Any) -> None:
     translator = EchoTranslator(step_delay=0.01)
-    with serve(translator, max_batch_delay_ms=50) as client:
+    with serve(translator, max_queue_delay_us=50_000) as client:
         translator.batches.clear()
         translator.options.clear()
         results: dict[int, Any] = {}
@@ -53,7 +53,7 @@ def test_decode_options_reach_the_engine_and_split_batches(serve: Any) -> None:
 
 def test_concurrent_clients_get_their_own_answers_in_shared_batches(serve: Any) -> None:
     translator = EchoTranslator(step_delay=0.005)
-    with serve(translator, max_batch_delay_ms=20) as client:
+    with serve(translator, max_queue_delay_us=20_000) as client:
         results: dict[int, str] = {}
 
         def call(i: int) -> None:
@@ -129,7 +129,7 @@ def test_bulk_ndjson_in_and_out(client: TestClient) -> None:
 
 
 def test_bulk_larger_than_the_queue_completes(serve: Any) -> None:
-    with serve(queue_capacity=8, bulk_window=4, max_sentences_per_request=8) as client:
+    with serve(max_queue_size=8, bulk_window=4, max_sentences_per_request=8) as client:
         body = "\n".join(json.dumps(f"w{i}") for i in range(100))
         r = client.post("/v1/translate/bulk", content=body)
         out = [json.loads(line) for line in r.text.splitlines()]
@@ -212,7 +212,7 @@ def test_body_size_limit_names_the_limit(serve: Any) -> None:
 
 def test_engine_failure_is_500_and_isolated(serve: Any) -> None:
     translator = EchoTranslator(fail_on="explode", step_delay=0.01)
-    with serve(translator, max_batch_delay_ms=30) as client:
+    with serve(translator, max_queue_delay_us=30_000) as client:
         out: dict[str, Any] = {}
 
         def call(text: str) -> None:

@@ -42,7 +42,7 @@ def test_invalid_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path, mo
     assert code == 2 and "port" in err and "invalid settings" in err
     monkeypatch.setenv("MTGATE_MAX_SENTENCES_PER_REQUEST", "5000")
     code, err = run_cli(capsys, "-m", str(tmp_path))
-    assert code == 2 and "queue_capacity" in err
+    assert code == 2 and "max_queue_size" in err
     monkeypatch.delenv("MTGATE_MAX_SENTENCES_PER_REQUEST")
     monkeypatch.setenv("MTGATE_LOG_LEVEL", "chatty")
     code, err = run_cli(capsys, "-m", str(tmp_path))
@@ -92,3 +92,30 @@ def test_global_log_level_overrides_the_environment(monkeypatch: pytest.MonkeyPa
     assert build_settings(parser.parse_args(["serve"])).log_level == "DEBUG"
     given = parser.parse_args(["--log-level", "WARNING", "serve"])
     assert build_settings(given).log_level == "WARNING"
+
+
+def test_old_option_and_environment_names_still_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from serving.cli import build_parser
+    from serving.settings import ServingSettings
+
+    (tmp_path / "pkg").mkdir()
+    package = str(tmp_path / "pkg")
+    parser = build_parser(only="serve")
+    old = parser.parse_args(["serve", "-m", package, "--max-batch-sentences", "3", "--max-batch-delay-ms", "2.5",
+                             "--queue-capacity", "300", "--runtime", "openvino"])
+    new = parser.parse_args(["serve", "-m", package, "--max-batch-size", "3", "--max-queue-delay-us", "2500",
+                             "--max-queue-size", "300", "--backend", "openvino"])
+    assert vars(old) == vars(new)
+    monkeypatch.setenv("MTGATE_MAX_BATCH_SENTENCES", "7")
+    monkeypatch.setenv("MTGATE_MAX_BATCH_DELAY_MS", "20")
+    monkeypatch.setenv("MTGATE_QUEUE_CAPACITY", "256")
+    settings = ServingSettings()
+    assert (settings.max_batch_size, settings.max_queue_delay_us, settings.max_queue_size) == (7, 20_000, 256)
+    monkeypatch.setenv("MTGATE_MAX_QUEUE_DELAY_US", "100")  # the new name wins over the old one
+    monkeypatch.setenv("MTGATE_MAX_BATCH_SIZE", "9")
+    assert (ServingSettings().max_batch_size, ServingSettings().max_queue_delay_us) == (9, 100)
+    assert ServingSettings(max_batch_size=2, max_queue_delay_us=0).max_batch_size == 2
+    monkeypatch.setenv("MTGATE_MAX_BATCH_DELAY_MS", "soon")
+    monkeypatch.delenv("MTGATE_MAX_QUEUE_DELAY_US")
+    with pytest.raises(Exception, match="max_queue_delay_us"):
+        ServingSettings()

@@ -90,7 +90,7 @@ def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, 
 @pytest.fixture(scope="module", params=["request", "step"])
 def server(request: pytest.FixtureRequest, tiny_package: Path) -> Iterator[ServerProcess]:
     """The server with each batching mode: every test below holds for both."""
-    proc = start_server(tiny_package, "--max-batch-delay-ms", "20", "--batching", request.param)
+    proc = start_server(tiny_package, "--max-queue-delay-us", "20000", "--batching", request.param)
     proc.batching = request.param
     yield proc
     assert proc.stop() == 0, "".join(proc.log)
@@ -338,9 +338,9 @@ def test_browser_translates_on_the_page(server: ServerProcess) -> None:
 def test_overload_sheds_excess_with_retry_after(tiny_package: Path, translator: Translator) -> None:
     proc = start_server(
         tiny_package,
-        "--queue-capacity",
+        "--max-queue-size",
         "4",
-        "--max-batch-sentences",
+        "--max-batch-size",
         "2",
         env={"MTGATE_MAX_SENTENCES_PER_REQUEST": "2", "MTGATE_RETRY_AFTER_S": "3"},
     )
@@ -378,7 +378,7 @@ def test_overload_sheds_excess_with_retry_after(tiny_package: Path, translator: 
 @pytest.mark.parametrize("batching", ["request", "step"])
 def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_package: Path, translator: Translator,
                                                         batching: str) -> None:
-    proc = start_server(tiny_package, "--max-batch-sentences", "1", "--drain-delay", "1.5", "--grace-period", "30",
+    proc = start_server(tiny_package, "--max-batch-size", "1", "--drain-delay", "1.5", "--grace-period", "30",
                         "--batching", batching)
     texts = SENTENCES[120:136]  # 64 sentences one at a time: the 4 requests are still in flight when polled
     expected = [t.text for t in translator.translate(texts, DecodeOptions())]
