@@ -1,11 +1,13 @@
-"""What every checkpoint reader returns, and the base class readers implement.
+"""What every checkpoint reader returns, the base class readers implement, and the helpers they share.
 
-A reader (``MarianConverter``, ``T2TConverter``) only implements :meth:`Converter.load`; ``converters/convert.py``
-does the rest (validate -> emit ONNX -> OpenVINO -> int8 -> parity -> package) the same way for every framework.
+A reader (``MarianConverter``, ``T2TConverter``) only implements :meth:`Converter.detect` and :meth:`Converter.load`;
+``converters/readers.py`` picks the reader for a directory, and ``converters/convert.py`` does the rest (validate ->
+emit ONNX -> OpenVINO -> int8 -> parity -> package) the same way for every framework.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,3 +70,23 @@ class Converter(ABC):
         Raises:
             ConversionError: listing every reason the checkpoint cannot be converted.
         """
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint directory.
+
+    Raises:
+        ConversionError: unreadable, not JSON, or not an object (naming the file).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConversionError(f"{path}: unreadable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return data
+
+
+def cannot_convert(source_dir: Path, kind: str, problems: list[str]) -> ConversionError:
+    """The error for a checkpoint with unsupported options or missing parts: a header line, then one per reason."""
+    return ConversionError(f"{source_dir}: cannot convert this {kind} checkpoint:\n  " + "\n  ".join(problems))

@@ -1,7 +1,8 @@
 """``mtgate convert SRC -o DIR``: a checkpoint directory -> a verified model package.
 
 Exit codes: 0 written; 1 an fp32 artifact failed the parity check (nothing written); 2 bad input (not a checkpoint,
-a missing vocab, unsupported options, a mis-shaped weight...: one header line plus every reason, nothing written).
+a missing vocab, unsupported options, a mis-shaped weight, an existing DIR without ``--overwrite``...: one header
+line plus every reason, nothing written).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving.package import PRECISIONS, RUNTIMES
+from serving.cli_options import non_negative_int
+from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="SRC",
                         help="Hugging Face Marian directory or tensor2tensor checkpoint directory")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="package directory to write")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace DIR if it exists (atomically: the old package stays until the new one is complete)")
     parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
                         help=f"comma-separated runtimes (default: {','.join(RUNTIMES)})")
     parser.add_argument("--precision", type=_csv, default=["fp32", "int8"], dest="precisions",
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t2t.add_argument("--hparams-set", default=None,
                      help="hparams set when the checkpoint has no hparams.json (transformer_base, transformer_big)")
     t2t.add_argument("--vocab", type=Path, default=None, help="the .subwords vocabulary file")
-    t2t.add_argument("--target-space-id", type=int, default=None, help="target space id (default 0)")
+    t2t.add_argument("--target-space-id", type=non_negative_int, default=None, metavar="N",
+                     help="target space id (default 0)")
 
 
 def reader_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,27 +79,26 @@ def run(args: argparse.Namespace) -> int:
             reader_options=reader_options(args),
             progress=lambda message: logger.info("%s", message),
             quality=quality,
+            overwrite=args.overwrite,
         )
     except ParityError as e:
         sys.stderr.write(f"mtgate convert: {e}\n")
         return 1
-    except (ConversionError, ValueError) as e:
+    except (ConversionError, PackageError, FileExistsError, ValueError) as e:
         raise UsageError(str(e)) from e
     except OSError as e:  # e.g. the output's parent is not writable
         raise UsageError(f"{e.filename or args.output}: {e.strerror or e}") from e
-    parity = manifest.get("parity", {})
-    sys.stdout.write(f"wrote {args.output} ({manifest['name']} {manifest['version']}) in "
+    sys.stdout.write(f"wrote {args.output} ({manifest.name} {manifest.version}) in "
                      f"{time.perf_counter() - started:.1f}s\n")
-    for artifact in manifest["artifacts"]:
-        key = f"{artifact['runtime']}/{artifact['precision']}"
-        row = parity.get(key)
+    for artifact in manifest.artifacts:
+        row = manifest.parity.get(artifact.key)
         if row is None:
-            sys.stdout.write(f"  {key}: not verified\n")
-        elif "log_probs_max_abs" in row and artifact["precision"] == "fp32":
-            sys.stdout.write(f"  {key}: max abs diff from the source model: log_probs {row['log_probs_max_abs']:.2e}, "
-                             f"memory {row['memory_max_abs']:.2e}\n")
+            sys.stdout.write(f"  {artifact.key}: not verified\n")
+        elif "log_probs_max_abs" in row and artifact.precision == "fp32":
+            sys.stdout.write(f"  {artifact.key}: max abs diff from the source model: log_probs "
+                             f"{row['log_probs_max_abs']:.2e}, memory {row['memory_max_abs']:.2e}\n")
         else:
-            sys.stdout.write(f"  {key}: next-token agreement with fp32 {row['next_token_agreement']:.3f}, greedy "
-                             f"{row['greedy_token_agreement']:.3f} (sentences identical "
+            sys.stdout.write(f"  {artifact.key}: next-token agreement with fp32 {row['next_token_agreement']:.3f}, "
+                             f"greedy {row['greedy_token_agreement']:.3f} (sentences identical "
                              f"{row['greedy_sentence_exact']:.3f})\n")
     return 0

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.base import ConversionError, Converter, LoadedModel
+from converters.base import ConversionError, Converter, LoadedModel, cannot_convert, read_json
 from converters.spec import DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 
 logger = logging.getLogger(__name__)
@@ -91,16 +91,6 @@ def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
     return out
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError(f"{path}: unreadable JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
-    return data
-
-
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     # numpy has no bfloat16: a bf16 value is the high half of the float32 with the same bits.
     return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -154,7 +144,7 @@ def load_marian_weights(source_dir: Path) -> dict[str, np.ndarray]:
         if (source_dir / "model.safetensors").is_file():
             raw = _load_safetensors(source_dir / "model.safetensors")
         elif (source_dir / "model.safetensors.index.json").is_file():
-            index = _read_json(source_dir / "model.safetensors.index.json")
+            index = read_json(source_dir / "model.safetensors.index.json")
             raw = {}
             for shard in sorted(set(index.get("weight_map", {}).values())):
                 raw |= _load_safetensors(source_dir / shard)
@@ -201,7 +191,7 @@ class MarianConverter(Converter):
         """
         src = self.source_dir
         problems: list[str] = [f"option {name!r} does not apply to Marian checkpoints" for name in self.options]
-        hf = _CONFIG_DEFAULTS | _read_json(src / "config.json")
+        hf = _CONFIG_DEFAULTS | read_json(src / "config.json")
         problems += _config_problems(hf)
         missing = [name for name in _TOKENIZER_FILES if not (src / name).is_file()]
         shared = bool(hf["share_encoder_decoder_embeddings"])
@@ -214,7 +204,7 @@ class MarianConverter(Converter):
         gen, ignored, gen_problems = _generation_settings(src, hf)
         problems += gen_problems
         if problems:
-            raise ConversionError(f"{src}: cannot convert this Marian checkpoint:\n  " + "\n  ".join(problems))
+            raise cannot_convert(src, "Marian", problems)
 
         vocab_size = int(hf["vocab_size"])
         target_vocab_size = vocab_size if shared else int(hf["decoder_vocab_size"] or vocab_size)
@@ -240,7 +230,7 @@ class MarianConverter(Converter):
             ffn_bias=True,
             logits_bias=False,  # set below when final_logits_bias is present and non-zero
         )
-        vocab = _read_json(src / "vocab.json")
+        vocab = read_json(src / "vocab.json")
         unk = vocab.get("<unk>")
         special = SpecialIds(
             pad=int(hf["pad_token_id"]),
@@ -251,7 +241,7 @@ class MarianConverter(Converter):
         )
         weights, logits_bias, weight_problems = _map_weights(load_marian_weights(src), config)
         if weight_problems:
-            raise ConversionError(f"{src}: cannot convert this Marian checkpoint:\n  " + "\n  ".join(weight_problems))
+            raise cannot_convert(src, "Marian", weight_problems)
         if logits_bias:
             config = TransformerConfig(**(config.__dict__ | {"logits_bias": True}))
         spec = TransformerSpec(config=config, special_ids=special, decoding=gen, weights=weights)
@@ -302,7 +292,7 @@ def _generation_settings(src: Path, hf: dict[str, Any]) -> tuple[DecodingDefault
     generation_config.json wins; without it transformers builds one from config.json's generation keys.
     """
     path = src / "generation_config.json"
-    gen = _read_json(path) if path.is_file() else hf
+    gen = read_json(path) if path.is_file() else hf
     problems: list[str] = []
     ignored = {k: gen[k] for k, default in _IGNORED_GENERATION.items() if k in gen and gen[k] not in (default, None)}
     if ignored:

@@ -14,107 +14,22 @@ Conventions (every reader converts to these):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
-Activation = Literal["relu", "swish", "gelu"]
-LengthPenaltyKind = Literal["hf", "gnmt"]
+# The package format owns these (serving reads them); readers and the emitter use them under their usual names.
+from serving.package import MASK_VALUE, DecodingDefaults, SpecialIds, cross_names, past_names, present_names, stacked
+from serving.package import Architecture as TransformerConfig
+from serving.package.manifest import Activation, LengthPenaltyKind
+
+__all__ = [
+    "MASK_VALUE", "Activation", "DecodingDefaults", "LengthPenaltyKind", "SpecialIds", "TransformerConfig",
+    "TransformerSpec", "config_problems", "cross_names", "expected_weights", "past_names", "present_names", "stacked",
+]
+
 _SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("relu", "swish", "gelu")
-
-# Additive attention bias at source padding (the graphs' ``src_bias``). T2T uses -1e9; transformers uses
-# finfo(float32).min. Both make the softmax weight exactly 0 in float32; -1e9 stays finite in reduced-precision
-# (bf16/fp16) runtimes.
-MASK_VALUE = -1e9
-
-
-# The decoder-step graph's cache tensors, one per layer and kind (keys, values), each [B, H, T, Dh]; callers hold
-# them stacked as [L, 2, B, H, T, Dh] and pass views (``cache[i, 0]`` is ``past_k.{i}``).
-def past_names(layers: int) -> list[str]:
-    """Self-attention cache inputs, in ``[L, 2]`` order."""
-    return [f"past_{kind}.{i}" for i in range(layers) for kind in "kv"]
-
-
-def cross_names(layers: int) -> list[str]:
-    """Cross-attention key/value inputs (the encoder's ``cross_kv``), in ``[L, 2]`` order."""
-    return [f"cross_{kind}.{i}" for i in range(layers) for kind in "kv"]
-
-
-def present_names(layers: int) -> list[str]:
-    """Self-attention cache outputs (past + this step), in ``[L, 2]`` order."""
-    return [f"present_{kind}.{i}" for i in range(layers) for kind in "kv"]
-
-
-def stacked(names: list[str]) -> list[tuple[str, tuple[int, int]]]:
-    """Each name of ``past_names``/``cross_names``/``present_names`` with its ``(layer, kind)`` index into the
-    stacked ``[L, 2, ...]`` cache."""
-    return [(name, divmod(position, 2)) for position, name in enumerate(names)]
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    """Token ids with a fixed meaning. ``zero_embedding_id``: this id embeds to an all-zero vector (T2T's PAD 0)."""
-
-    pad: int
-    eos: int
-    decoder_start: int
-    unk: int | None = None
-    zero_embedding_id: int | None = None
-
-
-@dataclass(frozen=True)
-class DecodingDefaults:
-    """How the source framework decodes by default.
-
-    ``length_penalty_kind``: ``"hf"`` divides the summed log-prob by ``len ** length_penalty`` (transformers beam
-    search); ``"gnmt"`` divides by ``((5 + len) / 6) ** length_penalty`` (tensor2tensor). ``max_length`` caps generated
-    tokens including EOS (HF ``max_length - 1`` since HF counts the start token); ``extra_length``, when set, caps them at
-    ``source tokens (incl. EOS) + extra_length`` instead (T2T ``decode_length``). ``bad_word_ids`` are never generated;
-    ``forced_eos``: at the last allowed step only EOS may be chosen (HF ``forced_eos_token_id``).
-    ``renormalize_logits``: log-softmax again after the decoding rules (bad words, forced EOS) masked some ids, so beam
-    scores are over the allowed ids only (HF ``renormalize_logits``; opus-mt generation configs set it).
-    """
-
-    beam_size: int = 4
-    length_penalty: float = 1.0
-    length_penalty_kind: LengthPenaltyKind = "hf"
-    max_length: int = 256
-    extra_length: int | None = None
-    bad_word_ids: tuple[int, ...] = ()
-    forced_eos: bool = False
-    early_stopping: bool = False
-    renormalize_logits: bool = False
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters. Booleans say which optional weights exist and where norms go."""
-
-    source_vocab_size: int
-    target_vocab_size: int
-    d_model: int
-    num_heads: int
-    encoder_layers: int
-    decoder_layers: int
-    ffn_dim: int
-    activation: Activation
-    pre_norm: bool
-    encoder_final_norm: bool
-    decoder_final_norm: bool
-    norm_epsilon: float
-    embedding_scale: float
-    max_positions: int
-    shared_embeddings: bool
-    tied_output: bool
-    attention_bias: bool
-    ffn_bias: bool
-    logits_bias: bool
-    encoder_embed_bias: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
 
 
 def _attention(prefix: str, d: int, bias: bool) -> dict[str, tuple[int, ...]]:
@@ -205,6 +120,9 @@ class TransformerSpec:
         for label, value in (("pad", ids.pad), ("eos", ids.eos), ("decoder_start", ids.decoder_start)):
             if not 0 <= value < self.config.target_vocab_size:
                 problems.append(f"special id {label}={value} is outside the target vocabulary")
+        for label, value in (("pad", ids.pad), ("eos", ids.eos)):  # they pad and end sources too
+            if not 0 <= value < self.config.source_vocab_size:
+                problems.append(f"special id {label}={value} is outside the source vocabulary")
         if problems:
             raise ValueError("invalid model:\n  " + "\n  ".join(problems))
 
@@ -229,7 +147,3 @@ def config_problems(config: TransformerConfig) -> list[str]:
         problems.append("shared_embeddings needs equal source and target vocabulary sizes")
     return problems
 
-
-def config_from_dict(data: dict[str, Any]) -> TransformerConfig:
-    names = {f.name for f in fields(TransformerConfig)}
-    return TransformerConfig(**{k: v for k, v in data.items() if k in names})

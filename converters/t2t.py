@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.base import ConversionError, Converter, LoadedModel
+from converters.base import ConversionError, Converter, LoadedModel, cannot_convert, read_json
 from converters.spec import DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 
 logger = logging.getLogger(__name__)
@@ -106,16 +106,6 @@ def timing_signal(num_positions: int, channels: int) -> np.ndarray:
     table[:, :n] = np.sin(scaled_time)
     table[:, n:2 * n] = np.cos(scaled_time)
     return table
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError(f"{path}: unreadable JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
-    return data
 
 
 def _read_flags(path: Path) -> dict[str, str]:
@@ -283,7 +273,7 @@ class T2TConverter(Converter):
             problems.append(f"max_positions {self.max_positions} is too small")
         vocab_path = self._find_vocab(flags, problems)
         if problems or prefix is None or hp is None or vocab_path is None:
-            raise _failure(src, problems)
+            raise cannot_convert(src, "tensor2tensor", problems)
 
         variables = self._read_variables(prefix, problems)
         if hparams_source != "hparams.json" and any("/layer_postprocess/layer_norm/" in n for n in variables):
@@ -303,7 +293,7 @@ class T2TConverter(Converter):
                 problems.append(f"vocabulary {vocab_path} has {vocab_size} subtokens but the checkpoint embeds "
                                 f"{config.target_vocab_size} ids (wrong vocabulary for this model?)")
         if problems or config is None:
-            raise _failure(src, problems)
+            raise cannot_convert(src, "tensor2tensor", problems)
 
         spec = TransformerSpec(
             config=config,
@@ -349,7 +339,7 @@ class T2TConverter(Converter):
             return None, ""
         if path.is_file():
             try:
-                hp = _read_json(path)
+                hp = read_json(path)
             except ConversionError as e:
                 problems.append(str(e))
                 return None, ""
@@ -400,7 +390,7 @@ class T2TConverter(Converter):
         if len(scopes) != 1:
             problems.append(f"{prefix.name}: expected the variables of one T2T model (<model>/body/...), found "
                             f"{sorted(scopes) or 'none'}")
-            raise _failure(self.source_dir, problems)
+            raise cannot_convert(self.source_dir, "tensor2tensor", problems)
         (scope,) = scopes
         if scope != "transformer":
             logger.warning("%s: model scope %r (expected 'transformer'); converting it as a transformer", prefix,
@@ -408,10 +398,6 @@ class T2TConverter(Converter):
         # Only the model's variables: optimizer slots (training/...) can be twice the model's size.
         raw = read_checkpoint(prefix, lambda n: n.startswith(scope + "/") or n == "global_step")
         return {name.removeprefix(scope + "/"): value for name, value in raw.items()}
-
-
-def _failure(src: Path, problems: list[str]) -> ConversionError:
-    return ConversionError(f"{src}: cannot convert this tensor2tensor checkpoint:\n  " + "\n  ".join(problems))
 
 
 def _vocab_size(path: Path, problems: list[str]) -> int | None:

@@ -1,7 +1,7 @@
 """``mtgate validate``: package integrity, quality against a baseline, load targets and cost -> PROMOTE or REJECT.
 
 Steps, each adding checks to one verdict:
-1. package: every file's checksum, and the parity of every artifact (``converters.verify``, when installed);
+1. package: every file's checksum, and the parity of every artifact (``converters.parity``, when installed);
 2. quality: translate the test set in process (``serving.engine.Translator``), BLEU and chrF with sacrebleu; with
    ``--baseline``, sacrebleu's paired bootstrap test (1000 resamples) decides whether a drop is significant;
 3. load: with ``--targets``, start ``mtgate serve`` with the candidate on 127.0.0.1 and run every scenario;
@@ -144,7 +144,7 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
     """Checksums of every file and, unless ``parity`` is False, the parity of every artifact.
 
     Returns:
-        The checks, and the parity rows of ``converters.verify.run_parity`` (empty when not run).
+        The checks, and the parity rows of ``converters.parity.run_parity`` (empty when not run).
     """
     from serving.package import PackageError, load_manifest
 
@@ -156,7 +156,7 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
     if not parity:
         return checks, []
     try:
-        from converters.verify import run_parity
+        from converters.parity import run_parity
     except ImportError as e:
         return [*checks, Check(f"{role} parity", False, f"cannot check parity in this install ({e}); "
                                                         "pass --skip-parity")], []

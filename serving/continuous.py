@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from converters.spec import MASK_VALUE
 from serving.backends.base import StepBackend
 from serving.decoding import Search, SearchOptions, is_identity, start_search, take_rows
 from serving.engine import DecodeOptions, OnStep, Translation, Translator
 from serving.errors import InferenceFailed, InvalidInput, ServingError
+from serving.package import MASK_VALUE
 
 logger = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ class DecoderStep(Protocol):
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """How to search, resolved for one batch (see ``converters.spec.DecodingDefaults`` for the meaning of each).
+    """How to search, resolved for one batch (see ``serving.package.DecodingDefaults`` for the meaning of each).
 
     Attributes:
         eos_id: end-of-sentence id.

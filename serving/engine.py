@@ -20,17 +20,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from converters.spec import MASK_VALUE, DecodingDefaults
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.decoding import Hypothesis, SearchOptions, search
 from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ServingError
-from serving.package import PackageError, find_artifact, load_manifest
+from serving.package import MASK_VALUE, DecodingDefaults, PackageError, open_package
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -163,38 +161,33 @@ class Translator:
             A ready Translator.
 
         Raises:
-            PackageError: not a package, unknown format, a file missing or modified, no such artifact, an unusable
-                tokenizer or manifest, or the runtime is not installed.
+            PackageError: not a package, unknown format, an invalid manifest (a path outside the package, an id
+                outside the vocabulary, ...), a file missing, modified or not in the checksum list, no such artifact,
+                an unusable tokenizer, a graph the runtime cannot load, or the runtime is not installed.
         """
-        package_dir = Path(package_dir)
-        manifest = load_manifest(package_dir)
-        artifact = find_artifact(manifest, runtime, precision)
+        package = open_package(package_dir)
+        manifest, artifact = package.manifest, package.artifact(runtime, precision)
+        ids = TokenIds(pad=manifest.special_ids.pad, eos=manifest.special_ids.eos,
+                       decoder_start=manifest.special_ids.decoder_start)
+        architecture = manifest.architecture
+        info = ModelInfo(
+            name=manifest.name or package.root.name,
+            version=manifest.version or "",
+            runtime=runtime,
+            precision=precision,
+            source_framework=manifest.source_framework,
+            max_input_tokens=architecture.max_positions,
+            decoding=manifest.decoding,
+            source_vocab_size=architecture.source_vocab_size,
+            target_vocab_size=architecture.target_vocab_size,
+        )
+        tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
         try:
-            architecture = manifest["architecture"]
-            special = manifest["special_ids"]
-            ids = TokenIds(pad=int(special["pad"]), eos=int(special["eos"]),
-                           decoder_start=int(special["decoder_start"]))
-            info = ModelInfo(
-                name=str(manifest.get("name") or package_dir.name),
-                version=str(manifest.get("version") or ""),
-                runtime=runtime,
-                precision=precision,
-                source_framework=str((manifest.get("source") or {}).get("framework") or "unknown"),
-                max_input_tokens=int(architecture["max_positions"]),
-                decoding=decoding_defaults(manifest.get("decoding") or {}),
-                source_vocab_size=int(architecture["source_vocab_size"]),
-                target_vocab_size=int(architecture["target_vocab_size"]),
-            )
-            tokenizer_entry = manifest["tokenizer"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise PackageError(f"{package_dir}: malformed manifest ({type(e).__name__}: {e})") from e
-        tokenizer = load_tokenizer(package_dir, tokenizer_entry)
-        try:
-            backend = create_backend(runtime, package_dir / artifact.encoder, package_dir / artifact.decoder, threads,
+            backend = create_backend(runtime, package.path(artifact.encoder), package.path(artifact.decoder), threads,
                                      reuse_buffers=True)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
-        logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package_dir)
+        logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package.root)
         return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -415,18 +408,3 @@ def join_encoder_outputs(parts: Sequence[EncoderOutput], starts: Sequence[int], 
 def _until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 
-
-def decoding_defaults(data: dict[str, Any]) -> DecodingDefaults:
-    """The manifest's ``decoding`` object as :class:`DecodingDefaults` (unknown keys ignored).
-
-    Raises:
-        ValueError: a value of the wrong type.
-    """
-    names = {f.name for f in fields(DecodingDefaults)}
-    values = {k: v for k, v in data.items() if k in names}
-    if "bad_word_ids" in values:
-        values["bad_word_ids"] = tuple(int(i) for i in values["bad_word_ids"])
-    defaults = DecodingDefaults(**values)
-    if defaults.length_penalty_kind not in ("hf", "gnmt"):
-        raise ValueError(f"length_penalty_kind {defaults.length_penalty_kind!r} (supported: hf, gnmt)")
-    return defaults

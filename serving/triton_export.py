@@ -5,7 +5,7 @@ It writes one model into the Triton model repository ``REPO`` (other models ther
     REPO/<name>/config.pbtxt           backend "python", dynamic batching, the same tensors as mtgate's /v2 infer route
     REPO/<name>/<version>/model.py     Triton's entry point: re-exports TritonPythonModel from the bundled engine
     REPO/<name>/<version>/package/     the model package (checksums verified before and after copying)
-    REPO/<name>/<version>/mtgate/      the engine code this package was validated with (serving/, converters/)
+    REPO/<name>/<version>/mtgate/      the engine code this package was validated with (serving/)
     REPO/<name>/<version>/requirements.txt   what Triton's Python environment needs (numpy, the runtime, tokenizer)
 
 Tensors (as ``GET /v2/models/<name>`` reports them on ``mtgate serve``): input ``INPUT_TEXT`` BYTES ``[-1, 1]``; outputs
@@ -46,7 +46,7 @@ OUTPUTS: dict[str, tuple[str, Any]] = {
 }
 PACKAGE_DIR = "package"
 ENGINE_DIR = "mtgate"
-_ENGINE_PACKAGES = ("serving", "converters")  # serving.engine imports converters.spec (decoding defaults)
+_ENGINE_PACKAGES = ("serving",)  # serving imports nothing of converters, batch or loadtest (tests/test_import_contract.py)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _MAX_INT32 = 2**31 - 1
 

@@ -25,6 +25,7 @@ def create_backend(
     Raises:
         ValueError: unknown runtime.
         BackendUnavailable: the runtime package is not installed.
+        PackageError: the runtime cannot load a graph file (truncated or corrupt), naming the file.
     """
     if runtime == "onnxruntime":
         from serving.backends.onnxruntime import OnnxRuntimeBackend

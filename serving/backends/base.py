@@ -6,12 +6,14 @@ from it). A backend owns one session per graph and is used from one thread at a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from converters.spec import cross_names, past_names, stacked
+from serving.package import PackageError, cross_names, past_names, stacked
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,23 @@ class StepBackend(Protocol):
 
 class BackendUnavailable(RuntimeError):
     """The runtime a backend needs is not installed (the message says which package to install)."""
+
+
+_Session = TypeVar("_Session")
+
+
+def open_graph(runtime: str, path: Path, load: Callable[[], _Session]) -> _Session:
+    """``load()`` (the runtime's session creation for the graph at ``path``), its failure as one line.
+
+    Raises:
+        PackageError: the runtime cannot load the file (truncated, corrupt, not a graph), naming the file.
+    """
+    try:
+        return load()
+    except Exception as e:  # each runtime raises its own types (InvalidProtobuf, RuntimeError, ...)
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        reason = lines[0] if len(lines[0]) <= 300 else lines[0][:300] + "..."
+        raise PackageError(f"{path}: {runtime} cannot load this graph (truncated or corrupt?): {reason}") from e
 
 
 def empty_past(cross_kv: np.ndarray) -> np.ndarray:

@@ -8,12 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from converters.spec import present_names, stacked
-from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
+from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds, open_graph
+from serving.package import ENCODER_OUTPUTS, present_names, stacked
 
 logger = logging.getLogger(__name__)
-
-_ENCODER_OUTPUTS = ["memory", "cross_kv", "src_bias"]
 
 
 def session_options(threads: int | None, *, spin: bool = True) -> Any:
@@ -61,9 +59,10 @@ class OnnxRuntimeBackend:
         except ImportError as e:  # pragma: no cover
             raise BackendUnavailable("the onnxruntime backend needs the 'onnxruntime' package") from e
         providers = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(str(encoder_path), session_options(threads, spin=False),
-                                            providers=providers)
-        self.decoder = ort.InferenceSession(str(decoder_path), session_options(threads), providers=providers)
+        self.encoder = open_graph(self.runtime, encoder_path, lambda: ort.InferenceSession(
+            str(encoder_path), session_options(threads, spin=False), providers=providers))
+        self.decoder = open_graph(self.runtime, decoder_path, lambda: ort.InferenceSession(
+            str(decoder_path), session_options(threads), providers=providers))
         self.threads = threads
         self.reuse_buffers = reuse_buffers
         self._caches = CacheBuffers()
@@ -73,7 +72,7 @@ class OnnxRuntimeBackend:
                     threads)
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
-        memory, cross_kv, src_bias = self.encoder.run(_ENCODER_OUTPUTS, {"input_ids": as_ids(input_ids)})
+        memory, cross_kv, src_bias = self.encoder.run(list(ENCODER_OUTPUTS), {"input_ids": as_ids(input_ids)})
         return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
 
     def decode_step(

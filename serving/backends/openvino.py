@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from converters.spec import present_names, stacked
-from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds
+from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds, open_graph
+from serving.package import present_names, stacked
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ class OpenVinoBackend:
         ov = _openvino()
         core = ov.Core()
         config = compile_config(threads)
-        self.encoder = core.compile_model(str(encoder_path), "CPU", config)
-        self.decoder = core.compile_model(str(decoder_path), "CPU", config)
+        self.encoder = open_graph(self.runtime, encoder_path,
+                                  lambda: core.compile_model(str(encoder_path), "CPU", config))
+        self.decoder = open_graph(self.runtime, decoder_path,
+                                  lambda: core.compile_model(str(decoder_path), "CPU", config))
         # One request per graph, reused: the backend is used from one thread at a time.
         self._encoder_request = self.encoder.create_infer_request()
         self._decoder_request = self.decoder.create_infer_request()

@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from converters.convert import convert
-from converters.verify import INT8_AGREEMENT_FLOOR
+from converters.parity import INT8_AGREEMENT_FLOOR
 from serving.backends import create_backend
 from serving.cli import main
 from serving.package import find_artifact, load_manifest

@@ -11,8 +11,8 @@ import pytest
 
 from converters.onnx_emitter import emit_onnx
 from converters.reference import ReferenceModel
-from converters.spec import MASK_VALUE
 from serving.backends import Backend, EncoderOutput, create_backend, empty_past
+from serving.package import MASK_VALUE
 from tests.utils.random_spec import EOS, START, padded_batch, random_spec
 
 SPEC = random_spec(seed=3, decoder_layers=3)

@@ -1,0 +1,48 @@
+"""The model package: a directory with ``manifest.json``, tokenizer files and runtime artifacts.
+
+This package owns the format; ``converters`` writes packages through it and ``serving`` reads them with it:
+
+- :mod:`serving.package.manifest`: :class:`Manifest` and its sections (architecture, special ids, decoding
+  defaults, tokenizer, artifacts), parsed and validated once (:func:`parse_manifest`, one error listing every
+  problem), and written back (:meth:`Manifest.to_dict`).
+- :mod:`serving.package.store`: :func:`open_package` (manifest validated, every path inside the package, every
+  opened file in the checksum list, checksums verified), :func:`write_package_atomically`.
+- :mod:`serving.package.graph`: the two graphs' input/output names and ``MASK_VALUE``.
+"""
+
+from serving.package.graph import ENCODER_OUTPUTS, MASK_VALUE, cross_names, past_names, present_names, stacked
+from serving.package.manifest import (
+    DEFAULT_REFERENCE,
+    FORMAT,
+    MANIFEST,
+    PRECISIONS,
+    RUNTIMES,
+    Architecture,
+    Artifact,
+    DecodingDefaults,
+    Manifest,
+    PackageError,
+    SpecialIds,
+    TokenizerEntry,
+    find_artifact,
+    parse_manifest,
+)
+from serving.package.store import (
+    Package,
+    file_checksums,
+    load_manifest,
+    open_package,
+    read_manifest,
+    sha256_of,
+    staging_dir,
+    verify_checksums,
+    write_manifest,
+    write_package_atomically,
+)
+
+__all__ = [
+    "DEFAULT_REFERENCE", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
+    "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "cross_names", "file_checksums",
+    "find_artifact", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",
+    "sha256_of", "stacked", "staging_dir", "verify_checksums", "write_manifest", "write_package_atomically",
+]

@@ -1,0 +1,215 @@
+"""A package on disk: opening it (manifest validated, every path inside the directory, checksums) and writing one.
+
+``serving`` opens packages with :func:`open_package`; ``converters`` writes them with :func:`write_package_atomically`
+(files in a staging directory beside the target, fsynced, checksummed, renamed into place: a reader never sees half
+a package). :func:`read_manifest` and :func:`load_manifest` return the manifest as a plain dict, for callers that
+have not moved to :class:`Manifest` yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serving.files import atomic_write_text, fsync_dir
+from serving.package.manifest import (
+    FORMAT,
+    MANIFEST,
+    Artifact,
+    Manifest,
+    PackageError,
+    find_artifact,
+    parse_manifest,
+)
+
+
+@dataclass(frozen=True)
+class Package:
+    """An opened package: its directory and its validated manifest (every path it names is inside ``root``)."""
+
+    root: Path
+    manifest: Manifest
+
+    def path(self, rel: str) -> Path:
+        """The file ``rel`` (a path the manifest names) in the package directory."""
+        return self.root / rel
+
+    def artifact(self, runtime: str, precision: str) -> Artifact:
+        """The ``runtime``/``precision`` artifact (PackageError when the package has none)."""
+        return find_artifact(self.manifest, runtime, precision)
+
+
+def open_package(package_dir: str | Path, *, verify: bool = True) -> Package:
+    """Open a package: read and validate the manifest, check that every path it names stays inside the directory
+    and, by default (``verify``), every listed file's sha256.
+
+    Raises:
+        PackageError: not a package, an unknown format, an invalid manifest, a path outside the package, a file the
+            loader opens missing from the checksum list, or a file missing or modified (one line, every problem).
+    """
+    return _open(Path(package_dir), verify)[1]
+
+
+def read_manifest(package_dir: Path) -> dict[str, Any]:
+    """The validated manifest as a dict (checksums not verified); see :func:`open_package`."""
+    return _open(Path(package_dir), verify=False)[0]
+
+
+def load_manifest(package_dir: Path, verify: bool = True) -> dict[str, Any]:
+    """The validated manifest as a dict, every file's checksum verified by default; see :func:`open_package`."""
+    return _open(Path(package_dir), verify=verify)[0]
+
+
+def _open(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
+    path = package_dir / MANIFEST
+    if not package_dir.is_dir():
+        raise PackageError(f"{package_dir}: not a directory")
+    if not path.is_file():
+        raise PackageError(f"{package_dir}: no {MANIFEST}; not an mtgate model package")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackageError(f"{path}: unreadable manifest ({e})") from e
+    manifest = parse_manifest(data, str(path))
+    problems = _outside(package_dir, manifest)
+    if not problems and verify:
+        problems = verify_checksums(package_dir, manifest)
+    if problems:
+        raise PackageError(f"{package_dir}: " + "; ".join(problems))
+    return data, Package(package_dir, manifest)
+
+
+def _outside(package_dir: Path, manifest: Manifest) -> list[str]:
+    """Named or listed files that resolve outside the package (symlinks), and ONNX external data not listed."""
+    root = package_dir.resolve()
+    problems: list[str] = []
+    for rel in dict.fromkeys([*manifest.opened_files(), *manifest.files]):
+        if not (package_dir / rel).resolve().is_relative_to(root):
+            problems.append(f"{rel}: resolves outside the package (a symlink?)")
+    for rel in manifest.opened_files():
+        data = f"{rel}.data"  # converters.onnx_emitter's external weights of a large graph
+        if rel.endswith(".onnx") and data not in manifest.files and (package_dir / data).exists():
+            problems.append(f"{data}: not in the checksum list ('files')")
+    return problems
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_checksums(root: Path) -> dict[str, str]:
+    """sha256 of every file under root except the manifest, keyed by POSIX relative path."""
+    return {
+        p.relative_to(root).as_posix(): sha256_of(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def verify_checksums(package_dir: Path, manifest: Manifest | Mapping[str, Any],
+                     only: list[str] | None = None) -> list[str]:
+    """One problem per missing or modified file (all listed files, or only those in ``only``)."""
+    files: Mapping[str, str] = manifest.files if isinstance(manifest, Manifest) else manifest.get("files", {})
+    problems: list[str] = []
+    for rel in only if only is not None else sorted(files):
+        expected = files.get(rel)
+        path = package_dir / rel
+        if expected is None:
+            problems.append(f"{rel}: not listed in the manifest")
+        elif not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif sha256_of(path) != expected:
+            problems.append(f"{rel}: sha256 mismatch (file modified or corrupt)")
+    return problems
+
+
+def write_manifest(package_dir: Path, manifest: Manifest | Mapping[str, Any]) -> Manifest:
+    """Write manifest.json atomically, with fresh checksums of every other file; return what was written.
+
+    Raises:
+        PackageError: the manifest is not valid (nothing is written).
+    """
+    files = file_checksums(package_dir)
+    if isinstance(manifest, Manifest):
+        data = dataclasses.replace(manifest, files=files).to_dict()
+    else:
+        data = dict(manifest, format=FORMAT, files=files)
+    written = parse_manifest(data, str(package_dir / MANIFEST))
+    atomic_write_text(package_dir / MANIFEST, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    return written
+
+
+@contextmanager
+def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
+    """Yield an empty temp dir beside output_dir; on success it replaces output_dir, on error it is removed.
+
+    Every file in it is fsynced before the rename, so serving never sees half a package, even after a crash. The
+    previous ``output_dir`` stays in place until the new one is complete.
+
+    Raises:
+        FileExistsError: ``output_dir`` exists and ``overwrite`` is False (checked when committing).
+    """
+    output_dir = output_dir.absolute()
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        yield tmp
+        if output_dir.exists() and not overwrite:
+            raise FileExistsError(f"{output_dir}: already exists")
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if output_dir.exists():
+        old = output_dir.with_name(f".{output_dir.name}.old.{os.getpid()}")
+        os.replace(output_dir, old)
+    try:
+        os.replace(tmp, output_dir)
+    except BaseException:
+        if old is not None:
+            os.replace(old, output_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(output_dir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):  # files before the directories that hold them
+        if path.is_file() and not path.is_symlink():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        elif path.is_dir():
+            fsync_dir(path)
+    fsync_dir(root)
+
+
+def write_package_atomically(output_dir: Path, fill: Callable[[Path], Manifest], *,
+                             overwrite: bool = True) -> Manifest:
+    """Call ``fill(tmp_dir)`` to write the files and return the manifest, then checksum and commit atomically.
+
+    Raises:
+        PackageError: ``fill`` returned an invalid manifest (nothing is written).
+        FileExistsError: ``output_dir`` exists and ``overwrite`` is False.
+    """
+    with staging_dir(output_dir, overwrite=overwrite) as tmp:
+        written = write_manifest(tmp, fill(tmp))
+    return written
