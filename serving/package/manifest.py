@@ -283,11 +283,10 @@ def _path_problems(manifest: Manifest) -> list[str]:
               for role, rel in (("encoder", a.encoder), ("decoder", a.decoder))]
     named += [("files", rel) for rel in manifest.files]
     problems = [f"{label} {rel!r}: {why}" for label, rel in named if (why := unsafe_path(rel))]
-    if problems:
-        return problems
     if not manifest.files:
-        return ["the checksum list ('files') is empty: every file must be listed with its sha256"]
-    return [f"{rel}: not in the checksum list ('files')" for rel in manifest.opened_files() if rel not in manifest.files]
+        return [*problems, "the checksum list ('files') is empty: every file must be listed with its sha256"]
+    return problems + [f"{rel}: not in the checksum list ('files')" for rel in manifest.opened_files()
+                       if rel not in manifest.files and unsafe_path(rel) is None]
 
 
 def unsafe_path(rel: str) -> str | None:

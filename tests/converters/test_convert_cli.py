@@ -131,6 +131,34 @@ def test_failed_conversion_keeps_the_previous_package(package: Path, tmp_path: P
     assert (existing / "manifest.json").read_bytes() == before
 
 
+def test_an_existing_output_is_replaced_only_with_overwrite(package: Path, source: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    existing = shutil.copytree(package, tmp_path / "pkg")
+    before = (existing / "manifest.json").read_bytes()
+    argv = ["convert", str(source), "-o", str(existing), "--runtimes", "onnxruntime", "--precision", "fp32",
+            "--no-verify", "--name", "replaced"]
+    lines = _bad(argv, capsys)
+    assert len(lines) == 1 and "already exists" in lines[0] and "--overwrite" in lines[0]
+    assert (existing / "manifest.json").read_bytes() == before
+    assert main([*argv, "--overwrite"]) == 0
+    manifest = load_manifest(existing)
+    assert manifest["name"] == "replaced" and [a["runtime"] for a in manifest["artifacts"]] == ["onnxruntime"]
+    assert not (existing / "openvino").exists()  # the old package is gone as a whole, not merged into
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # no staging or old-package leftovers
+
+
+def test_a_failed_overwrite_keeps_the_previous_package(package: Path, source: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    existing = shutil.copytree(package, tmp_path / "pkg")
+    before = (existing / "manifest.json").read_bytes()
+    broken = shutil.copytree(source, tmp_path / "src")
+    (broken / "vocab.json").unlink()
+    _bad(["convert", str(broken), "-o", str(existing), "--overwrite"], capsys)
+    assert (existing / "manifest.json").read_bytes() == before
+    assert load_manifest(existing)["name"] == "tiny-cli"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg", "src"]
+
+
 def test_bad_runtime_and_t2t_option_for_marian(source: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
