@@ -790,7 +790,7 @@ def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[s
     except PackageError:
         pass  # not converted yet, or by an mtgate that wrote another format
     progress(f"converting {model} with mtgate convert into {package}")
-    cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package),
+    cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package), "--overwrite",
            "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]
     if not plan.verify:
         cmd.append("--no-verify")
