@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from converters.base import ConversionError, Converter, LoadedModel, cannot_convert, read_json
+from converters.base import Converter, LoadedModel, cannot_convert, read_json
+from converters.hf_weights import WEIGHT_FILES, load_hf_weights
 from converters.spec import DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ _IGNORED_GENERATION: dict[str, Any] = {
 }
 
 _TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
@@ -89,79 +89,6 @@ def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
     out[:, :sentinel] = np.sin(position_enc[:, 0::2]).astype(np.float32)
     out[:, sentinel:] = np.cos(position_enc[:, 1::2]).astype(np.float32)
     return out
-
-
-def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    # numpy has no bfloat16: a bf16 value is the high half of the float32 with the same bits.
-    return (raw.astype(np.uint32) << 16).view(np.float32)
-
-
-def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one .safetensors file as float32 (other float dtypes cast; bf16 decoded by hand)."""
-    from safetensors import safe_open
-
-    header_len = int.from_bytes(_head(path, 8), "little")
-    header = json.loads(_head(path, 8 + header_len)[8:])
-    tensors: dict[str, np.ndarray] = {}
-    bf16 = {name for name, info in header.items() if name != "__metadata__" and info.get("dtype") == "BF16"}
-    if bf16:
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
-        for name in bf16:
-            begin, end = header[name]["data_offsets"]
-            raw = np.frombuffer(data[begin:end].tobytes(), dtype="<u2").reshape(header[name]["shape"])
-            tensors[name] = _bf16_to_f32(raw)
-    with safe_open(str(path), framework="numpy") as f:
-        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            if name not in bf16:
-                tensors[name] = f.get_tensor(name)
-    return tensors
-
-
-def _head(path: Path, n: int) -> bytes:
-    with path.open("rb") as f:
-        return f.read(n)
-
-
-def _load_torch_bin(path: Path) -> dict[str, np.ndarray]:
-    # Only the legacy PyTorch format needs torch; imported here so nothing else pulls it in.
-    try:
-        import torch
-    except ImportError:
-        raise ConversionError(
-            f"{path}: reading pytorch_model.bin needs torch (pip install 'mtgate[torch]'), "
-            "or save the checkpoint as model.safetensors"
-        ) from None
-
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    return {name: t.detach().to(torch.float32).numpy() for name, t in state.items() if t.is_floating_point()}
-
-
-def load_marian_weights(source_dir: Path) -> dict[str, np.ndarray]:
-    """Every floating tensor of the checkpoint, keyed by its HF name, as float32 numpy arrays."""
-    try:
-        if (source_dir / "model.safetensors").is_file():
-            raw = _load_safetensors(source_dir / "model.safetensors")
-        elif (source_dir / "model.safetensors.index.json").is_file():
-            index = read_json(source_dir / "model.safetensors.index.json")
-            raw = {}
-            for shard in sorted(set(index.get("weight_map", {}).values())):
-                raw |= _load_safetensors(source_dir / shard)
-        elif (source_dir / "pytorch_model.bin").is_file():
-            raw = _load_torch_bin(source_dir / "pytorch_model.bin")
-        else:
-            raise ConversionError(f"{source_dir}: no weights (expected one of: {', '.join(_WEIGHT_FILES)})")
-    except ConversionError:
-        raise
-    except Exception as e:  # a corrupt file raises anything from OSError to safetensors' own errors
-        raise ConversionError(f"{source_dir}: unreadable weights ({type(e).__name__}: {e})") from e
-    weights: dict[str, np.ndarray] = {}
-    for name, array in raw.items():
-        if np.issubdtype(array.dtype, np.floating):
-            # fp16 -> fp32 is exact, so the converted model equals what transformers runs after loading.
-            weights[name] = np.ascontiguousarray(array, dtype=np.float32)
-    return weights
 
 
 class MarianConverter(Converter):
@@ -199,8 +126,8 @@ class MarianConverter(Converter):
             missing.append("target_vocab.json (separate source and target vocabularies)")
         if missing:
             problems.append(f"missing vocab/tokenizer file(s): {', '.join(missing)}")
-        if not any((src / name).is_file() for name in _WEIGHT_FILES):
-            problems.append(f"no weights (expected one of: {', '.join(_WEIGHT_FILES)})")
+        if not any((src / name).is_file() for name in WEIGHT_FILES):
+            problems.append(f"no weights (expected one of: {', '.join(WEIGHT_FILES)})")
         gen, ignored, gen_problems = _generation_settings(src, hf)
         problems += gen_problems
         if problems:
@@ -239,7 +166,7 @@ class MarianConverter(Converter):
                               else hf["pad_token_id"]),
             unk=int(unk) if isinstance(unk, int) else None,
         )
-        weights, logits_bias, weight_problems = _map_weights(load_marian_weights(src), config)
+        weights, logits_bias, weight_problems = _map_weights(load_hf_weights(src), config)
         if weight_problems:
             raise cannot_convert(src, "Marian", weight_problems)
         if logits_bias:

@@ -3,8 +3,9 @@
 This package owns the format; ``converters`` writes packages through it and ``serving`` reads them with it:
 
 - :mod:`serving.package.manifest`: :class:`Manifest` and its sections (architecture, special ids, decoding
-  defaults, tokenizer, artifacts), parsed and validated once (:func:`parse_manifest`, one error listing every
-  problem), and written back (:meth:`Manifest.to_dict`).
+  defaults, tokenizer, artifacts), written back with :meth:`Manifest.to_dict`.
+- :mod:`serving.package.parse`: :func:`parse_manifest`, which validates a manifest once and raises one error
+  listing every problem.
 - :mod:`serving.package.store`: :func:`open_package` (manifest validated, every path inside the package, every
   opened file in the checksum list, checksums verified), :func:`write_package_atomically`.
 - :mod:`serving.package.graph`: the two graphs' input/output names and ``MASK_VALUE``.
@@ -24,9 +25,8 @@ from serving.package.manifest import (
     PackageError,
     SpecialIds,
     TokenizerEntry,
-    find_artifact,
-    parse_manifest,
 )
+from serving.package.parse import find_artifact, parse_manifest
 from serving.package.store import (
     Package,
     file_checksums,

@@ -21,15 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from serving.files import atomic_write_text, fsync_dir
-from serving.package.manifest import (
-    FORMAT,
-    MANIFEST,
-    Artifact,
-    Manifest,
-    PackageError,
-    find_artifact,
-    parse_manifest,
-)
+from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
+from serving.package.parse import parse_manifest
 
 
 @dataclass(frozen=True)
@@ -45,7 +38,7 @@ class Package:
 
     def artifact(self, runtime: str, precision: str) -> Artifact:
         """The ``runtime``/``precision`` artifact (PackageError when the package has none)."""
-        return find_artifact(self.manifest, runtime, precision)
+        return self.manifest.artifact(runtime, precision)
 
 
 def open_package(package_dir: str | Path, *, verify: bool = True) -> Package:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from converters.base import ConversionError, LoadedModel
-from converters.t2t import T2TConverter, timing_signal
+from converters.t2t import T2TConverter
+from converters.t2t_checkpoint import timing_signal
 from serving.tokenizers.subword import SubwordTextEncoder
 from tests.utils import t2t_reference as ref_lib
 from tests.utils.t2t_reference import T2TReference
