@@ -237,3 +237,14 @@ def test_written_manifests_are_validated(tiny_package: Path, tmp_path: Path) -> 
     assert not [p for p in package.iterdir() if p.name.startswith(".")]
     written = write_manifest(package, open_package(package).manifest)
     assert isinstance(written, Manifest) and (package / "manifest.json").read_bytes() == before
+
+
+def test_one_version_source(tiny_package: Path) -> None:
+    import importlib.metadata
+    import tomllib
+
+    import serving
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert serving.__version__ == importlib.metadata.version("mtgate") == declared
+    assert open_package(tiny_package).manifest.mtgate_version == serving.__version__  # what convert records
