@@ -26,11 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
+
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.gate import evaluate, format_table
 from loadtest.report import ScenarioResult, write_report
 from loadtest.stats import RunStats, StatsError, read_run
-from loadtest.targets import Scenario, TargetsError, load_targets
+from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -52,21 +54,43 @@ def _usage_error(message: str) -> Exception:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from serving.cli_options import add_decoding, add_model, positive_float, positive_int
+
     parser.add_argument("--host", help="server base URL, e.g. http://127.0.0.1:8000 (not with --start-server)")
-    parser.add_argument("--targets", type=Path, required=True, help="targets file (YAML), see loadtest/targets/")
+    parser.add_argument("--targets", type=Path,
+                        help="targets file (YAML), see loadtest/targets/; without it one ad-hoc scenario runs "
+                             "(--user-class, -u, -r, -t) and the gate checks only that no request failed")
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                        help="run only this scenario (repeatable; default: all)")
+                        help="run only this scenario of --targets (repeatable; default: all)")
     parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
-    parser.add_argument("-m", "--model", type=Path,
-                        help="model package for --start-server (default: the bundled demo model models/demo-en-de)")
+    add_model(parser, "model package for --start-server (default: the bundled demo model models/demo-en-de)")
     parser.add_argument("--corpus", type=Path,
                         help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a host other than 127.0.0.1/localhost (only against servers you operate)")
     parser.add_argument("--api-key", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
-    parser.add_argument("--server-timeout", type=float, default=120.0,
+    parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for a started server to become ready (default: 120)")
+    adhoc = parser.add_argument_group(
+        "Locust's options", "-u, -r and -t also override every scenario of --targets; the others describe the "
+                            "ad-hoc scenario run without --targets")
+    adhoc.add_argument("-u", "--users", type=positive_int, metavar="N",
+                       help="concurrent simulated users (ad-hoc default: 1)")
+    adhoc.add_argument("-r", "--spawn-rate", type=positive_float, metavar="R",
+                       help="users started per second (ad-hoc default: all at once)")
+    adhoc.add_argument("-t", "--run-time", metavar="TIME",
+                       help="how long to run: 30, 30s, 2m, 1m30s (ad-hoc default: 10s)")
+    adhoc.add_argument("--user-class", action="append", default=[], choices=USER_CLASSES, metavar="NAME",
+                       help=f"ad-hoc user class, repeatable for a mix ({', '.join(USER_CLASSES)}; "
+                            "default: TranslateUser)")
+    add_decoding(adhoc)
+    adhoc.add_argument("--csv", type=Path, metavar="PREFIX",
+                       help="also write Locust's CSV files as PREFIX_stats.csv, PREFIX_stats_history.csv, "
+                            "PREFIX_failures.csv (several scenarios: PREFIX_<scenario>_...)")
+    adhoc.add_argument("--html", type=Path, metavar="FILE",
+                       help="also write Locust's own HTML report to FILE (several scenarios: FILE's name gets "
+                            "_<scenario> before its suffix)")
 
 
 # ---------------------------------------------------------------- host and server
@@ -233,8 +257,37 @@ def run_locust(command: Sequence[str], prefix: Path, duration_s: float, label: s
         raise LoadTestError(f"{label}: {e}") from e
 
 
+@dataclass(frozen=True)
+class LocustOutputs:
+    """Copies of Locust's own outputs that a user asked for (``--csv PREFIX``, ``--html FILE``)."""
+
+    csv: Path | None = None
+    html: Path | None = None
+
+    def for_scenario(self, name: str, several: bool) -> LocustOutputs:
+        """The paths for one scenario: as given for a single scenario, else with ``_<name>`` added."""
+        if not several:
+            return self
+        return LocustOutputs(
+            csv=self.csv.with_name(f"{self.csv.name}_{name}") if self.csv else None,
+            html=self.html.with_name(f"{self.html.stem}_{name}{self.html.suffix}") if self.html else None)
+
+
+_CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptions.csv")
+
+
+def copy_csv(prefix: Path, target: Path) -> None:
+    """Copy the CSV files Locust wrote with ``--csv prefix`` to ``--csv target`` (atomically, each file)."""
+    from serving.files import atomic_write_bytes
+
+    for suffix in _CSV_SUFFIXES:
+        source = Path(f"{prefix}{suffix}")
+        if source.exists():
+            atomic_write_bytes(Path(f"{target}{suffix}"), source.read_bytes())
+
+
 def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
-                 api_key: str | None = None) -> ScenarioResult:
+                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs()) -> ScenarioResult:
     """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
 
     Raises:
@@ -243,9 +296,13 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
     directory.mkdir(parents=True, exist_ok=True)
     prefix = directory / "locust"
     command = locust_command(host, scenario, prefix, corpus, model_name)
+    if outputs.html is not None:
+        command[command.index("--config-users"):command.index("--config-users")] = ["--html", str(outputs.html)]
     logger.info("scenario %s: %s", scenario.name, " ".join(command))
     extra_env = {"MTGATE_LOADTEST_API_KEY": api_key} if api_key else {}
     run = run_locust(command, prefix, scenario.duration, f"scenario {scenario.name}", extra_env)
+    if outputs.csv is not None:
+        copy_csv(prefix, outputs.csv)
     return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run))
 
 
@@ -261,12 +318,35 @@ def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | No
     return path
 
 
+def check_writable(path: Path, what: str, *, directory: bool = False) -> None:
+    """Refuse an output that cannot be written, before any work: a report directory (``directory``: created later,
+    so its nearest existing ancestor must be a writable directory) or a file (its directory must exist and be
+    writable).
+
+    Raises:
+        UsageError: the output cannot be written there.
+    """
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise _usage_error(f"{what} {path}: exists and is not a directory")
+        existing = next(p for p in (path, *path.parents) if p.exists())
+    else:
+        if path.is_dir():
+            raise _usage_error(f"{what} {path}: is a directory")
+        existing = path.parent
+        if not existing.is_dir():
+            raise _usage_error(f"{what} {path}: no such directory {existing}")
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise _usage_error(f"{what} {path}: cannot write in {existing}")
+
+
 def default_report_dir(kind: str) -> Path:
     return Path("reports") / f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
-            model_name: str | None, api_key: str | None, default_corpus: Path | None = None) -> list[ScenarioResult]:
+            model_name: str | None, api_key: str | None, default_corpus: Path | None = None,
+            outputs: LocustOutputs = LocustOutputs()) -> list[ScenarioResult]:
     """Run the scenarios in order; every one is bounded in time.
 
     Raises:
@@ -278,19 +358,52 @@ def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path
         sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
                          f"against {host}\n")
         results.append(run_scenario(host, scenario, report_dir / scenario.name, path,
-                                    scenario.model or model_name, api_key))
+                                    scenario.model or model_name, api_key,
+                                    outputs.for_scenario(scenario.name, len(scenarios) > 1)))
     return results
 
 
 # ---------------------------------------------------------------- command
 
 
-def run(args: argparse.Namespace) -> int:
+ADHOC = "adhoc"
+
+
+def select_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """The scenarios to run: those of ``--targets`` (with ``-u/-r/-t`` overriding each), else one ad-hoc scenario.
+
+    Raises:
+        UsageError: a bad targets file, an unknown scenario, or options that do not go together.
+    """
     try:
-        targets = load_targets(args.targets)
-        scenarios = targets.select(args.scenario)
+        duration = parse_duration(args.run_time) if args.run_time is not None else None
+    except ValueError as e:
+        raise _usage_error(f"-t/--run-time: {e}") from e
+    if args.targets is None:
+        if args.scenario:
+            raise _usage_error("--scenario needs --targets")
+        try:
+            return [Scenario(name=ADHOC, users=dict.fromkeys(args.user_class or ["TranslateUser"], 1),
+                             concurrency=args.users or 1, spawn_rate=args.spawn_rate or args.users or 1,
+                             duration=duration or 10.0, beam_size=args.beam_size, max_length=args.max_length,
+                             targets=Targets())]
+        except ValidationError as e:
+            raise _usage_error("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())) from e
+    given = [name for name, value in (("--user-class", args.user_class), ("--beam-size", args.beam_size),
+                                      ("--max-length", args.max_length)) if value]
+    if given:
+        raise _usage_error(f"{', '.join(given)} describe the ad-hoc scenario; with --targets, set them in the file")
+    try:
+        scenarios = load_targets(args.targets).select(args.scenario)
     except TargetsError as e:
         raise _usage_error(str(e)) from e
+    overrides = {key: value for key, value in (("concurrency", args.users), ("spawn_rate", args.spawn_rate),
+                                               ("duration", duration)) if value is not None}
+    return [s.model_copy(update=overrides) for s in scenarios]
+
+
+def run(args: argparse.Namespace) -> int:
+    scenarios = select_scenarios(args)
     if args.start_server == bool(args.host):
         raise _usage_error("give either --host URL or --start-server -m PKG")
     if args.start_server and args.model is None:
@@ -300,6 +413,14 @@ def run(args: argparse.Namespace) -> int:
         if args.model is None:
             raise _usage_error(demo_missing())
     report_dir: Path = args.report or default_report_dir("loadtest")
+    outputs = LocustOutputs(args.csv, args.html)
+    check_writable(report_dir, "--report", directory=True)
+    for scenario in scenarios:
+        paths = outputs.for_scenario(scenario.name, len(scenarios) > 1)
+        if paths.csv is not None:
+            check_writable(Path(f"{paths.csv}_stats.csv"), "--csv")
+        if paths.html is not None:
+            check_writable(paths.html, "--html")
     try:
         for scenario in scenarios:  # check every corpus before starting anything
             resolve_corpus(args.corpus, scenario)
@@ -309,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
         if args.start_server:
             with start_server(args.model, report_dir / "server.log", args.server_timeout) as server:
                 results = run_all(server.url, scenarios, report_dir, args.corpus,
-                                  package_model_name(args.model), args.api_key)
+                                  package_model_name(args.model), args.api_key, outputs=outputs)
             host = server.url
         else:
             try:
@@ -318,7 +439,7 @@ def run(args: argparse.Namespace) -> int:
                 raise _usage_error(str(e)) from e
             if not _reachable(host):
                 raise _usage_error(f"cannot reach {host}")
-            results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key)
+            results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key, outputs=outputs)
     except (LoadTestError, CorpusError) as e:
         sys.stderr.write(f"mtgate loadtest: error: {e}\n")
         return 2

@@ -41,29 +41,44 @@ def _usage_error(message: str) -> Exception:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--candidate", type=Path, required=True, help="model package to promote")
-    parser.add_argument("--baseline", type=Path, help="model package in production now, to compare quality with")
+    from serving.cli_options import (
+        BACKENDS,
+        PRECISIONS,
+        add_decoding,
+        add_model,
+        add_runtime,
+        positive_float,
+        positive_int,
+    )
+
+    add_model(parser, "the candidate: the model package to promote (required)", aliases=["--candidate"])
+    parser.add_argument("--baseline", type=Path, metavar="PKG",
+                        help="model package in production now, to compare quality with")
     parser.add_argument("--testset", type=Path, nargs=2, metavar=("SRC", "REF"),
                         help="source and reference files, text or .gz, one sentence per line "
                              "(default: the bundled Multi30k test_2016_flickr EN/DE)")
-    parser.add_argument("--limit", type=int, help="use only the first N test sentences")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="use only the first N test sentences")
     parser.add_argument("--targets", type=Path, help="targets file: load scenarios, and quality/cost rules")
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
                         help="run only this load scenario (repeatable; default: all)")
-    parser.add_argument("--price-per-core-hour", type=float, default=0.05,
+    parser.add_argument("--price-per-core-hour", type=positive_float, default=0.05, metavar="PRICE",
                         help="price of one CPU core for one hour, for the cost estimate (default: 0.05)")
-    parser.add_argument("--cores", type=int, help="cores the server uses, for the cost estimate "
-                                                  "(default: the CPUs this process may run on)")
-    parser.add_argument("--runtime", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="runtime for quality and load (default: onnxruntime)")
-    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="artifact (default: fp32)")
-    parser.add_argument("--threads", type=int, help="runtime threads (default: the engine's choice)")
-    parser.add_argument("--beam-size", type=int, help="beam size for the test set (default: the model's)")
-    parser.add_argument("--max-length", type=int, help="max output tokens for the test set (default: the model's)")
-    parser.add_argument("--batch-size", type=int, default=32, help="test sentences per engine call (default: 32)")
+    parser.add_argument("--cores", type=positive_int, metavar="N",
+                        help="cores the server uses, for the cost estimate (default: --threads, else the CPUs this "
+                             "process may run on)")
+    add_runtime(parser, threads_help="intra-op threads of the runtime, for quality and load (default: the engine's "
+                                     "choice for this machine)")
+    parser.add_argument("--baseline-backend", choices=BACKENDS,
+                        help="runtime for the baseline (default: the candidate's --backend)")
+    parser.add_argument("--baseline-precision", choices=PRECISIONS,
+                        help="artifact of the baseline (default: the candidate's --precision), e.g. an int8 "
+                             "candidate against the fp32 model in production")
+    add_decoding(parser)
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                        help="test sentences per engine call (default: 32)")
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
-    parser.add_argument("--server-timeout", type=float, default=120.0,
+    parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for the candidate's server to become ready (default: 120)")
 
 
@@ -175,11 +190,12 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
 # ---------------------------------------------------------------- quality
 
 
-def translate_testset(package: Path, sources: list[str], args: argparse.Namespace) -> tuple[list[str], int, float]:
+def translate_testset(package: Path, sources: list[str], args: argparse.Namespace, backend: str,
+                      precision: str) -> tuple[list[str], int, float]:
     """Translate in process; return hypotheses, output tokens and seconds spent translating (loading excluded)."""
     from serving.engine import DecodeOptions, Translator
 
-    translator = Translator.load(package, runtime=args.runtime, precision=args.precision, threads=args.threads)
+    translator = Translator.load(package, runtime=backend, precision=precision, threads=args.threads)
     options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
     hypotheses: list[str] = []
     tokens = 0
@@ -351,6 +367,8 @@ def write_outcome(directory: Path, outcome: Outcome) -> tuple[Path, Path]:
 
 
 def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str], list[str], Path, Path]:
+    if args.model is None:  # not required=True: the old --candidate fills the same destination
+        raise _usage_error("give the candidate package with -m/--model PKG")
     try:
         targets = load_targets(args.targets) if args.targets else None
         if targets is not None:
@@ -366,11 +384,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str
     if len(sources) != len(references):
         raise _usage_error(f"test set: {source} has {len(sources)} lines but {reference} has {len(references)}")
     if args.limit is not None:
-        if args.limit < 1:
-            raise _usage_error("--limit must be at least 1")
         sources, references = sources[: args.limit], references[: args.limit]
-    if args.batch_size < 1:
-        raise _usage_error("--batch-size must be at least 1")
     return targets, sources, references, source, reference
 
 
@@ -380,21 +394,23 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     from serving.package import PackageError
 
     sys.stderr.write("checking the candidate package\n")
-    package_checks, outcome.parity = check_package(args.candidate, "candidate", not args.skip_parity, args.threads)
+    package_checks, outcome.parity = check_package(args.model, "candidate", not args.skip_parity, args.threads)
     outcome.checks += package_checks
     if not package_checks[0].passed:
         return  # modified or missing files: nothing measured on them would mean anything
     sys.stderr.write(f"translating {len(sources)} test sentences\n")
     try:
-        hyps, tokens, seconds = translate_testset(args.candidate, sources, args)
+        hyps, tokens, seconds = translate_testset(args.model, sources, args, args.backend, args.precision)
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    outcome.quality["candidate"] = score(args.candidate, hyps, references, tokens, seconds)
+    outcome.quality["candidate"] = score(args.model, hyps, references, tokens, seconds)
     write_text_atomically(report_dir / "candidate.hyp.txt", "".join(h + "\n" for h in hyps))
     if args.baseline:
         try:
-            base_hyps, base_tokens, base_seconds = translate_testset(args.baseline, sources, args)
+            base_hyps, base_tokens, base_seconds = translate_testset(
+                args.baseline, sources, args, args.baseline_backend or args.backend,
+                args.baseline_precision or args.precision)
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
@@ -407,7 +423,7 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     if targets is not None:
         _load(args, outcome, targets, source, report_dir)
 
-    cores = args.cores or len(os.sched_getaffinity(0))
+    cores = args.cores or args.threads or len(os.sched_getaffinity(0))
     outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour)
     limit = targets.cost.max_per_million_tokens if targets is not None else None
     if limit is not None:
@@ -420,13 +436,13 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
     sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
-    extra = ["--backend", args.runtime, "--precision", args.precision]
+    extra = ["--backend", args.backend, "--precision", args.precision]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
-        with start_server(args.candidate, report_dir / "server.log", args.server_timeout, extra) as server:
+        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra) as server:
             outcome.host = server.url
-            outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.candidate),
+            outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.model),
                                    None, default_corpus=source)
     except (LoadTestError, CorpusError) as e:
         outcome.checks.append(Check("load test", False, str(e)))
@@ -442,8 +458,10 @@ def run(args: argparse.Namespace) -> int:
     targets, sources, references, source, reference = _load_inputs(args)
     report_dir: Path = args.report or default_report_dir("validate")
     try:
-        outcome = Outcome(candidate=_package_summary(args.candidate),
-                          baseline=_package_summary(args.baseline) if args.baseline else None,
+        outcome = Outcome(candidate={**_package_summary(args.model), "backend": args.backend,
+                                     "precision": args.precision},
+                          baseline={**_package_summary(args.baseline), "backend": args.baseline_backend or args.backend,
+                                    "precision": args.baseline_precision or args.precision} if args.baseline else None,
                           testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     except PackageError as e:
         raise _usage_error(str(e)) from e

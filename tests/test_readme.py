@@ -99,7 +99,8 @@ RUNNABLE = frozenset({"mtgate", "batch-score", "curl", "printf", "grep"})
 T2T_CONVERT = ("mtgate convert t2t_train/ende -o models/t2t-en-de --name t2t-en-de --hparams-set transformer_big "
                "--vocab t2t_data/vocab.translate_ende_wmt32k.32768.subwords --runtimes onnxruntime --precision fp32")
 LOADTEST = "mtgate loadtest --targets loadtest/targets/smoke.yaml --start-server -m models/en-de"
-VALIDATE = ("mtgate validate --candidate models/en-de --baseline models/t2t-en-de "
+LOADTEST_ADHOC = "mtgate loadtest --start-server -m models/en-de -u 4 -r 4 -t 5s --user-class TranslateUser --csv run"
+VALIDATE = ("mtgate validate -m models/en-de --baseline models/t2t-en-de "
             "--testset data/test.en data/test.de")
 
 # README command -> (old, new) replacements made before running it.
@@ -110,7 +111,7 @@ REWRITES: dict[str, list[tuple[str, str]]] = {
 
 # Gates whose verdict depends on the tiny random models or on this machine's load: either verdict is fine (exit 0 or
 # 1); a usage or run error (2) or a crash is not.
-VERDICTS: dict[str, set[int]] = {LOADTEST: {0, 1}, VALIDATE: {0, 1}}
+VERDICTS: dict[str, set[int]] = {LOADTEST: {0, 1}, LOADTEST_ADHOC: {0, 1}, VALIDATE: {0, 1}}
 
 # README command -> text its stdout must contain.
 EXPECT: dict[str, str] = {
@@ -133,6 +134,7 @@ EXPECT: dict[str, str] = {
         f"batch-score: {TEST_LINES} of {TEST_LINES} records translated",
     "batch-score data/test.en --references data/test.de --server http://127.0.0.1:8000 -o data/test.hyp.de": "BLEU",
     LOADTEST: ": report reports/loadtest-",
+    LOADTEST_ADHOC: ": report reports/loadtest-",
     VALIDATE: "report: reports/validate-",
     "mtgate export-triton models/en-de -o triton-repo": "wrote Triton model 'opus-mt-en-de' to triton-repo",
     "curl -s localhost:8000/v1/translate -H 'Authorization: Bearer change-me' -H 'Content-Type: application/json' -d "

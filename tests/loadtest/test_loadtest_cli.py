@@ -78,3 +78,64 @@ def test_validate_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref),
                           "--targets", str(TARGETS), "--scenario", "nope"])
     assert "no scenario nope" in err
+
+
+def _argparse_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """argparse's own refusals (serving.cli prints them): exit 2, the error on the last line, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_adhoc_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there: every error below comes before any connection
+    host = ["loadtest", "--host", f"http://127.0.0.1:{port}"]
+    assert "--scenario needs --targets" in _error(capsys, [*host, "--scenario", "single"])
+    err = _error(capsys, [*host, "--targets", str(TARGETS), "--user-class", "StreamUser"])
+    assert "--user-class describe the ad-hoc scenario; with --targets, set them in the file" in err
+    assert "-t/--run-time: duration '2x'" in _error(capsys, [*host, "-t", "2x"])
+    assert "at most 3600 s" in _error(capsys, [*host, "-t", "2h"])
+    assert "no such directory" in _error(capsys, [*host, "--csv", str(tmp_path / "missing" / "run")])
+    assert "is a directory" in _error(capsys, [*host, "--html", str(tmp_path)])
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    assert "exists and is not a directory" in _error(capsys, [*host, "--report", str(tmp_path / "file")])
+    assert f"cannot reach http://127.0.0.1:{port}" in _error(capsys, [*host, "-u", "2", "-t", "1s"])
+    assert "must be at least 1" in _argparse_error(capsys, [*host, "-u", "0"])
+    assert "invalid choice" in _argparse_error(capsys, [*host, "--user-class", "NoSuchUser"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def _options(command: str) -> list[tuple[list[str], str | None]]:
+    import argparse
+
+    from serving.cli import build_parser
+
+    parser = build_parser(only=command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return [(a.option_strings, a.help) for a in sub._actions if a.option_strings]
+
+
+@pytest.mark.parametrize("command", ["loadtest", "validate"])
+def test_every_option_has_help_and_the_old_spellings_are_hidden(command: str) -> None:
+    import argparse
+
+    options = _options(command)
+    shown = [names for names, text in options if text != argparse.SUPPRESS]
+    assert all(text for names, text in options), [names for names, text in options if not text]
+    hidden = {name for names, text in options if text == argparse.SUPPRESS for name in names}
+    flat = {name for names in shown for name in names}
+    if command == "validate":
+        assert {"-m", "--model", "--backend", "--baseline", "--baseline-backend", "--baseline-precision"} <= flat
+        assert hidden >= {"--candidate", "--runtime"}
+    else:
+        assert {"-m", "-u", "--users", "-r", "--spawn-rate", "-t", "--run-time", "--csv", "--html",
+                "--user-class"} <= flat
+
+
+def test_validate_takes_the_old_spellings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src = tmp_path / "src.txt"
+    src.write_text("a\n", encoding="utf-8")
+    for argv in (["-m", str(tmp_path)], ["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--runtime",
+                                                                        "openvino"]):
+        assert "no manifest.json" in _error(capsys, ["validate", *argv, "--testset", str(src), str(src)])

@@ -9,6 +9,7 @@ same package with its max_length cut to a few tokens. Expected scores come from 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -81,6 +82,25 @@ def test_gate_passes_an_easy_target_and_fails_an_impossible_one(
     assert lines == {"successful requests >= 1": "pass", "p50 latency <= 0.001 ms": "FAIL",
                      "error rate <= 0 %": "pass", "requests/s >= 1e+06 req/s": "FAIL"}
     assert (tmp_path / "impossible" / "report.html").read_text(encoding="utf-8").count("FAIL") >= 3
+
+
+def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Locust's -u/-r/-t, --csv and --html against the built-in users; the gate checks only failures."""
+    code = main(["loadtest", "--host", server, "-u", "2", "-r", "2", "-t", "2s", "--user-class", "TranslateUser",
+                 "--user-class", "StreamUser", "--beam-size", "1", "--max-length", "8", "--csv",
+                 str(tmp_path / "run"), "--html", str(tmp_path / "locust.html"), "--report", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    checks = {re.split(r"\s{2,}", line)[1] for line in out.splitlines()[2:] if line.startswith("adhoc")}
+    assert checks == {"successful requests >= 1", "error rate <= 0 %"}
+    run = read_run(tmp_path / "run")  # Locust's own CSV files, under the prefix asked for
+    assert {e.label for e in run.entries} == {"POST /v1/translate", "POST /v1/translate/stream",
+                                              "TTFE /v1/translate/stream"}
+    assert all(e.failures == 0 and e.requests > 0 for e in run.entries)
+    assert run.history and (tmp_path / "run_failures.csv").exists()
+    assert "<html" in (tmp_path / "locust.html").read_text(encoding="utf-8").lower()
+    tokens = read_run(tmp_path / "r" / "adhoc" / "locust").tokens  # the report's copy has the token counts too
+    assert tokens is not None and tokens.output_tokens > 0 and 1.5 <= tokens.seconds
 
 
 def _translate(package: Path, sources: list[str]) -> list[str]:
