@@ -31,6 +31,8 @@ from pydantic import ValidationError
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.gate import evaluate, format_table
 from loadtest.report import ScenarioResult, write_report
+from loadtest.scrape import scraping
+from loadtest.scrape import write as write_metrics
 from loadtest.stats import RunStats, StatsError, read_run
 from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration
 
@@ -300,10 +302,12 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
         command[command.index("--config-users"):command.index("--config-users")] = ["--html", str(outputs.html)]
     logger.info("scenario %s: %s", scenario.name, " ".join(command))
     extra_env = {"MTGATE_LOADTEST_API_KEY": api_key} if api_key else {}
-    run = run_locust(command, prefix, scenario.duration, f"scenario {scenario.name}", extra_env)
+    with scraping(host) as server:
+        run = run_locust(command, prefix, scenario.duration, f"scenario {scenario.name}", extra_env)
+    write_metrics(directory / "server_metrics.json", server)
     if outputs.csv is not None:
         copy_csv(prefix, outputs.csv)
-    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run))
+    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server)
 
 
 def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | None = None) -> Path:

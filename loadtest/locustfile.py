@@ -6,7 +6,8 @@ Users (pick with Locust's positional class names; weights with ``--config-users`
 - ``BatchUser``: ``POST /v1/translate`` with a list of ``--bulk-size`` sentences.
 - ``BulkUser``: ``POST /v1/translate/bulk`` with ``--bulk-size`` NDJSON lines (results stream back as NDJSON).
 - ``StreamUser``: ``POST /v1/translate/stream`` (Server-Sent Events); two entries per request: type ``TTFE`` is the
-  time to the first event, type ``POST`` the time to the end of the stream.
+  time to the first event, type ``POST`` the time to the end of the stream. Only the ``POST`` entry counts in
+  Locust's ``Aggregated`` row (requests, failures, rates).
 - ``TritonUser``: ``infer`` through ``tritonclient.http`` (Open Inference Protocol, BYTES input), so the same suite
   measures a Triton deployment; it fires Locust request events itself.
 
@@ -386,9 +387,10 @@ class StreamUser(_RestUser):
                     if (head.endswith(b"\n\n") or head.endswith(b"\r\n\r\n")) and b"data:" in head:
                         break
                 if head:
-                    self.environment.events.request.fire(
-                        request_type=TTFE, name=name, response_time=(time.perf_counter() - start) * 1000,
-                        response_length=len(head), exception=None, context={})
+                    # Logged in its own entry only, not through the request event: the Aggregated row (and every
+                    # request count) then holds real requests, not one extra per stream.
+                    self.environment.stats.get(name, TTFE).log(round((time.perf_counter() - start) * 1000),
+                                                               len(head))
                 body = bytes(head) + b"".join(resp.iter_content(chunk_size=1 << 16, decode_content=False))
                 size = len(body)
                 lines = body.decode("utf-8").replace("\r\n", "\n").split("\n")

@@ -1,44 +1,46 @@
-"""Load-test reports: Markdown (with SVG files beside it) and self-contained HTML (SVG inline).
+"""Load-test reports: Markdown (with SVG files beside it) and self-contained HTML (SVG inline, no script, no network).
 
-Plots are hand-written SVG: latency percentiles per entry, and throughput (requests/s, failures/s, translated
-tokens/s) over time. ``mtgate validate`` reuses :func:`scenario_html` and :func:`html_page` for its own report.
+Charts (``loadtest.charts``, matplotlib) per scenario: latency percentiles over time with the targets drawn on
+them (and the time to first event for streams), requests and failures per second with the users over time, output
+tokens per second, and the server's queue wait and batch sizes from its ``/metrics`` (``loadtest.scrape``).
+``mtgate validate`` and ``mtgate sweep`` reuse :func:`scenario_html` and :func:`html_page` for their own reports.
 """
 
 from __future__ import annotations
 
 import html
-import os
 import re
-import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from loadtest.charts import COLORS, Axes, Line, Series, panels
 from loadtest.gate import Check
-from loadtest.stats import AGGREGATED, PERCENTILES, TTFE, Entry, RunStats
-from loadtest.targets import Scenario
+from loadtest.scrape import ServerMetrics
+from loadtest.stats import AGGREGATED, TTFE, Entry, RunStats
+from loadtest.targets import Scenario, Targets
 
-_PLOT_PERCENTILES = PERCENTILES[:-2]  # 50% .. 99.9%; 99.99% and 100% are just the maximum in short runs
 _NUMERIC = re.compile(r"^[-+]?[\d.,]+( ?(%|ms|req/s|tok/s|s))?$|^–$")
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:75em;color:#222;padding:0 1em}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}
 th,td.l{text-align:left}.pass{color:#11772d;font-weight:600}
-.fail{color:#b00020;font-weight:600}.verdict{font-size:1.4em}svg{margin:.5em 1em .5em 0;vertical-align:top}
-code{background:#f4f4f4;padding:0 .2em}
+.fail{color:#b00020;font-weight:600}.verdict{font-size:1.4em}
+figure.chart{display:inline-block;margin:.5em 1em .5em 0;vertical-align:top}figure.chart svg{max-width:100%;height:auto}
+code{background:#f4f4f4;padding:0 .2em}td.text{text-align:left;max-width:28em;white-space:normal}
 """
+_PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4"), "95%": ("p95", "#ff7f0e"), "99%": ("p99", "#d62728")}
 
 
 @dataclass(frozen=True)
 class ScenarioResult:
-    """One scenario's run and its checks."""
+    """One scenario's run, its checks, and what the server's /metrics said during it (None: not scraped)."""
 
     scenario: Scenario
     run: RunStats
     checks: list[Check]
+    server: ServerMetrics | None = None
 
     @property
     def passed(self) -> bool:
@@ -46,98 +48,57 @@ class ScenarioResult:
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    """Write ``text`` to ``path`` atomically, creating its directory (``serving.files.atomic_write_text``)."""
+    from serving.files import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
-# ---------------------------------------------------------------- plots
+# ---------------------------------------------------------------- charts
 
 
-def line_chart(title: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]], x_label: str,
-               y_label: str, x_ticks: Sequence[tuple[float, str]] | None = None, width: int = 520,
-               height: int = 300) -> str:
-    """An SVG line chart; y starts at 0. ``x_ticks`` replaces the numeric x axis with labelled positions."""
-    left, right, top, bottom = 55, 180, 30, 45
-    plot_w, plot_h = width - left - right, height - top - bottom
-    points = [p for _, pts in series for p in pts]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
-    if not points:
-        out.append(f'<text x="{left + 10}" y="{top + plot_h / 2}">no data</text></svg>')
-        return "\n".join(out)
-    x_min = min(p[0] for p in points) if x_ticks is None else min(t[0] for t in x_ticks)
-    x_max = max(p[0] for p in points) if x_ticks is None else max(t[0] for t in x_ticks)
-    y_max = _nice_ceiling(max(p[1] for p in points))
-    x_span = (x_max - x_min) or 1.0
-
-    def sx(x: float) -> float:
-        return left + (x - x_min) / x_span * plot_w
-
-    def sy(y: float) -> float:
-        return top + plot_h - y / y_max * plot_h
-
-    for i in range(5):  # horizontal grid and y labels
-        y = y_max * i / 4
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{_tick(y)}</text>')
-    ticks = x_ticks if x_ticks is not None else [(x, _tick(x)) for x in (x_min + x_span * i / 5 for i in range(6))]
-    for x, text in ticks:
-        out.append(f'<text x="{sx(x):.1f}" y="{top + plot_h + 15}" text-anchor="middle">{html.escape(text)}</text>')
-    out.append(f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + plot_h}" stroke="#444"/>')
-    out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{top + plot_h}" y2="{top + plot_h}" stroke="#444"/>')
-    out.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">{html.escape(x_label)}</text>')
-    out.append(f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" text-anchor="middle">'
-               f'{html.escape(y_label)}</text>')
-    for i, (label, pts) in enumerate(series):
-        color = _COLORS[i % len(_COLORS)]
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        if len(pts) > 1:
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
-        out.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}"/>' for x, y in pts)
-        ly = top + 12 + i * 16
-        out.append(f'<rect x="{left + plot_w + 10}" y="{ly - 8}" width="10" height="10" fill="{color}"/>')
-        out.append(f'<text x="{left + plot_w + 24}" y="{ly + 1}">{html.escape(_shorten(label, 28))}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+def _origin(run: RunStats) -> float:
+    """Time zero of a run's charts: its first history row (whole seconds, so the x ticks are whole seconds too)."""
+    if run.history:
+        return min(h.timestamp for h in run.history)
+    return run.tokens.started if run.tokens is not None else 0.0
 
 
-def _tick(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 100 or value == int(value) else f"{value:.3g}"
-
-
-def _nice_ceiling(value: float) -> float:
-    if value <= 0:
-        return 1.0
-    magnitude = 10.0 ** (len(str(int(value))) - 1)
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * magnitude:
-            return step * magnitude
-    return value
-
-
-def _shorten(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def latency_chart(run: RunStats) -> str:
-    """Response-time percentiles (50% .. 99.9%) of every entry."""
+def _latency_series(run: RunStats, first_event: bool) -> list[Series]:
+    """p50/p95/p99 over time for a single entry; with several entries, each one's p95 (one colour each)."""
+    rows = [h for h in run.history if h.name != AGGREGATED and (h.type == TTFE) == first_event]
+    names = sorted({(h.type, h.name) for h in rows})
+    origin = _origin(run)
+    shown = _PERCENTILE_STYLE if len(names) == 1 else {"95%": ("p95", "")}
     series = []
-    for entry in run.entries:
-        pts = [(float(i), v) for i, p in enumerate(_PLOT_PERCENTILES) if (v := entry.percentile(p)) is not None]
-        if entry.requests and pts:
-            series.append((entry.label, pts))
-    ticks = [(float(i), p) for i, p in enumerate(_PLOT_PERCENTILES)]
-    return line_chart("Latency percentiles", series, "percentile", "ms", x_ticks=ticks)
+    for i, (kind, name) in enumerate(names):
+        points = [h for h in rows if (h.type, h.name) == (kind, name) and h.total_requests > 0]
+        for p, (short, color) in shown.items():
+            xy = [(h.timestamp - origin, v) for h in points if (v := h.percentiles.get(p)) is not None and v > 0]
+            if xy:
+                label = short if len(names) == 1 else f"{short} {kind} {name}"
+                series.append(Series(label, [x for x, _ in xy], [y for _, y in xy], "-",
+                                     color or COLORS[i % len(COLORS)]))
+    return series
+
+
+def _target_lines(targets: Targets, prefix: str) -> list[Line]:
+    colors = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
+    return [Line(f"target {short}", value, colors[short]) for short in ("p50", "p95", "p99")
+            if (value := getattr(targets, f"{prefix}{short}_ms")) is not None]
+
+
+def latency_chart(result: ScenarioResult) -> str:
+    """Latency percentiles over time (Locust's 10 s window) per request entry, with the latency targets."""
+    run, targets = result.run, result.scenario.targets
+    several = len({e.label for e in run.request_entries}) > 1
+    title = "p95 latency per entry over time" if several else "Latency over time"
+    axes = [Axes(f"{title} (10 s window)", "ms", _latency_series(run, False), _target_lines(targets, ""))]
+    if run.first_event_entries:
+        axes.append(Axes("Time to first event over time", "ms", _latency_series(run, True),
+                         _target_lines(targets, "ttfe_")))
+    return panels(axes)
 
 
 def throughput_series(run: RunStats) -> list[tuple[str, list[tuple[float, float]]]]:
@@ -154,7 +115,7 @@ def throughput_series(run: RunStats) -> list[tuple[str, list[tuple[float, float]
         totals[h.timestamp][0] += h.total_requests
         totals[h.timestamp][1] += h.total_failures
     token_history = run.tokens.history if run.tokens is not None else []
-    origin = min([*totals, *(t for t, _ in token_history)], default=0.0)
+    origin = _origin(run)
     counts = sorted(totals.items())
     requests, failures = [], []
     for (t0, (r0, f0)), (t1, (r1, f1)) in zip(counts, counts[1:], strict=False):
@@ -169,12 +130,67 @@ def throughput_series(run: RunStats) -> list[tuple[str, list[tuple[float, float]
     return series
 
 
-def throughput_charts(run: RunStats) -> list[str]:
+def _series(label: str, points: list[tuple[float, float]], color: str | None = None, style: str = "-") -> Series:
+    return Series(label, [x for x, _ in points], [y for _, y in points], style, color)
+
+
+def users_series(run: RunStats) -> list[tuple[float, float]]:
+    """Simulated users over time (one value per history timestamp)."""
+    origin = _origin(run)
+    users = {h.timestamp: h.users for h in run.history}
+    return [(t - origin, float(u)) for t, u in sorted(users.items())]
+
+
+def throughput_chart(result: ScenarioResult) -> str:
+    """Requests and failures per second, users on the right axis; output tokens per second below."""
+    run = result.run
     series = throughput_series(run)
-    charts = [line_chart("Requests over time", series[:2], "seconds", "per second")]
-    if len(series) > 2:
-        charts.append(line_chart("Translated tokens over time", series[2:], "seconds", "tokens per second"))
+    targets = result.scenario.targets
+    lines = [Line("target requests/s", targets.min_rps, "#2ca02c")] if targets.min_rps is not None else []
+    axes = [Axes("Throughput and users over time", "per second",
+                 [_series("requests/s", series[0][1], "#1f77b4"), _series("failures/s", series[1][1], "#d62728")],
+                 lines, right=[_series("users", users_series(run), "#7f7f7f", ":")], right_label="users")]
+    tokens = series[2][1] if len(series) > 2 else []
+    token_lines = ([Line("target tokens/s", targets.min_tokens_per_s, "#2ca02c")]
+                   if targets.min_tokens_per_s is not None else [])
+    axes.append(Axes("Translated tokens over time", "output tokens per second",
+                     [_series("output tokens/s", tokens, "#9467bd")], token_lines))
+    return panels(axes)
+
+
+def server_chart(server: ServerMetrics, origin: float) -> str:
+    """The server's queue wait (mean and p95 per interval) and batch sizes, from /metrics."""
+    intervals = server.intervals()
+
+    def points(attr: str) -> list[tuple[float, float]]:
+        return [(i.time - origin, v) for i in intervals if (v := getattr(i, attr)) is not None]
+
+    batch = [_series("mean batch size", points("batch_size_mean"), "#2ca02c")]
+    if any(i.step_sentences_mean for i in intervals):
+        batch.append(_series("mean sentences per decoder step", points("step_sentences_mean"), "#8c564b"))
+    return panels([
+        Axes("Server queue wait (/metrics)", "ms", [_series("mean", points("queue_wait_mean_ms"), "#1f77b4"),
+                                                   _series("p95", points("queue_wait_p95_ms"), "#ff7f0e")]),
+        Axes("Server batch size (/metrics)", "sentences per engine batch", batch,
+             right=[_series("queue depth", [(i.time - origin, i.queue_depth) for i in intervals], "#7f7f7f", ":")],
+             right_label="sentences queued"),
+    ])
+
+
+def scenario_charts(result: ScenarioResult) -> list[tuple[str, str, str]]:
+    """(slug, caption, SVG) of every chart of one scenario."""
+    charts = [("latency", "latency percentiles over time with the targets", latency_chart(result)),
+              ("throughput", "throughput, users and translated tokens over time", throughput_chart(result))]
+    if result.server is not None and len(result.server.samples) > 1:
+        charts.append(("server", "the server's queue wait and batch sizes (/metrics, every second)",
+                       server_chart(result.server, _origin(result.run))))
     return charts
+
+
+def figure_html(slug: str, caption: str, svg: str) -> str:
+    """A chart as an HTML figure (``data-chart`` names it for tests and readers)."""
+    return f'<figure class="chart" data-chart="{html.escape(slug)}">{svg}<figcaption>{html.escape(caption)}' \
+           "</figcaption></figure>"
 
 
 # ---------------------------------------------------------------- tables
@@ -250,8 +266,26 @@ def scenario_html(result: ScenarioResult) -> str:
         rows = [["entry", "error", "occurrences"]]
         rows += [[f"{f.method} {f.name}", f.error, str(f.occurrences)] for f in run.failures[:20]]
         parts += ["<h3>Failures</h3>", html_table(rows)]
-    parts += ["<div>", latency_chart(run), *throughput_charts(run), "</div>"]
+    if result.server is not None and (whole := result.server.whole_run()) is not None:
+        parts.append(f"<p>{html.escape(_server_line(whole))}</p>")
+    elif result.server is not None:
+        parts.append("<p>The server's /metrics had no batching metrics (not an mtgate server?).</p>")
+    parts += ["<div>", *(figure_html(slug, f"{result.scenario.name}: {caption}", svg)
+                         for slug, caption, svg in scenario_charts(result)), "</div>"]
     return "\n".join(parts)
+
+
+def _server_line(whole: object) -> str:
+    from loadtest.scrape import Interval
+
+    assert isinstance(whole, Interval)
+
+    def ms(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f} ms"
+
+    batch = "–" if whole.batch_size_mean is None else f"{whole.batch_size_mean:.1f}"
+    return (f"Server (/metrics over the run): queue wait mean {ms(whole.queue_wait_mean_ms)}, p95 "
+            f"{ms(whole.queue_wait_p95_ms)}; mean batch size {batch} sentences.")
 
 
 def html_page(title: str, body: str) -> str:
@@ -290,13 +324,14 @@ def render_html(host: str, results: list[ScenarioResult]) -> str:
 
 
 def write_report(directory: Path, host: str, results: list[ScenarioResult]) -> tuple[Path, Path]:
-    """Write ``report.md`` (+ one SVG per plot) and ``report.html`` into ``directory``; return both paths."""
+    """Write ``report.md`` (+ one SVG per chart) and ``report.html`` into ``directory``; return both paths."""
     svg_names: dict[str, list[str]] = {}
     for r in results:
-        charts = [latency_chart(r.run), *throughput_charts(r.run)]
-        names = [f"{r.scenario.name}-{kind}.svg" for kind in ("latency", "throughput", "tokens")[: len(charts)]]
-        for name, svg in zip(names, charts, strict=True):
+        names = []
+        for slug, _, svg in scenario_charts(r):
+            name = f"{r.scenario.name}-{slug}.svg"
             write_text_atomically(directory / name, svg + "\n")
+            names.append(name)
         svg_names[r.scenario.name] = names
     md, page = directory / "report.md", directory / "report.html"
     write_text_atomically(md, render_markdown(host, results, svg_names))

@@ -122,6 +122,15 @@ class Comparison:
     candidate_ci: float
     baseline_mean: float
     baseline_ci: float
+    identical: bool = False
+
+    def significance(self, alpha: float) -> str:
+        """In words: identical, no significant difference, or a significant gain or drop."""
+        if self.identical:
+            return "identical translations: no difference"
+        if self.p_value >= alpha:
+            return f"no significant difference (p = {self.p_value:.4f})"
+        return f"significant {'gain' if self.delta > 0 else 'drop'} (p = {self.p_value:.4f})"
 
 
 @dataclass
@@ -228,16 +237,20 @@ def compare(candidate: list[str], baseline: list[str], references: list[str]) ->
     test = PairedTest([("baseline", baseline), ("candidate", candidate)], metrics, references=None, test_type="bs",
                       n_samples=BOOTSTRAP_SAMPLES)
     _, scores = test()
+    identical = list(candidate) == list(baseline)
     out = []
     for metric in ("BLEU", "chrF2" if "chrF2" in scores else "chrF"):
         base, cand = scores[metric]
         assert not isinstance(base, str) and not isinstance(cand, str)
+        delta = float(cand.score) - float(base.score)
+        # sacrebleu counts resampled differences strictly above the real one, plus one: with no difference at all
+        # (every resample's difference is 0 too) that reads p = 1/(n+1), "significant". Nothing differs: p = 1.
+        p_value = 1.0 if identical or delta == 0 else float(cand.p_value if cand.p_value is not None else 1.0)
         out.append(Comparison(
             metric="chrF" if metric.startswith("chrF") else metric, candidate=float(cand.score),
-            baseline=float(base.score), delta=float(cand.score) - float(base.score),
-            p_value=float(cand.p_value if cand.p_value is not None else 1.0),
+            baseline=float(base.score), delta=delta, p_value=p_value,
             candidate_mean=float(cand.mean or 0.0), candidate_ci=float(cand.ci or 0.0),
-            baseline_mean=float(base.mean or 0.0), baseline_ci=float(base.ci or 0.0)))
+            baseline_mean=float(base.mean or 0.0), baseline_ci=float(base.ci or 0.0), identical=identical))
     return out
 
 
@@ -252,7 +265,8 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
         significant = c.p_value < rules.alpha
         ok = not (drop > allowed and significant)
         detail = (f"candidate {c.candidate:.2f} vs baseline {c.baseline:.2f} (delta {c.delta:+.2f}, "
-                  f"p = {c.p_value:.4f}; a drop over {allowed:g} with p < {rules.alpha:g} rejects)")
+                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha)}; a drop over {allowed:g} with "
+                  f"p < {rules.alpha:g} rejects)")
         checks.append(Check(f"{c.metric} not worse than baseline", ok, detail))
     return checks
 

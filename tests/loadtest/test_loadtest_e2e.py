@@ -20,6 +20,7 @@ import pytest
 
 from loadtest.cli import GRACE_S, STOP_TIMEOUT_S, start_server
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
+from loadtest.scrape import read as read_metrics
 from loadtest.stats import read_run
 from serving.cli import main
 
@@ -71,6 +72,14 @@ def test_gate_passes_an_easy_target_and_fails_an_impossible_one(
     assert 0 < run.tokens.output_tokens <= FAST["max_length"] * run.tokens.translated
     report = (tmp_path / "easy" / "report.md").read_text(encoding="utf-8")
     assert report.startswith("# Load test: PASS") and "V2 /v2/models/tiny-marian/infer" in report
+    # The server's /metrics was scraped during the run: queue wait and batch sizes, charted in the report
+    scraped = read_metrics(tmp_path / "easy" / "everything" / "server_metrics.json")
+    assert scraped is not None and len(scraped.samples) >= 3
+    whole = scraped.whole_run()
+    assert whole is not None and whole.batch_size_mean is not None and whole.batch_size_mean >= 1
+    assert whole.queue_wait_mean_ms is not None and whole.queue_wait_mean_ms >= 0
+    assert "everything-server.svg" in report and 'data-chart="server"' in (
+        tmp_path / "easy" / "report.html").read_text(encoding="utf-8")
 
     impossible = _targets(tmp_path / "impossible.yaml", [{
         "name": "impossible", "users": {"TranslateUser": 1}, "concurrency": 1, "duration": "1s", **FAST,
@@ -97,6 +106,9 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
     assert {e.label for e in run.entries} == {"POST /v1/translate", "POST /v1/translate/stream",
                                               "TTFE /v1/translate/stream"}
     assert all(e.failures == 0 and e.requests > 0 for e in run.entries)
+    # The Aggregated row counts real requests: a stream is one request, its time-to-first-event entry is not another.
+    assert run.aggregated.requests == sum(e.requests for e in run.request_entries)
+    assert run.aggregated.requests < sum(e.requests for e in run.entries)
     assert run.history and (tmp_path / "run_failures.csv").exists()
     assert "<html" in (tmp_path / "locust.html").read_text(encoding="utf-8").lower()
     tokens = read_run(tmp_path / "r" / "adhoc" / "locust").tokens  # the report's copy has the token counts too

@@ -1,4 +1,4 @@
-"""report.py: Markdown + HTML with hand-written SVG plots, from recorded runs."""
+"""report.py: Markdown + HTML with matplotlib SVG charts, from recorded runs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.charts import Axes, Series, panels
 from loadtest.gate import evaluate
-from loadtest.report import ScenarioResult, line_chart, throughput_series, write_report
+from loadtest.report import ScenarioResult, throughput_series, write_report
 from loadtest.stats import read_run
 from loadtest.targets import parse_targets
 
@@ -27,8 +28,8 @@ def test_report_files(tmp_path: Path) -> None:
     failing = _result("failing", {"TranslateUser": 1}, p95_ms=500)
     md, page = write_report(tmp_path, "http://127.0.0.1:8000", [mixed, failing])
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["failing-latency.svg", "failing-throughput.svg", "failing-tokens.svg", "mixed-latency.svg",
-                     "mixed-throughput.svg", "mixed-tokens.svg", "report.html", "report.md"]
+    assert names == ["failing-latency.svg", "failing-throughput.svg", "mixed-latency.svg", "mixed-throughput.svg",
+                     "report.html", "report.md"]  # no server chart: these runs have no /metrics samples
     for svg in tmp_path.glob("*.svg"):
         assert ET.parse(svg).getroot().tag == f"{SVG}svg"
     text = md.read_text(encoding="utf-8")
@@ -38,7 +39,10 @@ def test_report_files(tmp_path: Path) -> None:
     assert "| POST /v1/translate (bulk) | 32 | 0 | 89 | 110 | 110 | 115 | 10.7 |" in text
     assert "![mixed-latency.svg](mixed-latency.svg)" in text
     html = page.read_text(encoding="utf-8")
-    assert html.count("<svg") == 6 and "Scenario failing" in html
+    assert html.count("<svg") == 4 and "Scenario failing" in html
+    assert html.count('<figure class="chart" data-chart="latency">') == 2
+    assert "<script" not in html and "http://" not in html.replace("http://127.0.0.1:8000", "").replace(
+        "http://www.w3.org/", "")  # self-contained: nothing to fetch
     assert "CatchResponseError(&#x27;HTTP 503: queue full&#x27;)" in html  # escaped
 
 
@@ -55,8 +59,9 @@ def test_throughput_comes_from_cumulative_counts() -> None:
 
 
 def test_chart_without_data_and_with_markup_in_labels() -> None:
-    empty = ET.fromstring(line_chart("t", [], "x", "y"))
+    empty = ET.fromstring(panels([Axes("t", "y")]))
     assert "no data" in "".join(empty.itertext())
-    svg = line_chart("<b>", [("a&b", [(0.0, 1.0), (1.0, 3.0)])], "x", "y")
+    svg = panels([Axes("<b>", "y", [Series("a&b", [0.0, 1.0], [1.0, 3.0])])])
     root = ET.fromstring(svg)
-    assert "<b>" in "".join(root.itertext()) and root.find(f"{SVG}polyline") is not None
+    assert "<b>" in "".join(root.itertext()) and "a&b" in "".join(root.itertext())
+    assert root.find(f".//{SVG}path") is not None

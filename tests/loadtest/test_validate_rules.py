@@ -66,6 +66,27 @@ def test_compare_is_sacrebleus_paired_bootstrap() -> None:
     assert all(c.passed for c in quality_checks(_system(100, 100), [same], QualityTargets()))
 
 
+def test_identical_systems_are_no_difference_with_p_one() -> None:
+    """sacrebleu alone says p = 1/1001 for two identical systems (reads as significant); validate says p = 1."""
+    from sacrebleu.metrics.bleu import BLEU
+    from sacrebleu.significance import PairedTest
+
+    worse = [r.replace("a ", "the ", 1) for r in REFS]
+    _, raw = PairedTest([("baseline", worse), ("candidate", worse)], {"BLEU": BLEU(references=[REFS])},
+                        references=None, test_type="bs", n_samples=1000)()
+    assert raw["BLEU"][1].p_value == pytest.approx(1 / 1001)  # the degenerate value this fixes
+    comparisons = compare(worse, worse, REFS)
+    assert [(c.metric, c.delta, c.p_value, c.identical) for c in comparisons] == [
+        ("BLEU", 0.0, 1.0, True), ("chrF", 0.0, 1.0, True)]
+    [check, _] = quality_checks(_system(50, 50), comparisons, QualityTargets())
+    assert check.passed and "delta +0.00, p = 1.0000: identical translations: no difference" in check.detail
+    # Different systems keep sacrebleu's p-value, and say in words what it means.
+    [different, _] = compare(REFS, worse, REFS)
+    assert not different.identical and different.significance(0.05).startswith("significant gain (p = ")
+    noise = _comparison("BLEU", 20.0, 20.3, 0.4)
+    assert noise.significance(0.05) == "no significant difference (p = 0.4000)"
+
+
 def test_cost() -> None:
     # 2 cores at 0.05 per core-hour = 0.1 per hour; 1000 tokens/s = 3.6M tokens per hour -> 0.1 / 3.6 per million
     assert estimate_cost(1000.0, 2, 0.05) == pytest.approx(0.1 / 3.6)
