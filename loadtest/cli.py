@@ -1,51 +1,46 @@
-"""``mtgate loadtest``: run Locust headless against a server, gate on the targets file, write a report.
+"""``mtgate loadtest``: run Locust headless against a server, gate on the targets, write a report.
 
-Each scenario is one Locust subprocess (``--headless --run-time`` bounded, ``--csv --csv-full-history``); its
-stats CSVs are read back, every target is evaluated, a table goes to stdout and a Markdown + HTML report to
-``--report``. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
-``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the duration of the run.
+The scenarios come from ``--targets`` or, without it, one ad-hoc scenario from Locust's own options. Each runs in
+``loadtest.runner`` (a bounded Locust subprocess, the server's /metrics scraped meanwhile); a table goes to stdout,
+a Markdown + HTML report to ``--report`` and, with ``--tensorboard DIR``, scalars and the verdict to a new
+TensorBoard run directory. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
+``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
 
 from pydantic import ValidationError
 
-from loadtest.corpus import CorpusError, default_corpus, read_lines
-from loadtest.gate import evaluate, format_table
+from loadtest.corpus import CorpusError
+from loadtest.gate import format_table
 from loadtest.report import ScenarioResult, write_report
-from loadtest.scrape import scraping
-from loadtest.scrape import write as write_metrics
-from loadtest.stats import RunStats, StatsError, read_run
+from loadtest.runner import (
+    GRACE_S,
+    LOCUSTFILE,
+    STOP_TIMEOUT_S,
+    LoadTestError,
+    LocustOutputs,
+    resolve_corpus,
+    run_all,
+    run_locust,
+)
+from loadtest.server import check_host, free_port, package_model_name, reachable, start_server
+from loadtest.stats import AGGREGATED, TTFE
 from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration
 
+# Re-exported: loadtest.cli was where these lived (benchmarks/served_batching.py imports them from here).
+__all__ = ["GRACE_S", "LOCUSTFILE", "STOP_TIMEOUT_S", "LoadTestError", "add_arguments", "check_host", "free_port",
+           "run", "run_locust", "start_server"]
+
 logger = logging.getLogger(__name__)
-
-LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-STOP_TIMEOUT_S = 5  # lets in-flight requests finish after --run-time, so they are counted
-GRACE_S = 60  # beyond run time + stop timeout, a Locust process that has not exited is killed
-
-
-class LoadTestError(Exception):
-    """A run could not be carried out (server did not start, Locust failed): exit code 2."""
 
 
 def _usage_error(message: str) -> Exception:
@@ -74,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
     parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for a started server to become ready (default: 120)")
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="also write the run's scalars and verdict for TensorBoard into a new run directory "
+                             "under DIR (tensorboard --logdir DIR)")
     adhoc = parser.add_argument_group(
         "Locust's options", "-u, -r and -t also override every scenario of --targets; the others describe the "
                             "ad-hoc scenario run without --targets")
@@ -93,233 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     adhoc.add_argument("--html", type=Path, metavar="FILE",
                        help="also write Locust's own HTML report to FILE (several scenarios: FILE's name gets "
                             "_<scenario> before its suffix)")
-
-
-# ---------------------------------------------------------------- host and server
-
-
-def check_host(url: str, allow_remote: bool) -> str:
-    """Normalise and check a base URL; only loopback hosts unless ``allow_remote``.
-
-    Raises:
-        ValueError: not an http(s) URL with a host, or a remote host without ``allow_remote``.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--host {url!r} is not an http:// or https:// URL with a host")
-    if parts.hostname not in LOCAL_HOSTS and not allow_remote:
-        raise ValueError(f"--host {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
-                         "a server you operate elsewhere")
-    return url.rstrip("/")
-
-
-def _reachable(host: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{host}/v2/health/live", timeout=5):
-            return True
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _ready(host: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{host}/v2/health/ready", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class LocalServer:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-@contextmanager
-def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> Iterator[LocalServer]:
-    """Run ``mtgate serve -m PACKAGE [extra_args]`` on a free 127.0.0.1 port until the block ends (then SIGTERM).
-
-    ``env`` is added to this process's environment for the server (settings such as ``MTGATE_THREADS``).
-
-    Raises:
-        LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
-    """
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
-               "--port", str(port), *extra_args]
-    logger.info("starting server: %s", " ".join(command))
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **env} if env else None)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not _ready(url):
-            if process.poll() is not None:
-                raise LoadTestError(f"server exited with code {process.returncode}: {log_tail(log_path)}")
-            if time.monotonic() > deadline:
-                raise LoadTestError(f"server not ready after {timeout_s:g} s: {log_tail(log_path)}")
-            time.sleep(0.2)
-        logger.info("server ready at %s (pid %d)", url, process.pid)
-        yield LocalServer(url, process, log_path)
-    finally:
-        _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def log_tail(path: Path, lines: int = 5) -> str:
-    """The last ``lines`` lines of a log file on one line (for error messages)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
-
-
-def package_model_name(package: Path) -> str | None:
-    """The model name in a package's manifest (what the server calls it), or None when unreadable."""
-    try:
-        name = json.loads((package / "manifest.json").read_text(encoding="utf-8")).get("name")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return name if isinstance(name, str) and name else None
-
-
-# ---------------------------------------------------------------- Locust
-
-
-def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, model_name: str | None) -> list[str]:
-    """The headless Locust command line for one scenario (user classes last: --config-users takes the rest)."""
-    command = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *scenario.users,
-        "--headless", "--host", host,
-        "--users", str(scenario.concurrency), "--spawn-rate", f"{scenario.spawn_rate:g}",
-        "--run-time", f"{max(1, round(scenario.duration))}s", "--stop-timeout", str(STOP_TIMEOUT_S),
-        "--csv", str(prefix), "--csv-full-history", "--only-summary", "--exit-code-on-error", "0",
-        "--loglevel", "WARNING",
-        "--corpus", str(corpus), "--tokens-file", f"{prefix}_tokens.json",
-        "--bulk-size", str(scenario.bulk_size), "--think-time", f"{scenario.think_time_s:g}",
-    ]
-    if scenario.max_length is not None:
-        command += ["--max-length", str(scenario.max_length)]
-    if scenario.beam_size is not None:
-        command += ["--beam-size", str(scenario.beam_size)]
-    if model_name:
-        command += ["--model-name", model_name]
-    weights = [{"user_class_name": name, "weight": w} for name, w in scenario.users.items()]
-    command += ["--config-users", json.dumps(weights)]
-    return command
-
-
-def run_locust(command: Sequence[str], prefix: Path, duration_s: float, label: str,
-               env: Mapping[str, str] | None = None) -> RunStats:
-    """Run a headless Locust command (``--csv PREFIX``) in a subprocess, bounded to its run time plus the stop
-    timeout and a grace period, its output in ``<prefix's directory>/locust.log``; return its stats.
-
-    Raises:
-        LoadTestError: Locust failed or overran its time, or its output is unreadable (the message starts with
-            ``label``).
-    """
-    run_env = {**os.environ, **(env or {})}
-    # The locustfile imports loadtest.*; make this checkout importable even when it is not installed.
-    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LOCUSTFILE.parents[1]), run_env.get("PYTHONPATH")]))
-    timeout = duration_s + STOP_TIMEOUT_S + GRACE_S
-    log_path = prefix.parent / "locust.log"
-    with log_path.open("wb") as log:
-        try:
-            code = subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, env=run_env).returncode
-        except subprocess.TimeoutExpired as e:
-            raise LoadTestError(f"{label}: Locust still running after {timeout:g} s; killed") from e
-    if code != 0:
-        raise LoadTestError(f"{label}: Locust exited with code {code}: {log_tail(log_path)}")
-    try:
-        return read_run(prefix)
-    except StatsError as e:
-        raise LoadTestError(f"{label}: {e}") from e
-
-
-@dataclass(frozen=True)
-class LocustOutputs:
-    """Copies of Locust's own outputs that a user asked for (``--csv PREFIX``, ``--html FILE``)."""
-
-    csv: Path | None = None
-    html: Path | None = None
-
-    def for_scenario(self, name: str, several: bool) -> LocustOutputs:
-        """The paths for one scenario: as given for a single scenario, else with ``_<name>`` added."""
-        if not several:
-            return self
-        return LocustOutputs(
-            csv=self.csv.with_name(f"{self.csv.name}_{name}") if self.csv else None,
-            html=self.html.with_name(f"{self.html.stem}_{name}{self.html.suffix}") if self.html else None)
-
-
-_CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptions.csv")
-
-
-def copy_csv(prefix: Path, target: Path) -> None:
-    """Copy the CSV files Locust wrote with ``--csv prefix`` to ``--csv target`` (atomically, each file)."""
-    from serving.files import atomic_write_bytes
-
-    for suffix in _CSV_SUFFIXES:
-        source = Path(f"{prefix}{suffix}")
-        if source.exists():
-            atomic_write_bytes(Path(f"{target}{suffix}"), source.read_bytes())
-
-
-def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
-                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs()) -> ScenarioResult:
-    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
-
-    Raises:
-        LoadTestError: Locust failed or overran its time, or its output is unreadable.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    prefix = directory / "locust"
-    command = locust_command(host, scenario, prefix, corpus, model_name)
-    if outputs.html is not None:
-        command[command.index("--config-users"):command.index("--config-users")] = ["--html", str(outputs.html)]
-    logger.info("scenario %s: %s", scenario.name, " ".join(command))
-    extra_env = {"MTGATE_LOADTEST_API_KEY": api_key} if api_key else {}
-    with scraping(host) as server:
-        run = run_locust(command, prefix, scenario.duration, f"scenario {scenario.name}", extra_env)
-    write_metrics(directory / "server_metrics.json", server)
-    if outputs.csv is not None:
-        copy_csv(prefix, outputs.csv)
-    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server)
-
-
-def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | None = None) -> Path:
-    """The sentence file for a scenario, checked to be readable: ``override`` (--corpus), else the scenario's,
-    else ``default``, else the bundled test set.
-
-    Raises:
-        CorpusError: missing, unreadable or empty.
-    """
-    path = override or scenario.corpus or default or default_corpus()
-    read_lines(path)
-    return path
 
 
 def check_writable(path: Path, what: str, *, directory: bool = False) -> None:
@@ -348,29 +119,82 @@ def default_report_dir(kind: str) -> Path:
     return Path("reports") / f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
-            model_name: str | None, api_key: str | None, default_corpus: Path | None = None,
-            outputs: LocustOutputs = LocustOutputs()) -> list[ScenarioResult]:
-    """Run the scenarios in order; every one is bounded in time.
-
-    Raises:
-        LoadTestError: a run failed; CorpusError: a sentence file is unusable.
-    """
-    results = []
-    for scenario in scenarios:
-        path = resolve_corpus(corpus, scenario, default_corpus)
-        sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
-                         f"against {host}\n")
-        results.append(run_scenario(host, scenario, report_dir / scenario.name, path,
-                                    scenario.model or model_name, api_key,
-                                    outputs.for_scenario(scenario.name, len(scenarios) > 1)))
-    return results
-
-
 # ---------------------------------------------------------------- command
 
 
 ADHOC = "adhoc"
+
+
+def check_tensorboard(root: Path) -> None:
+    """``--tensorboard DIR`` is writable and tensorflow is installed, before any work.
+
+    Raises:
+        UsageError: either is not the case.
+    """
+    from loadtest.tensorboard import TensorBoardUnavailable, check_available
+
+    check_writable(root, "--tensorboard", directory=True)
+    try:
+        check_available()
+    except TensorBoardUnavailable as e:
+        raise _usage_error(str(e)) from e
+
+
+def scenario_scalars(result: ScenarioResult) -> dict[str, float | None]:
+    """The numbers of one scenario for TensorBoard: latency percentiles, throughput, errors, server view."""
+    run = result.run
+    requests = run.request_entries
+    total = sum(e.requests for e in requests)
+    worst = {p: max((v for e in requests if (v := e.percentile(p)) is not None), default=None)
+             for p in ("50%", "95%", "99%")}
+    values: dict[str, float | None] = {
+        "p50_ms": worst["50%"], "p95_ms": worst["95%"], "p99_ms": worst["99%"],
+        "requests_per_s": sum(e.rps for e in requests), "requests": float(total),
+        "error_rate": sum(e.failures for e in requests) / total if total else None,
+        "output_tokens_per_s": run.tokens.output_tokens_per_s if run.tokens is not None else None,
+        "passed": float(result.passed),
+    }
+    if run.first_event_entries:
+        values["ttfe_p95_ms"] = max((v for e in run.first_event_entries if (v := e.percentile("95%")) is not None),
+                                    default=None)
+    whole = result.server.whole_run() if result.server is not None else None
+    if whole is not None:
+        values |= {"server_queue_wait_mean_ms": whole.queue_wait_mean_ms,
+                   "server_queue_wait_p95_ms": whole.queue_wait_p95_ms, "server_batch_size_mean": whole.batch_size_mean}
+    return values
+
+
+def write_scenarios(writer: Any, results: list[ScenarioResult], prefix: str = "load/") -> None:
+    """Each scenario's scalars at step 0, and its latency and throughput over time at each second."""
+    from loadtest.report import _origin, throughput_series
+
+    for r in results:
+        tag = f"{prefix}{r.scenario.name}/"
+        writer.scalars(scenario_scalars(r), prefix=tag)
+        origin = _origin(r.run)
+        p95: dict[int, float] = {}
+        for h in r.run.history:
+            if h.type != TTFE and h.name != AGGREGATED and (v := h.percentiles.get("95%")):
+                second = int(h.timestamp - origin)
+                p95[second] = max(p95.get(second, 0.0), v)
+        for second, value in sorted(p95.items()):
+            writer.scalar(f"{tag}over_time/p95_ms", value, step=second)
+        for label, points in throughput_series(r.run):
+            for x, y in points:
+                writer.scalar(f"{tag}over_time/{label.replace(' ', '_').replace('/', '_per_')}", y, step=int(x))
+
+
+def write_tensorboard(root: Path, host: str, results: list[ScenarioResult], ok: bool) -> Path:
+    """One TensorBoard run directory for this load test; returns it."""
+    from loadtest.tensorboard import markdown_table, open_run
+
+    with open_run(root, "loadtest") as writer:
+        write_scenarios(writer, results)
+        rows = [["scenario", "target", "measured", "result"]]
+        rows += [[c.scenario, c.target, c.measured_text, "pass" if c.passed else "FAIL"]
+                 for r in results for c in r.checks]
+        writer.text("verdict", f"**{'PASS' if ok else 'FAIL'}** against {host}\n\n{markdown_table(rows)}")
+        return writer.directory
 
 
 def select_scenarios(args: argparse.Namespace) -> list[Scenario]:
@@ -419,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
     report_dir: Path = args.report or default_report_dir("loadtest")
     outputs = LocustOutputs(args.csv, args.html)
     check_writable(report_dir, "--report", directory=True)
+    if args.tensorboard is not None:
+        check_tensorboard(args.tensorboard)
     for scenario in scenarios:
         paths = outputs.for_scenario(scenario.name, len(scenarios) > 1)
         if paths.csv is not None:
@@ -441,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
                 host = check_host(args.host, args.allow_remote)
             except ValueError as e:
                 raise _usage_error(str(e)) from e
-            if not _reachable(host):
+            if not reachable(host):
                 raise _usage_error(f"cannot reach {host}")
             results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key, outputs=outputs)
     except (LoadTestError, CorpusError) as e:
@@ -451,5 +277,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(format_table(checks))
     md, page = write_report(report_dir, host, results)
     ok = all(r.passed for r in results)
+    if args.tensorboard is not None:
+        sys.stdout.write(f"tensorboard: {write_tensorboard(args.tensorboard, host, results, ok)}\n")
     sys.stdout.write(f"{'PASS' if ok else 'FAIL'}: report {page} and {md}\n")
     return 0 if ok else 1

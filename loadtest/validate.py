@@ -24,9 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadtest.cli import LoadTestError, default_report_dir, package_model_name, run_all, start_server
+from loadtest.cli import default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.report import ScenarioResult, html_page, html_table, scenario_html, write_text_atomically
+from loadtest.runner import LoadTestError, run_all
+from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.cli import check_host, free_port
+from loadtest.server import check_host, free_port
 from serving.cli import main
 
 TARGETS = Path(__file__).resolve().parents[2] / "loadtest" / "targets" / "smoke.yaml"

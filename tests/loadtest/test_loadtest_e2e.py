@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 
-from loadtest.cli import GRACE_S, STOP_TIMEOUT_S, start_server
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
+from loadtest.runner import GRACE_S, STOP_TIMEOUT_S
 from loadtest.scrape import read as read_metrics
+from loadtest.server import start_server
 from loadtest.stats import read_run
+from loadtest.tensorboard import read_events
 from serving.cli import main
 
 pytestmark = pytest.mark.timeout(300)
@@ -97,7 +99,8 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
     """Locust's -u/-r/-t, --csv and --html against the built-in users; the gate checks only failures."""
     code = main(["loadtest", "--host", server, "-u", "2", "-r", "2", "-t", "2s", "--user-class", "TranslateUser",
                  "--user-class", "StreamUser", "--beam-size", "1", "--max-length", "8", "--csv",
-                 str(tmp_path / "run"), "--html", str(tmp_path / "locust.html"), "--report", str(tmp_path / "r")])
+                 str(tmp_path / "run"), "--html", str(tmp_path / "locust.html"), "--report", str(tmp_path / "r"),
+                 "--tensorboard", str(tmp_path / "tb")])
     out = capsys.readouterr().out
     assert code == 0, out
     checks = {re.split(r"\s{2,}", line)[1] for line in out.splitlines()[2:] if line.startswith("adhoc")}
@@ -113,6 +116,19 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
     assert "<html" in (tmp_path / "locust.html").read_text(encoding="utf-8").lower()
     tokens = read_run(tmp_path / "r" / "adhoc" / "locust").tokens  # the report's copy has the token counts too
     assert tokens is not None and tokens.output_tokens > 0 and 1.5 <= tokens.seconds
+    # TensorBoard: one run directory, read back with TensorFlow's event reader
+    [tb_run] = list((tmp_path / "tb").iterdir())
+    assert tb_run.name.startswith("loadtest-") and f"tensorboard: {tb_run}" in out
+    events = read_events(tb_run)
+    post = next(e for e in run.request_entries if e.label == "POST /v1/translate")
+    assert events["load/adhoc/requests"] == [(0, float(sum(e.requests for e in read_run(
+        tmp_path / "r" / "adhoc" / "locust").request_entries)))]
+    assert events["load/adhoc/p95_ms"][0][1] >= (post.percentile("95%") or 0)
+    assert events["load/adhoc/error_rate"] == [(0, 0.0)] and events["load/adhoc/passed"] == [(0, 1.0)]
+    assert events["load/adhoc/output_tokens_per_s"][0][1] == pytest.approx(tokens.output_tokens_per_s)
+    assert len(events["load/adhoc/over_time/requests_per_s"]) >= 1
+    [(_, verdict)] = events["verdict"]
+    assert verdict.startswith("**PASS**") and "| adhoc | error rate <= 0 % | 0.00 % | pass |" in verdict
 
 
 def _translate(package: Path, sources: list[str]) -> list[str]:

@@ -1,0 +1,123 @@
+"""The server a load test runs against: loopback checks, reachability, and ``mtgate serve`` started for a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from loadtest.runner import LoadTestError, log_tail
+
+logger = logging.getLogger(__name__)
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_host(url: str, allow_remote: bool) -> str:
+    """Normalise and check a base URL; only loopback hosts unless ``allow_remote``.
+
+    Raises:
+        ValueError: not an http(s) URL with a host, or a remote host without ``allow_remote``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--host {url!r} is not an http:// or https:// URL with a host")
+    if parts.hostname not in LOCAL_HOSTS and not allow_remote:
+        raise ValueError(f"--host {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
+                         "a server you operate elsewhere")
+    return url.rstrip("/")
+
+
+def reachable(host: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{host}/v2/health/live", timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _ready(host: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{host}/v2/health/ready", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@contextmanager
+def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> Iterator[LocalServer]:
+    """Run ``mtgate serve -m PACKAGE [extra_args]`` on a free 127.0.0.1 port until the block ends (then SIGTERM).
+
+    ``env`` is added to this process's environment for the server (settings such as ``MTGATE_THREADS``).
+
+    Raises:
+        LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
+               "--port", str(port), *extra_args]
+    logger.info("starting server: %s", " ".join(command))
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **env} if env else None)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _ready(url):
+            if process.poll() is not None:
+                raise LoadTestError(f"server exited with code {process.returncode}: {log_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise LoadTestError(f"server not ready after {timeout_s:g} s: {log_tail(log_path)}")
+            time.sleep(0.2)
+        logger.info("server ready at %s (pid %d)", url, process.pid)
+        yield LocalServer(url, process, log_path)
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def package_model_name(package: Path) -> str | None:
+    """The model name in a package's manifest (what the server calls it), or None when unreadable."""
+    try:
+        name = json.loads((package / "manifest.json").read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
