@@ -48,6 +48,12 @@ class Histogram:
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
+    def upper_bound(self) -> float | None:
+        """The smallest bucket bound that holds every observation (None without observations)."""
+        if self.count <= 0:
+            return None
+        return min((b for b, c in self.buckets.items() if c >= self.count), default=None)
+
     def quantile(self, q: float) -> float | None:
         """Prometheus' ``histogram_quantile``: linear within the bucket that holds the q-th observation."""
         if self.count <= 0:

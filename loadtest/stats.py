@@ -240,3 +240,44 @@ def read_run(prefix: Path) -> RunStats:
         failures=read_failures(Path(base + "_failures.csv")),
         tokens=read_tokens(Path(base + "_tokens.json")),
     )
+
+
+def _merge_entries(entries: list[Entry]) -> Entry:
+    """Entries of the same label from replicas served side by side: counts and rates add up; percentiles are the
+    worst replica's (exact merging needs the raw response times, which the CSV files do not keep)."""
+    first = entries[0]
+    requests = sum(e.requests for e in entries)
+
+    def worst(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    def weighted(values: list[tuple[float | None, int]]) -> float | None:
+        present = [(v, n) for v, n in values if v is not None and n]
+        return sum(v * n for v, n in present) / sum(n for _, n in present) if present else None
+
+    minimum = [e.min_ms for e in entries if e.min_ms is not None]
+    return Entry(
+        type=first.type, name=first.name, requests=requests, failures=sum(e.failures for e in entries),
+        median_ms=worst([e.median_ms for e in entries]),
+        average_ms=weighted([(e.average_ms, e.requests) for e in entries]),
+        min_ms=min(minimum) if minimum else None, max_ms=worst([e.max_ms for e in entries]),
+        average_size=weighted([(e.average_size, e.requests) for e in entries]) or 0.0,
+        rps=sum(e.rps for e in entries), failures_per_s=sum(e.failures_per_s for e in entries),
+        percentiles={p: worst([e.percentile(p) for e in entries]) for p in PERCENTILES})
+
+
+def merge_runs(runs: list[RunStats]) -> RunStats:
+    """One run from runs made at the same time against replicas of one service (see :func:`_merge_entries`)."""
+    if len(runs) == 1:
+        return runs[0]
+    labels = list(dict.fromkeys(e.label for r in runs for e in r.entries))
+    entries = [_merge_entries([e for r in runs for e in r.entries if e.label == label]) for label in labels]
+    tokens = [r.tokens for r in runs if r.tokens is not None]
+    merged_tokens = Tokens(
+        started=min(t.started for t in tokens), stopped=max(t.stopped for t in tokens),
+        translated=sum(t.translated for t in tokens), input_tokens=sum(t.input_tokens for t in tokens),
+        output_tokens=sum(t.output_tokens for t in tokens)) if tokens else None
+    return RunStats(entries=entries, aggregated=_merge_entries([r.aggregated for r in runs]),
+                    history=[h for r in runs for h in r.history], failures=[f for r in runs for f in r.failures],
+                    tokens=merged_tokens)
