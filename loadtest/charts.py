@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,7 +157,7 @@ def scatter(title: str, groups: Sequence[Series], x_label: str, y_label: str, li
         return to_svg(figure)
 
 
-def histogram(title: str, values: dict[str, Sequence[float]], x_label: str, bins: Sequence[float]) -> str:
+def histogram(title: str, values: Mapping[str, Sequence[float]], x_label: str, bins: Sequence[float]) -> str:
     """Overlaid step histograms (one per label) over the same bins."""
     with matplotlib.rc_context(_STYLE):
         figure = _figure(6.4, 3.2)
@@ -176,7 +176,7 @@ def histogram(title: str, values: dict[str, Sequence[float]], x_label: str, bins
         return to_svg(figure)
 
 
-def bars(title: str, categories: Sequence[str], values: dict[str, Sequence[float | None]], y_label: str,
+def bars(title: str, categories: Sequence[str], values: Mapping[str, Sequence[float | None]], y_label: str,
          counts: Sequence[int] | None = None) -> str:
     """Grouped bars: one group per category, one bar per label; ``counts`` are written under the categories."""
     with matplotlib.rc_context(_STYLE):

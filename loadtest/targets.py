@@ -24,6 +24,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from loadtest.capacity import CapacityConfig
+
 # The user classes defined in loadtest/locustfile.py (kept here as names so this module never imports Locust).
 USER_CLASSES: tuple[str, ...] = ("TranslateUser", "BatchUser", "BulkUser", "StreamUser", "TritonUser")
 MAX_DURATION_S = 3600.0
@@ -141,6 +143,7 @@ class TargetsFile(_Strict):
     scenarios: list[Scenario] = Field(min_length=1)
     quality: QualityTargets = QualityTargets()
     cost: CostTargets = CostTargets()
+    capacity: CapacityConfig | None = None
 
     @field_validator("scenarios")
     @classmethod

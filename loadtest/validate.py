@@ -13,27 +13,27 @@ The report (``validate.json`` and ``validate.html``, plus the hypotheses) goes t
 from __future__ import annotations
 
 import argparse
-import html
-import json
 import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.cli import default_report_dir
+from loadtest.capacity import CapacityConfig, Plan, cost_per_million_at_full_use, plan
+from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
-from loadtest.report import ScenarioResult, html_page, html_table, scenario_html, write_text_atomically
+from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
+from loadtest.report import ScenarioResult, write_text_atomically
 from loadtest.runner import LoadTestError, run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
+from loadtest.validate_report import write_outcome, write_validate_tensorboard
 
 logger = logging.getLogger(__name__)
 
-BOOTSTRAP_SAMPLES = 1000
+__all__ = ["Comparison", "SystemScore", "add_arguments", "compare", "estimate_cost", "run", "write_outcome"]
 
 
 def _usage_error(message: str) -> Exception:
@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="test sentences per engine call (default: 32)")
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="also write scores, cost, load numbers, the verdict and example translations for "
+                             "TensorBoard into a new run directory under DIR")
     parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for the candidate's server to become ready (default: 120)")
 
@@ -91,48 +94,6 @@ class Check:
     name: str
     passed: bool
     detail: str
-
-
-@dataclass
-class SystemScore:
-    """A system's translations of the test set and their scores."""
-
-    package: str
-    bleu: float
-    chrf: float
-    bleu_signature: str
-    chrf_signature: str
-    sentences: int
-    output_tokens: int
-    seconds: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class Comparison:
-    """Candidate against baseline for one metric (sacrebleu paired bootstrap)."""
-
-    metric: str
-    candidate: float
-    baseline: float
-    delta: float
-    p_value: float
-    candidate_mean: float
-    candidate_ci: float
-    baseline_mean: float
-    baseline_ci: float
-    identical: bool = False
-
-    def significance(self, alpha: float) -> str:
-        """In words: identical, no significant difference, or a significant gain or drop."""
-        if self.identical:
-            return "identical translations: no difference"
-        if self.p_value >= alpha:
-            return f"no significant difference (p = {self.p_value:.4f})"
-        return f"significant {'gain' if self.delta > 0 else 'drop'} (p = {self.p_value:.4f})"
 
 
 @dataclass
@@ -149,6 +110,9 @@ class Outcome:
     load: list[ScenarioResult] = field(default_factory=list)
     host: str | None = None
     cost: dict[str, Any] | None = None
+    plan: Plan | None = None
+    analysis: Analysis | None = None
+    alpha: float = 0.05
 
     @property
     def verdict(self) -> str:
@@ -218,44 +182,6 @@ def translate_testset(package: Path, sources: list[str], args: argparse.Namespac
     return hypotheses, tokens, time.perf_counter() - start
 
 
-def score(package: Path, hypotheses: list[str], references: list[str], tokens: int, seconds: float) -> SystemScore:
-    from sacrebleu.metrics.bleu import BLEU
-    from sacrebleu.metrics.chrf import CHRF
-
-    bleu, chrf = BLEU(), CHRF()
-    b = bleu.corpus_score(hypotheses, [references])
-    c = chrf.corpus_score(hypotheses, [references])
-    return SystemScore(str(package), b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()),
-                       len(hypotheses), tokens, seconds)
-
-
-def compare(candidate: list[str], baseline: list[str], references: list[str]) -> list[Comparison]:
-    """sacrebleu's paired bootstrap resampling test (``sacrebleu --paired-bs``), baseline first."""
-    from sacrebleu.metrics.bleu import BLEU
-    from sacrebleu.metrics.chrf import CHRF
-    from sacrebleu.significance import PairedTest
-
-    metrics = {"BLEU": BLEU(references=[references]), "chrF": CHRF(references=[references])}
-    test = PairedTest([("baseline", baseline), ("candidate", candidate)], metrics, references=None, test_type="bs",
-                      n_samples=BOOTSTRAP_SAMPLES)
-    _, scores = test()
-    identical = list(candidate) == list(baseline)
-    out = []
-    for metric in ("BLEU", "chrF2" if "chrF2" in scores else "chrF"):
-        base, cand = scores[metric]
-        assert not isinstance(base, str) and not isinstance(cand, str)
-        delta = float(cand.score) - float(base.score)
-        # sacrebleu counts resampled differences strictly above the real one, plus one: with no difference at all
-        # (every resample's difference is 0 too) that reads p = 1/(n+1), "significant". Nothing differs: p = 1.
-        p_value = 1.0 if identical or delta == 0 else float(cand.p_value if cand.p_value is not None else 1.0)
-        out.append(Comparison(
-            metric="chrF" if metric.startswith("chrF") else metric, candidate=float(cand.score),
-            baseline=float(base.score), delta=delta, p_value=p_value,
-            candidate_mean=float(cand.mean or 0.0), candidate_ci=float(cand.ci or 0.0),
-            baseline_mean=float(base.mean or 0.0), baseline_ci=float(base.ci or 0.0), identical=identical))
-    return out
-
-
 def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules: QualityTargets) -> list[Check]:
     checks = []
     for metric, floor, value in (("BLEU", rules.min_bleu, candidate.bleu), ("chrF", rules.min_chrf, candidate.chrf)):
@@ -276,107 +202,47 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
 # ---------------------------------------------------------------- cost
 
 
-def estimate_cost(tokens_per_s: float, cores: int, price_per_core_hour: float) -> float | None:
-    """Price per million output tokens at this throughput, or None without throughput."""
-    if tokens_per_s <= 0:
-        return None
-    return price_per_core_hour * cores / 3600.0 / tokens_per_s * 1e6
+estimate_cost = cost_per_million_at_full_use  # the name validate's callers know
 
 
-def _cost(outcome: Outcome, candidate: SystemScore, cores: int, price: float) -> dict[str, Any]:
-    measured = [(r.run.tokens.output_tokens_per_s, f"load scenario {r.scenario.name}")
-                for r in outcome.load if r.run.tokens is not None and r.run.tokens.output_tokens]
-    tokens_per_s, source = max(measured) if measured else (candidate.tokens_per_s, "test set, in process")
+def quality_beam(package: Path, beam_size: int | None) -> int:
+    """The beam the test set was translated with: ``--beam-size``, else the package's default."""
+    from serving.package import read_manifest
+
+    return beam_size or int(read_manifest(package).get("decoding", {}).get("beam_size") or 1)
+
+
+def _cost(outcome: Outcome, candidate: SystemScore, cores: int, price: float, beam: int,
+          default_beam: int) -> dict[str, Any]:
+    """Cost from the load scenario that decodes as the quality run did (same beam size), else from the test set."""
+    matching = [(r.run.tokens.output_tokens_per_s, f"load scenario {r.scenario.name}")
+                for r in outcome.load if r.run.tokens is not None and r.run.tokens.output_tokens
+                and (r.scenario.beam_size or default_beam) == beam]
+    if matching:
+        tokens_per_s, source = max(matching)
+        note = f"Throughput from {source}, which decodes with beam {beam} as the quality run did."
+    else:
+        tokens_per_s, source = candidate.tokens_per_s, "test set, in process"
+        note = (f"No load scenario decodes with beam {beam} as the quality run did: throughput from the test-set "
+                "run in process." if outcome.load else "Throughput from the test-set run in process (no load run).")
     return {"price_per_core_hour": price, "cores": cores, "tokens_per_s": tokens_per_s, "throughput_source": source,
+            "throughput_note": note, "beam_size": beam,
             "per_million_tokens": estimate_cost(tokens_per_s, cores, price)}
 
 
-# ---------------------------------------------------------------- report
-
-
-def to_json(outcome: Outcome) -> dict[str, Any]:
-    return {
-        "verdict": outcome.verdict,
-        # REJECT: what failed; PROMOTE: what was checked.
-        "reasons": [f"{c.name}: {c.detail}" for c in outcome.checks if not c.passed]
-        or [f"{c.name}: {c.detail}" for c in outcome.checks],
-        "checks": [asdict(c) for c in outcome.checks],
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "candidate": outcome.candidate,
-        "baseline": outcome.baseline,
-        "testset": outcome.testset,
-        "parity": outcome.parity,
-        "quality": {role: {**asdict(s), "tokens_per_s": s.tokens_per_s} for role, s in outcome.quality.items()},
-        "comparison": [asdict(c) for c in outcome.comparisons],
-        "load": None if outcome.host is None else {
-            "host": outcome.host,
-            "scenarios": [{"name": r.scenario.name, "passed": r.passed,
-                           "output_tokens_per_s": r.run.tokens.output_tokens_per_s if r.run.tokens else None,
-                           "checks": [{"target": c.target, "key": c.key, "limit": c.limit, "measured": c.measured,
-                                       "passed": c.passed, "detail": c.detail} for c in r.checks]}
-                          for r in outcome.load]},
-        "cost": outcome.cost,
-    }
-
-
-def to_html(outcome: Outcome) -> str:
-    verdict = outcome.verdict
-    cls = "pass" if verdict == "PROMOTE" else "fail"
-    parts = [f'<h1>Validation: <span class="{cls} verdict">{verdict}</span></h1>',
-             f"<p>Candidate <code>{html.escape(str(outcome.candidate.get('path')))}</code>"
-             + (f", baseline <code>{html.escape(str(outcome.baseline.get('path')))}</code>" if outcome.baseline else "")
-             + f"; test set {html.escape(str(outcome.testset.get('source')))} "
-               f"({outcome.testset.get('sentences')} sentences).</p>",
-             "<h2>Checks</h2>",
-             html_table([["check", "result", "detail"],
-                         *([c.name, "pass" if c.passed else "FAIL", c.detail] for c in outcome.checks)])]
-    if outcome.parity:
-        rows = [["artifact", "reference", "result", "details"]]
-        rows += [[str(r.get("artifact")), str(r.get("reference")), "pass" if r.get("passed") else "FAIL",
-                  ", ".join(f"{k} {_short(v)}" for k, v in r.items() if k not in ("artifact", "reference", "passed"))]
-                 for r in outcome.parity]
-        parts += ["<h2>Parity</h2>", html_table(rows)]
-    if outcome.quality:
-        rows = [["system", "BLEU", "chrF", "sentences", "output tokens/s (in process)"]]
-        rows += [[role, f"{s.bleu:.2f}", f"{s.chrf:.2f}", str(s.sentences), f"{s.tokens_per_s:.1f}"]
-                 for role, s in outcome.quality.items()]
-        parts += ["<h2>Quality</h2>", html_table(rows)]
-        if outcome.comparisons:
-            rows = [["metric", "candidate", "baseline", "delta", "p-value", "candidate mean ± 95% CI",
-                     "baseline mean ± 95% CI"]]
-            rows += [[c.metric, f"{c.candidate:.2f}", f"{c.baseline:.2f}", f"{c.delta:+.2f}", f"{c.p_value:.4f}",
-                      f"{c.candidate_mean:.2f} ± {c.candidate_ci:.2f}", f"{c.baseline_mean:.2f} ± {c.baseline_ci:.2f}"]
-                     for c in outcome.comparisons]
-            parts += [f"<p>Paired bootstrap resampling, {BOOTSTRAP_SAMPLES} samples (sacrebleu).</p>",
-                      html_table(rows)]
-        sigs = {s.bleu_signature for s in outcome.quality.values()} | {s.chrf_signature for s in outcome.quality.values()}
-        parts.append("<p>" + "<br>".join(f"<code>{html.escape(sig)}</code>" for sig in sorted(sigs)) + "</p>")
-    if outcome.cost is not None:
-        c = outcome.cost
-        per_million = c["per_million_tokens"]
-        parts += ["<h2>Cost</h2>", html_table([
-            ["price per core-hour", "cores", "output tokens/s", "measured by", "per million output tokens"],
-            [f"{c['price_per_core_hour']:g}", str(c["cores"]), f"{c['tokens_per_s']:.1f}", c["throughput_source"],
-             "–" if per_million is None else f"{per_million:.4f}"]])]
-    if outcome.load:
-        parts += [f"<h2>Load (server at {html.escape(outcome.host or '')})</h2>", *(scenario_html(r) for r in outcome.load)]
-    return html_page(f"mtgate validate: {verdict}", "\n".join(parts))
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars (in parity rows) as Python numbers; anything else unknown as text."""
-    return value.item() if hasattr(value, "item") else str(value)
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def write_outcome(directory: Path, outcome: Outcome) -> tuple[Path, Path]:
-    data, page = directory / "validate.json", directory / "validate.html"
-    write_text_atomically(data, json.dumps(to_json(outcome), indent=2, default=_plain) + "\n")
-    write_text_atomically(page, to_html(outcome))
-    return data, page
+def _plan(outcome: Outcome, capacity: CapacityConfig | None, cores: int) -> Plan | None:
+    if capacity is None or outcome.cost is None:
+        return None
+    source = outcome.cost["throughput_source"]
+    scenario = next((r for r in outcome.load if f"load scenario {r.scenario.name}" == source), None)
+    per_request = None
+    if scenario is not None and scenario.run.tokens is not None:
+        total = sum(e.requests for e in scenario.run.request_entries)
+        per_request = scenario.run.tokens.output_tokens / total if total else None
+    elif outcome.quality.get("candidate"):
+        q = outcome.quality["candidate"]
+        per_request = q.output_tokens / q.sentences if q.sentences else None
+    return plan(capacity, outcome.cost["tokens_per_s"], cores, per_request)
 
 
 # ---------------------------------------------------------------- command
@@ -433,14 +299,20 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
             outcome.quality["baseline"] = score(args.baseline, base_hyps, references, base_tokens, base_seconds)
             write_text_atomically(report_dir / "baseline.hyp.txt", "".join(h + "\n" for h in base_hyps))
             outcome.comparisons = compare(hyps, base_hyps, references)
+    systems = {"candidate": hyps, **({"baseline": base_hyps} if "baseline" in outcome.quality else {})}
+    outcome.analysis = analyse(sources, references, systems)
     rules = targets.quality if targets is not None else QualityTargets()
+    outcome.alpha = rules.alpha
     outcome.checks += quality_checks(outcome.quality["candidate"], outcome.comparisons, rules)
 
     if targets is not None:
         _load(args, outcome, targets, source, report_dir)
 
     cores = args.cores or args.threads or len(os.sched_getaffinity(0))
-    outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour)
+    beam = quality_beam(args.model, args.beam_size)
+    outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour, beam,
+                         quality_beam(args.model, None))
+    outcome.plan = _plan(outcome, targets.capacity if targets is not None else None, cores)
     limit = targets.cost.max_per_million_tokens if targets is not None else None
     if limit is not None:
         cost = outcome.cost["per_million_tokens"]
@@ -473,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
 
     targets, sources, references, source, reference = _load_inputs(args)
     report_dir: Path = args.report or default_report_dir("validate")
+    check_writable(report_dir, "--report", directory=True)
+    if args.tensorboard is not None:
+        check_tensorboard(args.tensorboard)
     try:
         outcome = Outcome(candidate={**_package_summary(args.model), "backend": args.backend,
                                      "precision": args.precision},
@@ -488,4 +363,6 @@ def run(args: argparse.Namespace) -> int:
     for c in outcome.checks:
         sys.stdout.write(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.detail}\n")
     sys.stdout.write(f"report: {page} and {data}\n")
+    if args.tensorboard is not None:
+        sys.stdout.write(f"tensorboard: {write_validate_tensorboard(args.tensorboard, outcome)}\n")
     return 0 if outcome.verdict == "PROMOTE" else 1
