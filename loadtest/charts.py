@@ -140,8 +140,9 @@ def scatter(title: str, groups: Sequence[Series], x_label: str, y_label: str, li
             _no_data(ax, title)
             return to_svg(figure)
         for i, g in enumerate(groups):
-            ax.plot(list(g.x), list(g.y), g.style, color=g.color or COLORS[i % len(COLORS)], marker=g.marker,
-                    markersize=6, linewidth=1.2, label=g.label)
+            ax.plot(list(g.x), list(g.y), linestyle=g.style or "none", color=g.color or COLORS[i % len(COLORS)],
+                    marker=g.marker, markersize=14 if g.marker == "*" else 6, linewidth=1.2, label=g.label,
+                    zorder=3 + i)
         for line in lines:
             ax.axhline(line.value, color=line.color, linestyle="--", linewidth=1, label=f"{line.label} {line.value:g}")
         for line in vertical:
