@@ -87,6 +87,10 @@ SKIPPED: dict[str, str] = {
     "kubectl apply -f deploy/k8s/batch-score-job.yaml": "needs a Kubernetes cluster; tests/batch/test_batch_deploy.py "
                                                         "checks the Job",
     "benchmarks/setup_peers_venv.sh": "downloads the peer engines (about 2 GB)",
+    "mtgate sweep loadtest/sweeps/demo.yaml --dry-run": "needs the bundled demo package, not the tour's tiny models; "
+                                                        "tests/loadtest/test_sweep.py lists points",
+    "mtgate sweep loadtest/sweeps/demo.yaml --report reports/sweep-demo --tensorboard runs":
+        "about 5 minutes of load on the demo model; tests/loadtest/test_sweep_e2e.py runs a 2-point sweep",
     "mtgate bench": "about an hour on an idle machine with the peers' venv",
     "mtgate bench --quick": "builds and converts a model with torch in a subprocess; tests/serving/test_bench.py runs it",
     ".venv/bin/python -m benchmarks.served_batching --modes request,step --rates 48,64,80,96,112,128,144 --duration 30s":
