@@ -41,7 +41,7 @@ serve: $(VENV)/.installed-runtime demo
 	$(BIN)/mtgate serve
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check serving converters batch loadtest tests models/recipe
+	$(BIN)/ruff check serving converters batch loadtest benchmarks tests models/recipe
 	$(BIN)/mypy
 
 unit: $(VENV)/.installed-test demo

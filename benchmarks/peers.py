@@ -1,16 +1,17 @@
-"""Peer engines of ``mtgate bench``, run with the interpreter of a venv that has the ``bench`` extra.
+"""Peer engines of the benchmark (``python -m benchmarks.bench``), run with the peers' interpreter (their own venv:
+``benchmarks/setup_peers_venv.sh``).
 
     python benchmarks/peers.py versions                                  # JSON: the peer libraries installed
     python benchmarks/peers.py make-model --preset opus-mt-en-de --seed 0 --out DIR
     python benchmarks/peers.py prepare --artifact ct2-int8 --model HF_DIR --out DIR
-    python benchmarks/peers.py run WORKER_CONFIG.json                    # one engine, written by mtgate bench
+    python benchmarks/peers.py run WORKER_CONFIG.json                    # one engine (config written by the harness)
 
-``make-model`` builds the random-weight Marian model of the benchmark (also used by ``mtgate bench --quick``, so it
-needs only torch, transformers and sentencepiece). ``prepare`` converts the HF directory once for a peer:
+``make-model`` builds the random-weight Marian model of the benchmark (also used by its ``--quick`` run, so it needs
+only torch, transformers and sentencepiece). ``prepare`` converts the HF directory once for a peer:
 CTranslate2 (``TransformersConverter``, float32 or int8 weights), optimum ONNX export (fp32, and int8 by dynamic
 quantization with ``ORTQuantizer``), optimum-intel OpenVINO export (fp32 weights, and int8 weights). ``run`` loads one
-engine and times it with ``serving.bench.measure``, the loop mtgate's own engines use (serving/bench.py imports only
-the standard library and numpy, so it loads here without mtgate's dependencies).
+engine and times it with ``benchmarks.bench.measure``, the loop mtgate's own engines use (it imports only the standard
+library and numpy, so it loads here without mtgate's dependencies).
 
 Every engine is told to generate exactly N tokens: ``min_new_tokens = max_new_tokens = N`` and no forced EOS
 (transformers, optimum), ``min_decoding_length = max_decoding_length = N`` (CTranslate2).
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("USE_TF", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from serving.bench import GenerateFn, package_versions, run_worker  # noqa: E402
+from benchmarks.bench.measure import GenerateFn, package_versions, run_worker  # noqa: E402
 
 MULTI30K = ROOT / "models" / "data" / "multi30k"
 EOS_ID = 0
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                       choices=["ct2-float32", "ct2-int8", "ort-fp32", "ort-int8", "ov-fp32", "ov-int8"])
     prep.add_argument("--model", type=Path, required=True)
     prep.add_argument("--out", type=Path, required=True)
-    run = sub.add_parser("run", help="measure one engine (worker config written by mtgate bench)")
+    run = sub.add_parser("run", help="measure one engine (worker config written by the harness)")
     run.add_argument("config", type=Path)
     args = parser.parse_args(argv)
     if args.command == "versions":

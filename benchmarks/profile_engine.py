@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/profile_engine.py --package ~/.cache/mtgate/bench/random-opus-mt-en-de-seed0/mtgate-package-fp32-int8
     .venv/bin/python benchmarks/profile_engine.py --package DIR --runtime openvino --precision int8 -n 8 -o prof.json
 
-Three views of the same workload as ``mtgate bench`` (random source ids with Multi30k test_2016 lengths, exactly
+Three views of the same workload as the benchmark (``python -m benchmarks.bench``) (random source ids with Multi30k test_2016 lengths, exactly
 ``--new-tokens`` tokens, EOS banned), at ``--beam`` / ``--batch`` (default greedy, batch 1):
 
 1. wall clock split: ``Translator.translate`` with a timing wrapper around the backend: encoder calls, decoder-step
@@ -37,12 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.bench import (  # noqa: E402
-    DEFAULT_SENTENCES,
-    _IdsTokenizer,
-    random_ids_like,
-    read_sentences,
-)
+from benchmarks.bench.mtgate_worker import forced_length_translator  # noqa: E402
+from benchmarks.bench.workload import DEFAULT_SENTENCES, random_ids_like, read_sentences, special_ids  # noqa: E402
 
 
 class TimedBackend:
@@ -73,21 +69,6 @@ class TimedBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-def load_translator(package: Path, runtime: str, precision: str, threads: int, new_tokens: int) -> Any:
-    """The bench's mtgate engine: Translator with an ids tokenizer and exactly ``new_tokens`` tokens."""
-    import dataclasses
-
-    from serving.engine import Translator
-
-    translator = Translator.load(package, runtime=runtime, precision=precision, threads=threads)
-    decoding = translator.info.decoding
-    forced = dataclasses.replace(decoding, max_length=new_tokens, extra_length=None, forced_eos=False,
-                                 bad_word_ids=tuple(sorted({*decoding.bad_word_ids, translator.ids.eos})))
-    translator.info = dataclasses.replace(translator.info, decoding=forced)
-    translator.tokenizer = _IdsTokenizer()
-    return translator
 
 
 def run_pass(translator: Any, texts: list[str], beam: int, batch: int) -> float:
@@ -208,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     special = manifest["special_ids"]
     vocab = int(manifest["architecture"]["source_vocab_size"])
     texts_src = read_sentences(DEFAULT_SENTENCES, args.num_sentences)
-    specials = [int(special[k]) for k in ("pad", "eos", "unk", "decoder_start") if special.get(k) is not None]
-    sources = random_ids_like(texts_src, vocab, specials, args.seed)
+    sources = random_ids_like(texts_src, vocab, special_ids(manifest), args.seed)
     texts = [" ".join(map(str, s)) for s in sources]
 
-    translator = load_translator(args.package, args.runtime, args.precision, args.threads, args.new_tokens)
+    translator = forced_length_translator(args.package, args.runtime, args.precision, args.threads,
+                                          args.new_tokens)
     warm = max(4, 2 * args.batch)  # the bench's warm-up: every shape of the timed pass seen once
     run_pass(translator, (texts * warm)[:warm], args.beam, args.batch)
     timed = TimedBackend(translator.backend)

@@ -25,7 +25,6 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets"),
     "validate": ("loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT"),
     "sweep": ("loadtest.sweep", "measure serving configurations; the cheapest that meets every target"),
-    "bench": ("serving.bench", "engine tokens/s side by side with peers"),
     "export-triton": ("serving.triton_export", "write a Triton model repository for a package"),
 }
 

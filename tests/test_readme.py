@@ -91,8 +91,9 @@ SKIPPED: dict[str, str] = {
                                                         "tests/loadtest/test_sweep.py lists points",
     "mtgate sweep loadtest/sweeps/demo.yaml --report reports/sweep-demo --tensorboard runs":
         "about 5 minutes of load on the demo model; tests/loadtest/test_sweep_e2e.py runs a 2-point sweep",
-    "mtgate bench": "about an hour on an idle machine with the peers' venv",
-    "mtgate bench --quick": "builds and converts a model with torch in a subprocess; tests/serving/test_bench.py runs it",
+    ".venv/bin/python -m benchmarks.bench": "about an hour on an idle machine with the peers' venv",
+    ".venv/bin/python -m benchmarks.bench --quick": "builds and converts a model with torch in a subprocess; "
+                                                    "tests/benchmarks/test_bench.py runs it",
     ".venv/bin/python -m benchmarks.served_batching --modes request,step --rates 48,64,80,96,112,128,144 --duration 30s":
         "about 10 minutes of load; tests/loadtest/test_served_batching.py runs it for 3 s",
 }

@@ -1,4 +1,4 @@
-"""mtgate bench: the measuring loop and the analysis on fakes, then ``mtgate bench --quick`` end to end.
+"""The benchmark (benchmarks/bench): the measuring loop and the analysis on fakes, then its ``--quick`` run end to end.
 
 The end-to-end tests build the tiny random Marian model (torch + transformers, the test extra), convert it with
 ``mtgate convert`` and run real engine processes; they share one cache folder so the model is built once.
@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 
-from serving import bench
-from serving.bench import Case, agreement, analyze, measure, random_ids_like, render_markdown, summarize_case
-from serving.cli import main
+from benchmarks.bench import runner as bench
+from benchmarks.bench.analysis import agreement, analyze, summarize_case
+from benchmarks.bench.cli import main
+from benchmarks.bench.measure import Case, measure
+from benchmarks.bench.report import render_markdown
+from benchmarks.bench.workload import random_ids_like
 
 TARGETS = {"speedup": 1.25, "latency": 0.8, "fp32": 1.0}
 
@@ -168,7 +171,8 @@ def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str
     ("argv", "message"),
     [
         (["--engines", "mtgate-onnxruntime-fp32,nope"], "unknown engine(s) nope"),
-        (["--model", "/nonexistent/marian"], "not a Hugging Face model directory"),
+        (["--checkpoint", "/nonexistent/marian"], "not a Hugging Face model directory"),
+        (["--model", "/nonexistent/marian"], "not a Hugging Face model directory"),  # the old spelling, hidden
         (["--sentences", "/nonexistent/file.txt"], "no such file"),
         (["--repeats", "0"], "--repeats must be at least 1"),
     ],
@@ -176,7 +180,7 @@ def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str
 def test_bad_arguments_are_one_line_and_exit_2(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", *argv, "--cache-dir", str(tmp_path), "-o", str(tmp_path)]) == 2
+    assert main([*argv, "--cache-dir", str(tmp_path), "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and err[0].startswith("mtgate bench: error:")
 
@@ -197,7 +201,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_transformers
 def test_quick_runs_every_mtgate_engine_and_writes_valid_json(cache_dir: Path, tmp_path: Path) -> None:
-    code = main(["bench", "--quick", "--cache-dir", str(cache_dir), "-o", str(tmp_path), "--name", "quick"])
+    code = main(["--quick", "--cache-dir", str(cache_dir), "-o", str(tmp_path), "--name", "quick"])
     assert code == 0
     report = json.loads((tmp_path / "quick.json").read_text(encoding="utf-8"))
     assert report["format"] == bench.FORMAT
@@ -223,7 +227,6 @@ def test_transformers_generates_the_same_tokens_as_mtgate(cache_dir: Path, tmp_p
     """The peer worker (benchmarks/peers.py) on transformers, run with this interpreter, against mtgate fp32."""
     code = main(
         [
-            "bench",
             "--quick",
             "--engines",
             "mtgate-onnxruntime-fp32,transformers-fp32",

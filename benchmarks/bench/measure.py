@@ -1,0 +1,155 @@
+"""The measuring loop every engine process runs: mtgate's (``mtgate_worker``) and the peers' (``benchmarks/peers.py``).
+
+This module imports only the standard library, numpy and ``serving.files`` (standard library only), so the peers'
+interpreter, which has none of mtgate's dependencies, imports it too.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serving.files import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+GenerateFn = Callable[[list[list[int]], int], list[list[int]]]
+"""``generate(batch, beam_size)``: source ids of each sentence (EOS not included; the engine appends it as its
+tokenizer would) -> the generated ids of each sentence (no start token, no EOS)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: beam size and sentences per batch."""
+
+    beam: int
+    batch: int
+
+    @property
+    def name(self) -> str:
+        return f"{'greedy' if self.beam == 1 else f'beam{self.beam}'} b{self.batch}"
+
+
+def measure(
+    generate: GenerateFn,
+    sentences: list[list[int]],
+    cases: Sequence[Case],
+    repeats: int,
+    warmup_sentences: int | None = None,
+) -> list[dict[str, Any]]:
+    """Time ``generate`` on every case: a warm-up, then ``repeats`` passes over all sentences.
+
+    Sentences are cut into batches of ``case.batch`` in their given order (the same batches for every engine).
+
+    Arguments:
+        generate: the engine (:data:`GenerateFn`).
+        sentences: source ids, EOS not included.
+        cases: beam size x batch size combinations.
+        repeats: timed passes per case (>= 1).
+        warmup_sentences: sentences decoded before timing (None: ``max(4, 2 x batch)``, at most all).
+
+    Returns:
+        One dict per case: ``beam``, ``batch``, ``seconds`` and ``cpu_seconds`` of each pass, ``tokens`` generated
+        per pass, ``lengths`` of each output and the ``outputs`` of the last pass.
+    """
+    results: list[dict[str, Any]] = []
+    for case in cases:
+        batches = [sentences[i : i + case.batch] for i in range(0, len(sentences), case.batch)]
+        warm = warmup_sentences if warmup_sentences is not None else max(4, 2 * case.batch)
+        warm = min(len(sentences), warm)
+        for i in range(0, warm, case.batch):
+            generate(sentences[i : min(warm, i + case.batch)], case.beam)
+        seconds: list[float] = []
+        cpu_seconds: list[float] = []
+        outputs: list[list[int]] = []
+        for _ in range(repeats):
+            gc.collect()
+            outputs = []
+            cpu_start = time.process_time()
+            start = time.perf_counter()
+            for batch in batches:
+                outputs.extend(generate(batch, case.beam))
+            seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - cpu_start)
+        results.append({
+            "beam": case.beam,
+            "batch": case.batch,
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "tokens": sum(len(o) for o in outputs),
+            "lengths": [len(o) for o in outputs],
+            "outputs": outputs,
+        })
+        logger.info("%s: %d tokens, median %.3fs", case.name, results[-1]["tokens"], statistics.median(seconds))
+    return results
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size so far, MiB (``getrusage``)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mib() -> float | None:
+    """This process's current resident set size, MiB (Linux ``/proc``; None elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def package_versions(names: Sequence[str]) -> dict[str, str]:
+    """Installed distribution versions (absent ones omitted)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def write_json(path: Path, data: Any) -> None:
+    """``data`` as indented JSON, written atomically (the parent directory is created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def run_worker(config: dict[str, Any], load: Callable[[dict[str, Any]], tuple[GenerateFn, dict[str, Any]]]) -> None:
+    """Load one engine, measure it and write its result JSON (``config["result"]``).
+
+    Arguments:
+        config: the worker config the harness wrote (engine, workload, threads...).
+        load: builds the engine: ``config -> (generate, {"versions": ..., "settings": ...})``.
+    """
+    workload = json.loads(Path(config["workload"]).read_text(encoding="utf-8"))
+    cases = [Case(**c) for c in config["cases"]]
+    started = time.perf_counter()
+    generate, about = load(config)
+    load_seconds = time.perf_counter() - started
+    load_rss = current_rss_mib()
+    results = measure(generate, workload["sentences"], cases, int(config["repeats"]), config.get("warmup_sentences"))
+    result = {
+        "engine": config["engine"],
+        "load_seconds": load_seconds,
+        "rss_after_load_mib": load_rss,
+        "peak_rss_mib": peak_rss_mib(),
+        "python": sys.executable,
+        **about,
+        "cases": results,
+    }
+    write_json(Path(config["result"]), result)

@@ -1,0 +1,323 @@
+"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine, the reports.
+
+The cache folder (``--cache-dir``) holds, per model, the mtgate package converted from it, the peers' artifacts, the
+logs of the slow preparation steps and each run's worker configs and results (``runs/<name>/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench.analysis import analyze, summarize_case
+from benchmarks.bench.cli import NAME, Plan
+from benchmarks.bench.engines import PEER_ENGINES, EngineSpec, mtgate_engines
+from benchmarks.bench.measure import Case, write_json
+from benchmarks.bench.report import render_markdown
+from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
+from serving.cli import UsageError
+from serving.files import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "mtgate-bench/1"
+PEERS_SCRIPT = ROOT / "benchmarks" / "peers.py"
+TARGETS = {"speedup": 1.25, "latency": 0.8, "fp32": 1.0}
+
+
+def _worker_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[name] = str(threads)
+    env.update({"TOKENIZERS_PARALLELISM": "false", "USE_TF": "0", "TF_CPP_MIN_LOG_LEVEL": "3",
+                "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+    return env
+
+
+def _run(cmd: list[str], what: str, timeout: float, env: dict[str, str] | None = None,
+         log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a step; with ``log``, its stdout and stderr also go to that file (kept for the slow preparation steps)."""
+    logger.info("%s: %s", what, " ".join(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(cmd)}\n{result.stdout}\n{result.stderr}", encoding="utf-8")
+    return result
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " | ".join(line for line in text.strip().splitlines()[-lines:])
+
+
+def _model_key(model: Path) -> str:
+    """A cache key for a model directory: its config and the size and mtime of its files."""
+    digest = hashlib.sha256()
+    for path in sorted(model.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}".encode())
+    digest.update((model / "config.json").read_bytes())
+    return f"{model.name}-{digest.hexdigest()[:12]}"
+
+
+def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> tuple[Path, Path]:
+    """The HF model directory and its cache folder (a random model is built once per preset and seed)."""
+    if plan.checkpoint is not None:
+        model = plan.checkpoint.resolve()
+        return model, plan.cache_dir / _model_key(model)
+    folder = plan.cache_dir / f"random-{plan.preset}-seed{plan.seed}"
+    model = folder / "hf"
+    if not (model / "config.json").is_file():
+        progress(f"building the random {plan.preset} model (seed {plan.seed}) in {model}")
+        result = _run([str(python), str(PEERS_SCRIPT), "make-model", "--preset", plan.preset, "--seed",
+                       str(plan.seed), "--out", str(model)], "make-model", 3600, _worker_env(plan.threads),
+                      folder / "logs" / "make-model.log")
+        if result.returncode != 0:
+            raise RuntimeError(f"building the random model failed ({folder / 'logs'}): {_tail(result.stderr)}")
+    return model, folder
+
+
+def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[str], None]) -> Path:
+    from serving.package import PackageError, read_manifest
+
+    package = folder / f"mtgate-package-{'-'.join(plan.precisions)}"
+    try:
+        read_manifest(package)  # there, and in the package format this mtgate reads
+        return package
+    except PackageError:
+        pass  # not converted yet, or by an mtgate that wrote another format
+    progress(f"converting {model} with mtgate convert into {package}")
+    cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package), "--overwrite",
+           "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]
+    if not plan.verify:
+        cmd.append("--no-verify")
+    result = _run(cmd, "mtgate convert", 7200, _worker_env(plan.threads), folder / "logs" / f"{package.name}.log")
+    if result.returncode != 0:
+        raise RuntimeError(f"mtgate convert failed ({folder / 'logs'}): {_tail(result.stderr or result.stdout)}")
+    return package
+
+
+def _machine() -> dict[str, Any]:
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in ("", platform.machine(), platform.processor()):
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    interesting = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni"]
+    return {"cpu": cpu, "cores": os.cpu_count(), "flags": [f for f in interesting if f in flags],
+            "load_start": [round(x, 2) for x in os.getloadavg()], "platform": platform.platform(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=False)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def _selected_engines(plan: Plan, package: Path) -> list[EngineSpec]:
+    from serving.package import load_manifest
+
+    artifacts = {(a["runtime"], a["precision"]) for a in load_manifest(package)["artifacts"]}
+    engines = [e for e in mtgate_engines() if (e.runtime, e.precision) in artifacts] + list(PEER_ENGINES)
+    if plan.engine_ids is not None:
+        chosen = [e for e in engines if e.id in plan.engine_ids]
+        missing = set(plan.engine_ids) - {e.id for e in chosen}
+        if missing:
+            raise UsageError(f"the package has no artifact for {', '.join(sorted(missing))}")
+        return chosen
+    return [e for e in engines if e.family in plan.families]
+
+
+def _peer_libraries(plan: Plan) -> dict[str, Any]:
+    result = _run([str(plan.peer_python), str(PEERS_SCRIPT), "versions"], "peer versions", 300,
+                  _worker_env(plan.threads))
+    if result.returncode != 0:
+        return {"error": _tail(result.stderr)}
+    return dict(json.loads(result.stdout))
+
+
+def _ensure_peer_artifact(plan: Plan, engine: EngineSpec, model: Path, folder: Path,
+                          progress: Callable[[str], None]) -> Path | None:
+    if engine.artifact is None:
+        return None
+    path = folder / "peers" / engine.artifact
+    if not (path / ".complete").is_file():
+        progress(f"preparing {engine.artifact} from {model}")
+        result = _run([str(plan.peer_python), str(PEERS_SCRIPT), "prepare", "--artifact", engine.artifact,
+                       "--model", str(model), "--out", str(path)], f"prepare {engine.artifact}", 7200,
+                      _worker_env(plan.threads), folder / "logs" / f"prepare-{engine.artifact}.log")
+        if result.returncode != 0:
+            raise RuntimeError(f"preparing {engine.artifact} failed ({folder / 'logs'}): {_tail(result.stderr)}")
+    return path
+
+
+def _run_engine(plan: Plan, engine: EngineSpec, run_dir: Path, worker_config: dict[str, Any],
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    config_path = run_dir / f"{engine.id}.config.json"
+    result_path = run_dir / f"{engine.id}.result.json"
+    config = {**worker_config, "engine": engine.id, "result": str(result_path)}
+    write_json(config_path, config)
+    if engine.family == "mtgate":
+        cmd = [sys.executable, "-m", "benchmarks.bench.mtgate_worker", str(config_path)]
+    else:
+        cmd = [str(plan.peer_python), str(PEERS_SCRIPT), "run", str(config_path)]
+    progress(f"running {engine.id}")
+    started = time.perf_counter()
+    try:
+        done = _run(cmd, engine.id, plan.timeout, _worker_env(plan.threads), run_dir / f"{engine.id}.log")
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"no result within {plan.timeout:.0f}s"}
+    if done.returncode != 0 or not result_path.is_file():
+        return {"status": "failed", "error": f"exit {done.returncode}: {_tail(done.stderr)}"}
+    result = dict(json.loads(result_path.read_text(encoding="utf-8")))
+    result["status"] = "ok"
+    result["wall_seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench")) -> int:
+    """Run the comparison and write ``<output-dir>/<name>.json`` and ``.md``; returns the exit code.
+
+    Arguments:
+        plan: what to run.
+        command: the command line, recorded in the reports.
+
+    Raises:
+        UsageError: the model cannot be built or converted, the sentences make no workload, or an engine asked for
+            has no artifact in the package.
+    """
+
+    def progress(message: str) -> None:
+        sys.stderr.write(f"{NAME}: {message}\n")
+        sys.stderr.flush()
+
+    machine = _machine()
+    plan.cache_dir.mkdir(parents=True, exist_ok=True)
+    # The random model needs torch + transformers: the peers' interpreter has them; this one may not.
+    maker = Path(sys.executable) if _has_module("transformers") else plan.peer_python
+    try:
+        model, folder = _ensure_model(plan, maker, progress)
+        package = _ensure_package(plan, model, folder, progress)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from e
+    try:
+        sentences, sentences_from = build_workload(plan.sentences_file, plan.num_sentences, package,
+                                                   random=plan.checkpoint is None, seed=plan.seed)
+    except WorkloadError as e:
+        raise UsageError(str(e)) from e
+    engines = _selected_engines(plan, package)
+    peer_libraries = _peer_libraries(plan) if any(e.family == "peer" for e in engines) else {}
+
+    run_dir = plan.cache_dir / "runs" / plan.name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    workload_path = run_dir / "workload.json"
+    write_json(workload_path, {"sentences": sentences})
+    manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
+    worker_config = {
+        "workload": str(workload_path), "cases": [dataclasses.asdict(c) for c in plan.cases],
+        "repeats": plan.repeats, "warmup_sentences": plan.warmup_sentences, "threads": plan.threads,
+        "new_tokens": plan.new_tokens, "package": str(package), "model": str(model),
+        "special_ids": manifest["special_ids"],
+    }
+
+    entries: list[dict[str, Any]] = []
+    outputs: dict[str, dict[str, list[list[int]]]] = {}
+    for engine in engines:
+        entry: dict[str, Any] = {"id": engine.id, "label": engine.label, "family": engine.family,
+                                 "precision": engine.precision, "fp32": engine.fp32}
+        try:
+            artifact = _ensure_peer_artifact(plan, engine, model, folder, progress) if engine.family == "peer" else None
+            config = {**worker_config, "artifact": artifact and str(artifact)}
+            if engine.runtime is not None:
+                config.update(runtime=engine.runtime, precision=engine.precision)
+            result = _run_engine(plan, engine, run_dir, config, progress)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            result = {"status": "failed", "error": str(e)}
+        entry["status"] = result.pop("status")
+        if entry["status"] != "ok":
+            entry["error"] = result.get("error", "")
+            progress(f"{engine.id}: {entry['status']}: {entry['error']}")
+            entries.append(entry)
+            continue
+        raw_cases = result.pop("cases")
+        outputs[engine.id] = {Case(r["beam"], r["batch"]).name: r["outputs"] for r in raw_cases}
+        entry.update({k: result[k] for k in ("versions", "settings", "load_seconds", "rss_after_load_mib",
+                                             "peak_rss_mib", "wall_seconds") if k in result})
+        entry["peak_rss_mib"] = round(float(entry["peak_rss_mib"]), 1)
+        entry["cases"] = [summarize_case(r, len(sentences), plan.new_tokens) for r in raw_cases]
+        progress(f"{engine.id}: " + ", ".join(f"{Case(r['beam'], r['batch']).name} {r['tokens_per_s']:.0f} tok/s"
+                                             for r in entry["cases"]))
+        entries.append(entry)
+
+    machine["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    analysis = analyze(entries, outputs, plan.cases, TARGETS)
+    report = {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(command),
+        "git_commit": _git_commit(),
+        "machine": machine,
+        "workload": {
+            "model": _model_description(plan, model, manifest),
+            **workload_summary(sentences),
+            "sentences_from": sentences_from,
+            "new_tokens": plan.new_tokens,
+            "cases": [dataclasses.asdict(c) for c in plan.cases],
+            "repeats": plan.repeats,
+            "warmup_sentences": plan.warmup_sentences,
+            "threads": plan.threads,
+            "seed": plan.seed,
+        },
+        "peer_python": str(plan.peer_python) if peer_libraries else None,
+        "peer_libraries": peer_libraries,
+        "engines": entries,
+        "analysis": analysis,
+    }
+    json_path = plan.output_dir / f"{plan.name}.json"
+    md_path = plan.output_dir / f"{plan.name}.md"
+    markdown = render_markdown(report)
+    write_json(json_path, report)
+    atomic_write_text(md_path, markdown)
+    sys.stdout.write(markdown)
+    sys.stdout.write(f"\nwrote {json_path} and {md_path}\n")
+    if plan.check_targets and not analysis["targets_met"]:
+        return 1
+    return 0 if any(e["status"] == "ok" for e in entries) else 1
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _model_description(plan: Plan, model: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    arch = manifest["architecture"]
+    shape = (f"vocab {arch['target_vocab_size']}, d_model {arch['d_model']}, {arch['encoder_layers']}+"
+             f"{arch['decoder_layers']} layers, {arch['num_heads']} heads, ffn {arch['ffn_dim']}, {arch['activation']}")
+    kind = f"random weights ({plan.preset} shape, seed {plan.seed})" if plan.checkpoint is None else str(plan.checkpoint)
+    return {"path": str(model), "kind": "random" if plan.checkpoint is None else "directory",
+            "description": f"Marian, {kind}: {shape}", "architecture": arch}
