@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Runtime only: what serving, batch-score and the load tests need (no torch, no transformers).
+# The plain install: what `mtgate serve` needs (no torch, no tensorflow); `make serve` adds the convert extra below.
 $(VENV)/.installed-runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
@@ -27,7 +27,7 @@ $(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) $(wildcard serving/package/*.py
 	$(BIN)/mtgate convert $(DEMO_SRC) -o $(DEMO) --name demo-en-de --overwrite \
 		$(if $(wildcard $(DEMO_SRC)/quality.json),--quality $(DEMO_SRC)/quality.json)
 
-# Everything the suite needs: conversion (torch CPU wheel, onnx, nncf), transformers for parity, test tools.
+# Everything the suite needs: every extra (conversion with torch, batch, loadtest), transformers for parity, test tools.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }

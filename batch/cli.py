@@ -45,7 +45,7 @@ from batch.runner import (
     plan_parallelism,
     run_job,
 )
-from serving.cli import UsageError
+from serving.cli import UsageError, missing_extra
 
 logger = logging.getLogger(__name__)
 
@@ -426,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``batch-score``."""
+    missing = missing_extra("batch")
+    if missing is not None:
+        sys.stderr.write(f"batch-score: error: {missing}\n")
+        return 2
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -1,13 +1,15 @@
 """The ``mtgate`` command. Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args)``.
 
 Modules are imported lazily so that, for example, ``mtgate translate`` never imports the converters (or torch).
-Exit codes: 0 success, 1 a gate or check failed, 2 usage or input error.
+A command outside the plain install (which serves) needs its extra; without it, the command answers with one line
+naming the extra to install. Exit codes: 0 success, 1 a gate or check failed, 2 usage or input error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,17 +17,26 @@ from typing import NoReturn
 
 from serving.cli_options import add_log_level
 
-# subcommand -> (module, one-line help)
-_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("converters.convert_cli", "convert a Hugging Face Marian or tensor2tensor checkpoint into a model package"),
-    "verify": ("converters.verify", "check a package's checksums and the parity of every artifact"),
-    "translate": ("serving.translate_cli", "translate arguments or stdin lines"),
-    "serve": ("serving.serve_cli", "run the HTTP server"),
-    "batch-score": ("batch.cli", "translate and score a TFRecord, JSONL or text file"),
-    "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets"),
-    "validate": ("loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT"),
-    "sweep": ("loadtest.sweep", "measure serving configurations; the cheapest that meets every target"),
-    "export-triton": ("serving.triton_export", "write a Triton model repository for a package"),
+# subcommand -> (module, one-line help, the extra it needs beyond the plain install)
+_SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "convert": ("converters.convert_cli", "convert a Hugging Face Marian or tensor2tensor checkpoint into a model package",
+                "convert"),
+    "verify": ("converters.verify", "check a package's checksums and the parity of every artifact", "convert"),
+    "translate": ("serving.translate_cli", "translate arguments or stdin lines", None),
+    "serve": ("serving.serve_cli", "run the HTTP server", None),
+    "batch-score": ("batch.cli", "translate and score a TFRecord, JSONL or text file", "batch"),
+    "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets", "loadtest"),
+    "validate": ("loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT", "loadtest"),
+    "sweep": ("loadtest.sweep", "measure serving configurations; the cheapest that meets every target", "loadtest"),
+    "export-triton": ("serving.triton_export", "write a Triton model repository for a package", None),
+}
+
+# extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl"),
+    "batch": ("tensorflow", "sacrebleu", "tqdm", "tritonclient", "geventhttpclient"),
+    "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
+                 "tensorboard"),
 }
 
 
@@ -40,15 +51,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def missing_extra(extra: str) -> str | None:
+    """None when the modules of ``extra`` are installed, else one line that says what to install."""
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"needs the {extra} extra (not installed: {', '.join(missing)}): pip install 'mtgate[{extra}]' "
+            f"(in a checkout: pip install -e '.[{extra}]')")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
     level_help = "logging level, before or after the subcommand (default: WARNING; for serve, $MTGATE_LOG_LEVEL)"
     add_log_level(parser, default=None, help=level_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in _SUBCOMMANDS.items():
+    for name, (module_name, help_text, _) in _SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         add_log_level(sub_parser, help=level_help)
-        if only is None or name == only:
+        if name == only:  # the command's own options (`mtgate --help` lists the commands only)
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
     return parser
@@ -57,6 +77,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if a in _SUBCOMMANDS), None)
+    extra = _SUBCOMMANDS[command][2] if command is not None else None
+    missing = missing_extra(extra) if extra is not None else None
+    if missing is not None:
+        sys.stderr.write(f"mtgate {command}: error: {missing}\n")
+        return 2
     try:
         parser = build_parser(only=command)
     except ModuleNotFoundError as e:
