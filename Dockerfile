@@ -1,23 +1,29 @@
 # syntax=docker/dockerfile:1.7
 #
-# mtgate serving image: ONNX Runtime / OpenVINO on CPU with the bundled demo model; no torch, no transformers.
+# mtgate images: ONNX Runtime / OpenVINO on CPU with the bundled demo model; no torch, no transformers.
 #
 #   make demo                                                       # builds models/demo-en-de from its source
-#   docker build -t mtgate:latest .
+#   docker build -t mtgate:latest .                                 # the server (the default target, `runtime`)
 #   docker run --rm -p 8000:8000 mtgate:latest                      # serves models/demo-en-de
 #   docker run --rm -p 8000:8000 -v "$PWD/my-pkg:/models/my-pkg:ro" \
 #       -e MTGATE_MODEL_DIRS='["/models/my-pkg"]' mtgate:latest      # serves your package (from `mtgate convert`)
+#   docker build --target batch -t mtgate:batch .                   # batch-score (deploy/k8s/batch-score-job.yaml)
 #
 # Every server setting is an environment variable MTGATE_<SETTING> (serving/settings.py), e.g. MTGATE_THREADS,
-# MTGATE_MAX_BATCH_SENTENCES, MTGATE_API_KEY. The image also runs `batch-score` and `mtgate loadtest`/`validate`;
-# converting checkpoints needs the `convert` extra and is done outside it (`make demo` converts the demo model).
+# MTGATE_MAX_BATCH_SENTENCES, MTGATE_API_KEY.
 #
-# The runtime install is the project's dependencies with no extras, exactly as below; tests/deploy/test_dockerfile.py
-# runs these same `uv pip install` lines in a fresh venv and serves a model from it, and lints this file with hadolint.
+# The server image installs the plain install (pyproject.toml's dependencies, no extras): what `mtgate serve` needs
+# and nothing more (no tensorflow, locust, sacrebleu, tritonclient). The batch image adds the `batch` extra and runs
+# `batch-score`. Both hold the same source tree; a command whose extra an image lacks (`mtgate loadtest`, `validate`,
+# `convert`) answers with one line naming the extra. Checkpoints are converted outside (`make demo` converts the demo).
+#
+# tests/deploy/test_dockerfile.py lints this file with hadolint and runs these same `uv pip install` lines in fresh
+# venvs: it serves a model from the server's (and checks that serving imports nothing else) and runs the Kubernetes
+# Job's batch-score command from the batch one.
 
 ARG PYTHON_VERSION=3.11
 
-# ---------------------------------------------------------------- builder: a venv with the runtime dependencies
+# ---------------------------------------------------------------- builder: a venv with the plain install
 FROM python:${PYTHON_VERSION}-slim-bookworm AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -47,8 +53,14 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     uv pip install --no-deps -e . \
     && python -m compileall -q serving converters batch loadtest
 
-# ---------------------------------------------------------------- runtime: the venv, the source and the demo model
-FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+# ---------------------------------------------------------------- batch-builder: the same venv plus the batch extra
+FROM builder AS batch-builder
+
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv pip install -r pyproject.toml --extra batch
+
+# ---------------------------------------------------------------- base: what both images share
+FROM python:${PYTHON_VERSION}-slim-bookworm AS base
 
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it (deploy/k8s runs as 1000:1000).
 RUN groupadd --system --gid 1000 mtgate \
@@ -57,16 +69,31 @@ RUN groupadd --system --gid 1000 mtgate \
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    MTGATE_HOST=0.0.0.0 \
+    PYTHONDONTWRITEBYTECODE=1
+
+WORKDIR /app
+USER 1000:1000
+
+# ---------------------------------------------------------------- batch: `docker build --target batch`
+FROM base AS batch
+
+COPY --from=batch-builder /opt/venv /opt/venv
+COPY --from=batch-builder /app /app
+COPY models/demo-en-de /app/models/demo-en-de
+
+# The Kubernetes Job gives the command and its arguments (deploy/k8s/batch-score-job.yaml).
+CMD ["batch-score", "--help"]
+
+# ---------------------------------------------------------------- runtime: the server (the default target: last)
+FROM base AS runtime
+
+ENV MTGATE_HOST=0.0.0.0 \
     MTGATE_PORT=8000
 
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /app /app
 COPY models/demo-en-de /app/models/demo-en-de
 
-WORKDIR /app
-USER 1000:1000
 EXPOSE 8000
 
 # Liveness only (the process answers); readiness (model loaded and warm) is /v2/health/ready.

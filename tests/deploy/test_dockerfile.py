@@ -1,8 +1,14 @@
-"""The Dockerfile, without a Docker engine: hadolint, its structure, the .dockerignore allow-list, and the runtime
-install it performs, replayed in a fresh venv that then serves the bundled model (or the tiny test package).
+"""The Dockerfile, without a Docker engine: hadolint, its structure, the .dockerignore allow-list, and the installs
+it performs, each replayed in a fresh venv.
 
-The replay takes the builder stage's own ``COPY`` and ``uv pip install`` lines from the Dockerfile, so the test and
-the image cannot drift apart. Two speed-only settings differ from the image: bytecode is not precompiled
+- The server image (the default target): the plain install serves the bundled model (or the tiny test package),
+  holds none of the distributions serving does not need, imports none of them while serving a request, and each
+  command that needs an extra answers with one line naming it.
+- The batch image (``--target batch``): the plain install plus the batch extra runs the Kubernetes Job's
+  ``batch-score`` command (deploy/k8s/batch-score-job.yaml) on a TFRecord.
+
+The replay takes the stages' own ``COPY`` and ``uv pip install`` lines from the Dockerfile, so the test and the
+images cannot drift apart. Two speed-only settings differ from the image: bytecode is not precompiled
 (UV_COMPILE_BYTECODE) and uv links from its cache instead of copying (UV_LINK_MODE).
 """
 
@@ -31,7 +37,14 @@ from tests.utils.server import wait_until_ready
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
-FORBIDDEN = ("torch", "transformers")  # never in the runtime image
+K8S_JOB = ROOT / "deploy" / "k8s" / "batch-score-job.yaml"
+FORBIDDEN = ("torch", "transformers")  # never in any image
+# Distributions (and their top-level modules) the server never needs: not in the server image, not imported.
+NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "keras": "keras", "locust": "locust",
+               "gevent": "gevent", "sacrebleu": "sacrebleu", "tritonclient": "tritonclient", "torch": "torch",
+               "transformers": "transformers", "onnx": "onnx", "nncf": "nncf", "safetensors": "safetensors",
+               "tqdm": "tqdm", "pyyaml": "yaml"}
+NOT_SERVING_PACKAGES = ("batch", "loadtest")  # mtgate's own packages a server never imports
 
 
 @dataclass(frozen=True)
@@ -69,15 +82,31 @@ def parse_dockerfile(text: str) -> list[Instruction]:
 INSTRUCTIONS = parse_dockerfile(DOCKERFILE.read_text(encoding="utf-8"))
 STAGES = [i.stage for i in INSTRUCTIONS if i.keyword == "FROM"]
 FINAL = STAGES[-1]
+BATCH = "batch"  # `docker build --target batch`: the image of deploy/k8s/batch-score-job.yaml
 
 
-def of(keyword: str, stage: str | None = None) -> list[str]:
-    return [i.args for i in INSTRUCTIONS if i.keyword == keyword and (stage is None or i.stage == stage)]
+def ancestry(stage: str) -> list[str]:
+    """``stage`` and the stages it is built ``FROM``, the first stage of the chain first."""
+    [source] = [i.args.split()[0] for i in INSTRUCTIONS if i.keyword == "FROM" and i.stage == stage]
+    return [*ancestry(source), stage] if source in STAGES else [stage]
+
+
+def base_image(stage: str) -> str:
+    """The external image at the root of ``stage``'s chain."""
+    [source] = [i.args.split()[0] for i in INSTRUCTIONS if i.keyword == "FROM" and i.stage == ancestry(stage)[0]]
+    return source
+
+
+def of(keyword: str, stage: str | None = None, inherited: bool = False) -> list[str]:
+    """The arguments of each ``keyword`` instruction (of ``stage``; ``inherited``: and of the stages it is built on)."""
+    stages = None if stage is None else (ancestry(stage) if inherited else [stage])
+    return [i.args for i in INSTRUCTIONS if i.keyword == keyword and (stages is None or i.stage in stages)]
 
 
 def env_of(stage: str) -> dict[str, str]:
+    """The environment of an image of ``stage`` (its own ENV and what it inherits)."""
     env: dict[str, str] = {}
-    for args in of("ENV", stage):
+    for args in of("ENV", stage, inherited=True):
         for token in shlex.split(args):
             key, _, value = token.partition("=")
             env[key] = value
@@ -89,7 +118,9 @@ def copies(stage: str) -> list[tuple[str, PurePosixPath]]:
     found = []
     workdir = PurePosixPath("/")
     for i in INSTRUCTIONS:
-        if i.stage != stage:
+        if i.stage not in ancestry(stage):
+            continue
+        if i.stage != stage and i.keyword == "COPY":
             continue
         if i.keyword == "WORKDIR":
             workdir = workdir / i.args
@@ -138,12 +169,14 @@ def test_hadolint_really_lints(tmp_path: Path) -> None:
 
 def test_multi_stage_slim_non_root_runtime() -> None:
     assert len(STAGES) >= 2 and "builder" in STAGES
-    [base] = [i.args for i in INSTRUCTIONS if i.keyword == "FROM" and i.stage == FINAL]
-    assert "slim" in base
-    [user] = of("USER", FINAL)
-    uid = user.split(":")[0]
-    assert uid.isdigit() and int(uid) != 0  # numeric, so Kubernetes' runAsNonRoot can check it
-    assert "pip install" not in " ".join(of("RUN", FINAL))  # the runtime stage copies the builder's venv
+    for image in (FINAL, BATCH):
+        base = base_image(image)
+        assert "slim" in base
+        [user] = of("USER", image, inherited=True)
+        uid = user.split(":")[0]
+        assert uid.isdigit() and int(uid) != 0  # numeric, so Kubernetes' runAsNonRoot can check it
+        assert "pip install" not in " ".join(of("RUN", image, inherited=True))  # it copies a builder's venv
+        assert "builder" not in ancestry(image)  # the build tools stay behind
     assert not [run for run in of("RUN") if any(name in run for name in FORBIDDEN)]
 
 
@@ -152,6 +185,19 @@ def test_installs_runtime_dependencies_only() -> None:
     assert installs == ["pip install --no-cache-dir uv==0.13.9", "uv pip install -r pyproject.toml",
                         "uv pip install --no-deps -e ."]
     assert not any("[" in c for c in installs)  # no extras: no torch, no transformers
+    # the server image is the builder's venv: the plain install, nothing more
+    assert {c.split()[1] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"/opt/venv", "/app"}
+    assert {c.split()[0] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"--from=builder"}
+
+
+def test_the_batch_target_adds_the_batch_extra_only() -> None:
+    assert ancestry("batch-builder") == ["builder", "batch-builder"]  # the server's venv plus the extra
+    installs = [step for steps in run_steps("batch-builder") for step in steps if "pip install" in step]
+    assert installs == ["uv pip install -r pyproject.toml --extra batch"]
+    assert {c.split()[0] for c in of("COPY", BATCH) if c.startswith("--from=")} == {"--from=batch-builder"}
+    [cmd] = of("CMD", BATCH)
+    assert json.loads(cmd)[0] == "batch-score"
+    assert FINAL != BATCH  # `docker build .` without --target builds the server
 
 
 def test_configured_through_mtgate_env_and_serves_on_the_exposed_port() -> None:
@@ -240,14 +286,25 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-@pytest.fixture(scope="module")
-def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
-    """(app dir laid out like the image's /app, venv) after the Dockerfile's own install steps."""
-    base = tmp_path_factory.mktemp("image")
+def venv_stage(image: str) -> str:
+    """The builder stage whose /opt/venv ``image`` copies."""
+    [source] = {c.split()[0].removeprefix("--from=") for c in of("COPY", image)
+                if c.startswith("--from=") and c.split()[1] == "/opt/venv"}
+    return source
+
+
+# A .pth file runs at every start of the venv's interpreter: with $PROBE_MODULES_OUT set, the process writes the
+# names of every module it imported to that file when it exits (the server does, on SIGTERM).
+MODULES_PROBE = ("import atexit, os, sys; _out = os.environ.get('PROBE_MODULES_OUT'); "
+                 "_out and atexit.register(lambda out=_out: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n")
+
+
+def replay(base: Path, image: str, model_package: Path) -> tuple[Path, Path]:
+    """(app dir laid out like the image's /app, venv) after the Dockerfile's own install steps for ``image``."""
     app = base / "app"
     app.mkdir()
     image_root = [dest for source, dest in copies("builder") if source == "serving"][0].parent  # /app
-    for stage in STAGES:
+    for stage in [*ancestry(venv_stage(image)), *ancestry(image)]:  # the source tree's stages and the image's
         for source, dest in copies(stage):
             src = model_package if source == DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix() else ROOT / source
             if not src.exists():
@@ -263,17 +320,40 @@ def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) 
     started = time.monotonic()
     subprocess.run([uv(), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env.update(env_of("builder"))
+    stages = ancestry(venv_stage(image))
+    env.update(env_of(stages[-1]))
     env.update(VIRTUAL_ENV=str(venv), UV_COMPILE_BYTECODE="0", UV_LINK_MODE="hardlink",
                PATH=os.pathsep.join([str(venv / "bin"), str(Path(uv()).parent), env.get("PATH", "")]))
-    for steps in run_steps("builder"):
-        if not any(s.startswith("uv pip install") for s in steps):
-            continue  # the step that installs uv and creates /opt/venv: done above
-        command = " && ".join(steps)
-        proc = subprocess.run(["bash", "-c", command], cwd=app, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    sys.stderr.write(f"\nruntime install (uv, fresh venv): {time.monotonic() - started:.1f}s\n")
+    for stage in stages:
+        for steps in run_steps(stage):
+            if not any(s.startswith("uv pip install") for s in steps):
+                continue  # the step that installs uv and creates /opt/venv: done above
+            command = " && ".join(steps)
+            proc = subprocess.run(["bash", "-c", command], cwd=app, env=env, capture_output=True, text=True,
+                                  timeout=900)
+            assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    sys.stderr.write(f"\n{image} install ({' + '.join(stages)}; uv, fresh venv): {time.monotonic() - started:.1f}s\n")
+    [site] = venv.glob("lib/python*/site-packages")
+    (site / "_probe_modules.pth").write_text(MODULES_PROBE, encoding="utf-8")
     return app, venv
+
+
+@pytest.fixture(scope="module")
+def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
+    """The server image's install, replayed."""
+    return replay(tmp_path_factory.mktemp("image"), FINAL, model_package)
+
+
+@pytest.fixture(scope="module")
+def batch_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
+    """The batch image's install, replayed."""
+    return replay(tmp_path_factory.mktemp("batch-image"), BATCH, model_package)
+
+
+def installed(venv: Path) -> set[str]:
+    listing = subprocess.run([uv(), "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "json"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout
+    return {p["name"].lower() for p in json.loads(listing)}
 
 
 def test_fresh_runtime_venv_has_no_torch_or_transformers(runtime_venv: tuple[Path, Path]) -> None:
@@ -286,10 +366,9 @@ def test_fresh_runtime_venv_has_no_torch_or_transformers(runtime_venv: tuple[Pat
                                     cwd="/", timeout=60).stdout)
     assert out["missing"] == []
     assert Path(out["serving"]).resolve().is_relative_to(app.resolve())  # the image's /app source tree
-    listing = subprocess.run([uv(), "pip", "list", "--python", str(python), "--format", "json"], check=True,
-                             capture_output=True, text=True, timeout=60).stdout
-    names = {p["name"].lower() for p in json.loads(listing)}
+    names = installed(venv)
     assert not names & set(FORBIDDEN)
+    assert sorted(names & set(NOT_SERVING)) == []  # the server image holds what serving needs, nothing more
     assert {"onnxruntime", "openvino", "fastapi", "uvicorn", "sentencepiece", "mtgate"} <= names
     check = subprocess.run([uv(), "pip", "check", "--python", str(python)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -304,9 +383,11 @@ def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, P
     # the image's environment, except: loopback only (tests never listen beyond it), a free port, one thread
     env.update(MTGATE_HOST="127.0.0.1", MTGATE_PORT=str(port), MTGATE_THREADS="1", VIRTUAL_ENV=str(venv),
                PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]))
+    modules_file = app.parent / "serve.modules"
+    server_env = {**env, "PROBE_MODULES_OUT": str(modules_file)}
     [cmd] = of("CMD", FINAL)
     log = (app.parent / "serve.log").open("w")
-    proc = subprocess.Popen(json.loads(cmd), cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(json.loads(cmd), cwd=app, env=server_env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         took = wait_until_ready(url, proc, 120, lambda: (app.parent / "serve.log").read_text()[-3000:])
@@ -332,3 +413,87 @@ def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, P
             raise
         log.close()
     assert code == 0, (app.parent / "serve.log").read_text()[-3000:]
+    # what the server imported, from its start to its exit, having served the request
+    imported = {name.split(".")[0] for name in modules_file.read_text(encoding="utf-8").split()}
+    assert {"serving", "onnxruntime", "uvicorn", "fastapi"} <= imported
+    assert sorted(imported & {*NOT_SERVING.values(), *NOT_SERVING_PACKAGES}) == []
+
+
+COMMANDS_NEEDING_AN_EXTRA = [
+    (["mtgate", "batch-score", "input.txt", "-o", "out.txt"], "batch"),
+    (["batch-score", "input.txt", "-o", "out.txt"], "batch"),
+    (["mtgate", "batch-score", "--help"], "batch"),
+    (["mtgate", "loadtest", "--targets", "smoke.yaml"], "loadtest"),
+    (["mtgate", "validate", "-m", "pkg", "--baseline", "pkg"], "loadtest"),
+    (["mtgate", "convert", "checkpoint", "-o", "pkg"], "convert"),
+    (["mtgate", "verify", "pkg"], "convert"),
+]
+
+
+@pytest.mark.parametrize(("argv", "extra"), COMMANDS_NEEDING_AN_EXTRA, ids=lambda v: " ".join(v) if isinstance(
+    v, list) else v)
+def test_fresh_runtime_venv_names_the_extra_a_command_needs(runtime_venv: tuple[Path, Path], tmp_path: Path,
+                                                            argv: list[str], extra: str) -> None:
+    _, venv = runtime_venv
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+    proc = subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    prefix = f"mtgate {argv[1]}: error:" if argv[0] == "mtgate" else f"{argv[0]}: error:"
+    assert lines[0].startswith(prefix) and f"pip install 'mtgate[{extra}]'" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_fresh_runtime_venv_lists_every_command(runtime_venv: tuple[Path, Path]) -> None:
+    _, venv = runtime_venv
+    proc = subprocess.run([str(venv / "bin" / "mtgate"), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("serve", "translate", "export-triton", "batch-score", "loadtest", "validate", "convert"):
+        assert command in proc.stdout
+
+
+# ---------------------------------------------------------------- the batch image, replayed
+
+
+def write_tfrecord(path: Path, texts: list[str]) -> None:
+    """``tf.train.Example``s with an ``inputs`` feature, written by tensorflow (this venv's, which has it)."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for text in texts:
+            feature = {"inputs": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_batch_image_runs_the_kubernetes_job(batch_venv: tuple[Path, Path], tmp_path: Path) -> None:
+    import yaml
+
+    app, venv = batch_venv
+    names = installed(venv)
+    assert {"tensorflow-cpu", "sacrebleu", "mtgate"} <= names and not names & set(FORBIDDEN)
+    job = next(d for d in yaml.safe_load_all(K8S_JOB.read_text(encoding="utf-8")) if d and d["kind"] == "Job")
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"mtgate:{BATCH}"  # the image `docker build --target batch -t mtgate:batch .` makes
+    data = tmp_path / "data"  # the Job's volume, mounted at /data
+    (data / "input").mkdir(parents=True)
+    (data / "output").mkdir()
+    texts = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl reads a book.", "Hello!",
+             "A woman is walking.", "The sun is shining.", "A boy jumps.", "Three people sit on a bench."]
+    write_tfrecord(data / "input" / "data-00000.tfrecord", texts)
+    # Kubernetes substitutes $(JOB_COMPLETION_INDEX); pod 1 of 4 takes records 1 and 5
+    argv = [a.replace("/data/", f"{data}/").replace("$(JOB_COMPLETION_INDEX)", "1") for a in container["args"]]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH") and
+           not k.startswith("MTGATE_")}
+    env.update(env_of(BATCH))
+    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    env.update(VIRTUAL_ENV=str(venv), PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]),
+               JOB_COMPLETION_INDEX="1")
+    proc = subprocess.run([str(venv / "bin" / container["command"][0]), *container["command"][1:], *argv],
+                          cwd=app, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "2 of 2 records translated" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    output = data / "output" / "scored-00001-of-00004.tfrecord"
+    assert output.stat().st_size > 0 and json.loads(output.with_suffix(".summary.json").read_text())

@@ -225,6 +225,20 @@ def test_pods_run_as_the_image_user() -> None:
             assert c["image"].split(":")[0] == "mtgate"
 
 
+def test_the_batch_job_runs_the_image_that_has_batch_score() -> None:
+    """The server image (mtgate:latest) has no tensorflow: the Job runs the Dockerfile's batch target."""
+    [job] = [doc for _, doc in manifests() if doc["kind"] == "Job"]
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    name, _, target = c["image"].partition(":")
+    assert (name, target, c["command"]) == ("mtgate", "batch", ["batch-score"])
+    dockerfile = DOCKERFILE.read_text(encoding="utf-8")
+    assert re.search(rf"^FROM\s+\S+\s+AS\s+{target}\s*$", dockerfile, flags=re.M | re.I), "no such Dockerfile target"
+    assert "uv pip install -r pyproject.toml --extra batch" in dockerfile
+    build = f"docker build --target {target} -t {c['image']} ."
+    assert build in (K8S / "batch-score-job.yaml").read_text(encoding="utf-8")
+    assert build in (K8S.parents[1] / "README.md").read_text(encoding="utf-8")
+
+
 def test_validation_would_catch_a_misspelt_field() -> None:
     deployment = one("Deployment")
     c = deployment["spec"]["template"]["spec"]["containers"][0]
