@@ -1,4 +1,4 @@
-"""``mtgate export-triton PKG -o REPO``: serve a model package from NVIDIA Triton through its Python backend.
+"""``mtgate export-triton PKG -o REPO`` (or ``-m PKG``): serve a model package from NVIDIA Triton's Python backend.
 
 It writes one model into the Triton model repository ``REPO`` (other models there are left alone)::
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
 from serving.package import PackageError, find_artifact, load_manifest, staging_dir, verify_checksums
 
 logger = logging.getLogger(__name__)
@@ -69,29 +70,34 @@ from serving.triton_export import TritonPythonModel  # noqa: E402,F401
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("package", type=Path, metavar="PKG", help="model package directory (from 'mtgate convert')")
+    """The options, in ``serving/cli_options.py``'s vocabulary (the old ``--runtime`` is a hidden alias of --backend)."""
+    parser.add_argument("package", type=Path, nargs="?", metavar="PKG",
+                        help="model package directory (from 'mtgate convert'); or -m PKG")
+    add_model(parser, "model package directory (the same as PKG)", dest="model")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="REPO",
                         help="Triton model repository to write the model into (created if missing)")
     parser.add_argument("--model-name", help="Triton model name (default: the package's name)")
     parser.add_argument("--model-version", type=int, default=1, help="numeric version directory (default 1)")
-    parser.add_argument("--runtime", choices=["onnxruntime", "openvino"], default="onnxruntime",
+    parser.add_argument("--backend", choices=BACKENDS, default="onnxruntime",
                         help="runtime the Python backend loads the package with (default onnxruntime)")
-    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="artifact (default fp32)")
-    parser.add_argument("--threads", type=int, default=None,
+    add_alias(parser, "--runtime", "backend", choices=BACKENDS)
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="artifact (default fp32)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="intra-op threads per model instance (default: the runtime's choice)")
-    parser.add_argument("--instances", type=int, default=1,
+    parser.add_argument("--instances", type=int, default=1, metavar="N",
                         help="model instances (KIND_CPU); instances x threads should not exceed the cores (default 1)")
-    parser.add_argument("--max-batch-size", type=int, default=32,
+    parser.add_argument("--max-batch-size", type=int, default=32, metavar="N",
                         help="most sentences Triton's dynamic batcher puts in one execute() (default 32)")
-    parser.add_argument("--max-queue-delay-us", type=int, default=5000,
+    parser.add_argument("--max-queue-delay-us", type=int, default=5000, metavar="US",
                         help="how long a request may wait for a fuller batch, in microseconds (default 5000)")
-    parser.add_argument("--max-queue-size", type=int, default=0,
+    parser.add_argument("--max-queue-size", type=int, default=0, metavar="N",
                         help="queued requests beyond which Triton rejects new ones (default 0: unbounded)")
 
 
 def run(args: argparse.Namespace) -> int:
     from serving.cli import UsageError
 
+    # Numbers are checked here rather than by argparse types, so that a bad one is a single line.
     for flag, value, least in (("--model-version", args.model_version, 1), ("--instances", args.instances, 1),
                                ("--max-batch-size", args.max_batch_size, 1),
                                ("--max-queue-delay-us", args.max_queue_delay_us, 0),
@@ -99,10 +105,15 @@ def run(args: argparse.Namespace) -> int:
                                ("--threads", args.threads if args.threads is not None else 1, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    if args.package is not None and args.model is not None and args.package != args.model:
+        raise UsageError(f"two packages: {args.package} and -m {args.model}; give one")
+    package = args.package or args.model
+    if package is None:
+        raise UsageError("which package? mtgate export-triton PKG -o REPO (or -m PKG)")
     try:
         model_dir = export_triton(
-            args.package, args.output, model_name=args.model_name, version=args.model_version,
-            runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
+            package, args.output, model_name=args.model_name, version=args.model_version,
+            runtime=args.backend, precision=args.precision, threads=args.threads, instances=args.instances,
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
             max_queue_size=args.max_queue_size,
         )

@@ -178,3 +178,30 @@ def test_not_a_package_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["export-triton", str(tmp_path / "nope"), "-o", str(tmp_path / "repo")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mtgate export-triton: error: ") and err.count("\n") == 1
+
+
+def test_options_use_the_one_vocabulary(model_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # -m PKG as in every other command, --backend (the old --runtime accepted, hidden from --help)
+    assert main(["export-triton", "-m", str(model_package), "-o", str(tmp_path), "--model-name", "a",
+                 "--backend", "onnxruntime"]) == 0
+    assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "b",
+                 "--runtime", "onnxruntime"]) == 0
+    for name in ("a", "b"):
+        assert parse_config(tmp_path / name).parameters["runtime"].string_value == "onnxruntime"
+    capsys.readouterr()
+    assert main(["export-triton", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "--backend" in help_text and "-m PKG" in help_text and "--runtime" not in help_text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [([], "which package?"), (["PKG", "-m", "other"], "two packages")],
+)
+def test_one_package_is_given(model_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              args: list[str], message: str) -> None:
+    argv = [str(model_package) if a == "PKG" else a for a in args]
+    assert main(["export-triton", *argv, "-o", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("mtgate export-triton: error: ")
+    assert not (tmp_path / "repo").exists()
