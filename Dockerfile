@@ -10,7 +10,7 @@
 #   docker build --target batch -t mtgate:batch .                   # batch-score (deploy/k8s/batch-score-job.yaml)
 #
 # Every server setting is an environment variable MTGATE_<SETTING> (serving/settings.py), e.g. MTGATE_THREADS,
-# MTGATE_MAX_BATCH_SENTENCES, MTGATE_API_KEY.
+# MTGATE_MAX_BATCH_SIZE, MTGATE_API_KEY.
 #
 # The server image installs the plain install (pyproject.toml's dependencies, no extras): what `mtgate serve` needs
 # and nothing more (no tensorflow, locust, sacrebleu, tritonclient). The batch image adds the `batch` extra and runs
