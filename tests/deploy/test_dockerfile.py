@@ -44,7 +44,7 @@ NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "kera
                "gevent": "gevent", "sacrebleu": "sacrebleu", "tritonclient": "tritonclient", "torch": "torch",
                "transformers": "transformers", "onnx": "onnx", "nncf": "nncf", "safetensors": "safetensors",
                "tqdm": "tqdm", "pyyaml": "yaml"}
-NOT_SERVING_PACKAGES = ("batch", "loadtest")  # mtgate's own packages a server never imports
+NOT_SERVING_PACKAGES = ("converters", "batch", "loadtest")  # mtgate's own packages a server never imports
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def test_repository_layout(exported: Path, model_package: Path) -> None:
     assert {p.name for p in version.iterdir()} == {"model.py", "package", "mtgate", "requirements.txt"}
     assert (version / "package" / "manifest.json").read_bytes() == (model_package / "manifest.json").read_bytes()
     assert (version / "mtgate" / "serving" / "engine.py").is_file()
+    assert [p.name for p in (version / "mtgate").iterdir()] == ["serving"]  # the engine needs nothing else
     assert not list((version / "mtgate").rglob("__pycache__"))
     requirements = (version / "requirements.txt").read_text(encoding="utf-8")
     assert "numpy==" in requirements and "onnxruntime==" in requirements
@@ -104,6 +105,7 @@ def test_model_py_translates_like_the_engine(exported: Path, model_package: Path
     answer = drive(exported, executions)
     # model.py imports the engine bundled in the version directory, not the test's
     assert Path(answer["serving_file"]).resolve().is_relative_to(exported.resolve())
+    assert answer["mtgate_packages"] == ["serving"]  # serving alone: no converters, batch or loadtest
     [results] = answer["results"]
 
     translator = Translator.load(model_package, threads=1)

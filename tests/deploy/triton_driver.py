@@ -2,8 +2,8 @@
 
 Usage: ``python triton_driver.py MODEL_DIR VERSION`` with a JSON list of executions on stdin; each execution is a list
 of requests ``{"texts": [[...], ...] | null, "parameters": {...}}`` (``texts`` null: the request lacks INPUT_TEXT).
-Prints one JSON document: where ``serving`` was imported from and, per execution, one result per request
-(``{"error": message}`` or ``{"outputs": {name: {"dtype", "shape", "data"}}}``).
+Prints one JSON document: where ``serving`` was imported from, which of mtgate's packages were imported, and, per
+execution, one result per request (``{"error": message}`` or ``{"outputs": {name: {"dtype", "shape", "data"}}}``).
 
 It runs in its own process (as Triton runs each model in a stub process) so that model.py imports the engine it
 bundles, not the one of the test process.
@@ -73,7 +73,8 @@ def main() -> int:
         results.append(out)
     model.finalize()
     serving = sys.modules["serving"]
-    json.dump({"serving_file": serving.__file__, "results": results}, sys.stdout)
+    mtgate = sorted({name.split(".")[0] for name in sys.modules} & {"serving", "converters", "batch", "loadtest"})
+    json.dump({"serving_file": serving.__file__, "mtgate_packages": mtgate, "results": results}, sys.stdout)
     return 0
 
 
