@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench.mtgate_worker import forced_length_translator  # noqa: E402
 from benchmarks.bench.workload import DEFAULT_SENTENCES, random_ids_like, read_sentences, special_ids  # noqa: E402
+from serving.package import open_package  # noqa: E402
 
 
 class TimedBackend:
@@ -107,19 +108,18 @@ def ort_decoder_profile(package: Path, precision: str, threads: int, sources: li
     """Greedy decoding with ONNX Runtime's profiler on the decoder session; node times grouped per step."""
     import onnxruntime as ort
 
-    from converters.spec import present_names
     from serving.backends.base import decoder_feeds
     from serving.backends.onnxruntime import session_options
+    from serving.package.graph import present_names
 
-    manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
-    artifact = next(a for a in manifest["artifacts"] if a["runtime"] == "onnxruntime" and a["precision"] == precision)
-    encoder = ort.InferenceSession(str(package / artifact["files"]["encoder"]), session_options(threads),
+    artifact = open_package(package).artifact("onnxruntime", precision)
+    encoder = ort.InferenceSession(str(package / artifact.encoder), session_options(threads),
                                    providers=["CPUExecutionProvider"])
     options = session_options(threads)
     prefix_dir = Path(tempfile.mkdtemp(prefix="ort-profile-"))
     options.enable_profiling = True
     options.profile_file_prefix = str(prefix_dir / "decoder")
-    decoder = ort.InferenceSession(str(package / artifact["files"]["decoder"]), options,
+    decoder = ort.InferenceSession(str(package / artifact.decoder), options,
                                    providers=["CPUExecutionProvider"])
     run_s = 0.0
     steps = 0
@@ -185,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    manifest = json.loads((args.package / "manifest.json").read_text(encoding="utf-8"))
-    special = manifest["special_ids"]
-    vocab = int(manifest["architecture"]["source_vocab_size"])
+    manifest = open_package(args.package).manifest
+    special = manifest.special_ids
+    vocab = manifest.architecture.source_vocab_size
     texts_src = read_sentences(DEFAULT_SENTENCES, args.num_sentences)
     sources = random_ids_like(texts_src, vocab, special_ids(manifest), args.seed)
     texts = [" ".join(map(str, s)) for s in sources]
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                               "new_tokens": args.new_tokens, "wall_split": split, "cprofile_top_tottime": top}
     if args.runtime == "onnxruntime" and args.batch == 1 and args.beam == 1:
         report["ort_decoder_profile"] = ort_decoder_profile(
-            args.package, args.precision, args.threads, sources, args.new_tokens, int(special["eos"]),
-            int(special["decoder_start"]), int(special["pad"]))
+            args.package, args.precision, args.threads, sources, args.new_tokens, special.eos,
+            special.decoder_start, special.pad)
     text = json.dumps(report, indent=1)
     sys.stdout.write(text + "\n")
     if args.output is not None:

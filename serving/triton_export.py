@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
-from serving.package import PackageError, find_artifact, load_manifest, staging_dir, verify_checksums
+from serving.package import Manifest, PackageError, open_package, staging_dir, verify_checksums
 
 logger = logging.getLogger(__name__)
 
@@ -159,9 +159,9 @@ def export_triton(
         PackageError: not a package, a file missing or modified, or no such artifact.
         ValueError: an unusable model name.
     """
-    manifest = load_manifest(package)
-    find_artifact(manifest, runtime, precision)
-    name = model_name or str(manifest.get("name") or package.name)
+    manifest = open_package(package).manifest
+    manifest.artifact(runtime, precision)
+    name = model_name or manifest.name or package.name
     if not _NAME.match(name):
         raise ValueError(
             f"model name {name!r} is not usable as a Triton model directory (letters, digits, '_', '.', '-'); "
@@ -244,9 +244,9 @@ def _copy_engine(target: Path) -> None:
         shutil.copytree(source, target / package, ignore=ignore)
 
 
-def _requirements(manifest: dict[str, Any], runtime: str) -> str:
+def _requirements(manifest: Manifest, runtime: str) -> str:
     names = ["numpy", runtime]
-    if (manifest.get("tokenizer") or {}).get("kind") == "sentencepiece":
+    if manifest.tokenizer.kind == "sentencepiece":
         names.append("sentencepiece")
     lines = ["# pip install -r requirements.txt into Triton's Python backend environment (versions mtgate ran with)"]
     for dist in names:

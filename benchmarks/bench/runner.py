@@ -29,6 +29,7 @@ from benchmarks.bench.report import render_markdown
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
 from serving.cli import UsageError
 from serving.files import atomic_write_text
+from serving.package import Manifest, open_package
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,11 @@ def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> 
 
 
 def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[str], None]) -> Path:
-    from serving.package import PackageError, read_manifest
+    from serving.package import PackageError
 
     package = folder / f"mtgate-package-{'-'.join(plan.precisions)}"
     try:
-        read_manifest(package)  # there, and in the package format this mtgate reads
+        open_package(package, verify=False)  # there, and in the package format this mtgate reads
         return package
     except PackageError:
         pass  # not converted yet, or by an mtgate that wrote another format
@@ -136,9 +137,7 @@ def _git_commit() -> str | None:
 
 
 def _selected_engines(plan: Plan, package: Path) -> list[EngineSpec]:
-    from serving.package import load_manifest
-
-    artifacts = {(a["runtime"], a["precision"]) for a in load_manifest(package)["artifacts"]}
+    artifacts = {(a.runtime, a.precision) for a in open_package(package).manifest.artifacts}
     engines = [e for e in mtgate_engines() if (e.runtime, e.precision) in artifacts] + list(PEER_ENGINES)
     if plan.engine_ids is not None:
         chosen = [e for e in engines if e.id in plan.engine_ids]
@@ -235,12 +234,12 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
     run_dir.mkdir(parents=True)
     workload_path = run_dir / "workload.json"
     write_json(workload_path, {"sentences": sentences})
-    manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
+    manifest = open_package(package, verify=False).manifest
     worker_config = {
         "workload": str(workload_path), "cases": [dataclasses.asdict(c) for c in plan.cases],
         "repeats": plan.repeats, "warmup_sentences": plan.warmup_sentences, "threads": plan.threads,
         "new_tokens": plan.new_tokens, "package": str(package), "model": str(model),
-        "special_ids": manifest["special_ids"],
+        "special_ids": dataclasses.asdict(manifest.special_ids),
     }
 
     entries: list[dict[str, Any]] = []
@@ -314,8 +313,8 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _model_description(plan: Plan, model: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    arch = manifest["architecture"]
+def _model_description(plan: Plan, model: Path, manifest: Manifest) -> dict[str, Any]:
+    arch = dataclasses.asdict(manifest.architecture)
     shape = (f"vocab {arch['target_vocab_size']}, d_model {arch['d_model']}, {arch['encoder_layers']}+"
              f"{arch['decoder_layers']} layers, {arch['num_heads']} heads, ffn {arch['ffn_dim']}, {arch['activation']}")
     kind = f"random weights ({plan.preset} shape, seed {plan.seed})" if plan.checkpoint is None else str(plan.checkpoint)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import gzip
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from serving.package import Manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SENTENCES = ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz"
@@ -48,10 +51,10 @@ def random_ids_like(texts: Sequence[str], vocab_size: int, special: Sequence[int
     return sentences
 
 
-def special_ids(manifest: dict[str, Any]) -> list[int]:
+def special_ids(manifest: Manifest) -> list[int]:
     """The package's special token ids (pad, eos, unk, decoder start) that a random source must avoid."""
-    special = manifest["special_ids"]
-    return [int(special[k]) for k in ("pad", "eos", "unk", "decoder_start") if special.get(k) is not None]
+    special = manifest.special_ids
+    return [i for i in (special.pad, special.eos, special.unk, special.decoder_start) if i is not None]
 
 
 def build_workload(sentences_file: Path, count: int, package: Path, *, random: bool,
@@ -68,18 +71,18 @@ def build_workload(sentences_file: Path, count: int, package: Path, *, random: b
     Raises:
         WorkloadError: the file has no sentences.
     """
-    from serving.package import load_manifest
+    from serving.package import open_package
     from serving.tokenizers import load_tokenizer
 
     texts = read_sentences(sentences_file, count)
     if not texts:
         raise WorkloadError(f"{sentences_file}: no sentences")
-    manifest = load_manifest(package)
+    manifest = open_package(package).manifest
     if random:
-        vocab = int(manifest["architecture"]["source_vocab_size"])
+        vocab = manifest.architecture.source_vocab_size
         return (random_ids_like(texts, vocab, special_ids(manifest), seed),
                 f"random ids, {TOKENS_PER_WORD} per word of {sentences_file.name}")
-    tokenizer = load_tokenizer(package, manifest["tokenizer"])
+    tokenizer = load_tokenizer(package, manifest.tokenizer.to_dict())
     return [tokenizer.encode(t) for t in texts], f"{sentences_file.name} tokenized by the package tokenizer"
 
 
