@@ -42,10 +42,21 @@ from batch.runner import (
     ThreadExecutor,
     available_cores,
     available_memory,
+    check_outputs,
     plan_parallelism,
     run_job,
 )
 from serving.cli import UsageError, missing_extra
+from serving.cli_options import (
+    add_decoding,
+    add_log_level,
+    add_max_batch_size,
+    add_max_batch_tokens,
+    add_model,
+    add_runtime,
+    non_negative_int,
+    positive_int,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,79 +65,63 @@ _REMOTE_WORKERS = 4
 _SHARD_ENV = "JOB_COMPLETION_INDEX"
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return n
-
-
-def _non_negative(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return n
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``)."""
+    """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``).
+
+    Names follow ``serving.cli_options``; the old ``--runtime`` and ``--max-tokens`` are hidden aliases.
+    """
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
     src = parser.add_argument_group("model")
-    src.add_argument("-m", "--model", type=Path, default=None,
-                     help="model package directory (default: the bundled demo model models/demo-en-de)")
+    add_model(src, help="model package directory (default: the bundled demo model models/demo-en-de)")
     src.add_argument("--server", default=None, metavar="URL",
                      help="translate through a server (mtgate serve or Triton) over the Open Inference Protocol")
-    src.add_argument("--model-name", default=None, help="model name on the server (default: its default model)")
+    src.add_argument("--model-name", default=None, metavar="NAME",
+                     help="with --server: model name on the server (default: its default model)")
     src.add_argument("--api-key", default=os.environ.get("MTGATE_API_KEY"), metavar="KEY",
                      help="with --server: sent as 'Authorization: Bearer KEY' (default: $MTGATE_API_KEY)")
-    src.add_argument("--runtime", choices=("onnxruntime", "openvino"), default="onnxruntime")
-    src.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
-    src.add_argument("--beam-size", type=_positive, default=None, help="beam width (default: the model's)")
-    src.add_argument("--max-length", type=_positive, default=None, help="most output tokens (default: the model's)")
+    add_runtime(src, threads_help="runtime threads per worker (default: cores / workers)")
+    add_decoding(src)
     io = parser.add_argument_group("input and output")
-    io.add_argument("-o", "--output", type=Path, default=None,
-                    help="output file (default: INPUT.scored.EXT beside the input; with --num-shards > 1 the shard "
-                         "is added to the name: OUT-00003-of-00010.EXT)")
-    io.add_argument("--input-format", choices=("auto", *FORMATS), default="auto")
+    io.add_argument("-o", "--output", type=Path, default=None, metavar="OUT",
+                    help="output file, in an existing writable directory (default: INPUT.scored.EXT beside the "
+                         "input; with --num-shards > 1 the shard is added to the name: OUT-00003-of-00010.EXT)")
+    io.add_argument("--input-format", choices=("auto", *FORMATS), default="auto",
+                    help="format of the inputs (default auto: from the file suffix, else from the first bytes)")
     io.add_argument("--output-format", choices=FORMATS, default=None,
                     help="default: tfrecord for TFRecord input, jsonl for JSONL, text for text")
-    io.add_argument("--input-key", default=None,
+    io.add_argument("--input-key", default=None, metavar="KEY",
                     help="feature/field with the source (default: the first of inputs, source, text, src)")
-    io.add_argument("--reference-key", default=None,
+    io.add_argument("--reference-key", default=None, metavar="KEY",
                     help="feature/field with the reference (default: targets, if present)")
     io.add_argument("--references", action="append", default=None, metavar="FILE",
                     help="reference file for plain-text input, one line per input line (repeat, or a glob, for "
                          "several inputs)")
-    io.add_argument("--vocab", type=Path, default=None,
+    io.add_argument("--vocab", type=Path, default=None, metavar="FILE",
                     help="T2T .subwords vocabulary decoding int64 id features (default: the package's)")
-    io.add_argument("--rejects", type=Path, default=None, help="rejects file (default: OUT.rejects.jsonl)")
-    io.add_argument("--summary", type=Path, default=None, help="summary file (default: OUT.summary.json)")
+    io.add_argument("--rejects", type=Path, default=None, metavar="FILE",
+                    help="rejects file (default: OUT.rejects.jsonl)")
+    io.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                    help="summary file (default: OUT.summary.json)")
     run = parser.add_argument_group("throughput and reliability")
-    run.add_argument("--workers", type=_positive, default=None,
+    run.add_argument("--workers", type=positive_int, default=None, metavar="N",
                      help="worker processes (default: one per core; with --server: 4 concurrent requests)")
-    run.add_argument("--threads", type=_positive, default=None,
-                     help="runtime threads per worker (default: cores / workers)")
-    run.add_argument("--max-tokens", type=_positive, default=2048,
-                     help="most padded source tokens per batch (default: 2048)")
-    run.add_argument("--max-batch-size", type=_positive, default=64, help="most sentences per batch (default: 64)")
-    run.add_argument("--chunk-size", type=_positive, default=1000,
+    add_max_batch_tokens(run, help="most padded source tokens per batch (default: 2048)", default=2048,
+                         aliases=("--max-tokens",))
+    add_max_batch_size(run, help="most sentences per batch (default: 64)", default=64)
+    run.add_argument("--chunk-size", type=positive_int, default=1000, metavar="N",
                      help="records per committed chunk, the unit of resume (default: 1000)")
-    run.add_argument("--num-shards", type=_positive, default=1, help="split the records over this many jobs")
-    run.add_argument("--shard-index", type=_non_negative, default=None,
+    run.add_argument("--num-shards", type=positive_int, default=1, metavar="N",
+                     help="split the records over this many jobs (default: 1)")
+    run.add_argument("--shard-index", type=non_negative_int, default=None, metavar="I",
                      help=f"which shard this job handles (default: ${_SHARD_ENV}, set by Kubernetes Indexed Jobs, "
                           "else 0)")
     run.add_argument("--allow-rejects", action="store_true", help="exit 0 even if some records were rejected")
     run.add_argument("--dry-run", action="store_true",
                      help="report the detected schema and the record count, translate nothing")
     run.add_argument("--restart", action="store_true",
-                     help="discard an unfinished run of a different command instead of refusing to start")
+                     help="discard an unfinished run of a different command (or of a changed input) instead of "
+                          "refusing to start")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -215,7 +210,7 @@ def _model_bytes(model_dir: Path, manifest: dict[str, Any], args: argparse.Names
     """Rough memory of one loaded model: its graph files and a half again for the runtime's own buffers."""
     from serving.package import find_artifact
 
-    artifact = find_artifact(manifest, args.runtime, args.precision)
+    artifact = find_artifact(manifest, args.backend, args.precision)
     size = 0
     for rel in (artifact.encoder, artifact.decoder):
         path = model_dir / rel
@@ -225,6 +220,7 @@ def _model_bytes(model_dir: Path, manifest: dict[str, Any], args: argparse.Names
 
 def run(args: argparse.Namespace) -> int:
     """Run batch-score; returns the exit code (raises UsageError for bad arguments or input)."""
+    quiet_tensorflow(str(getattr(args, "log_level", None) or "WARNING").upper())
     if args.server and args.model is not None:
         raise UsageError("give either -m/--model or --server, not both")
     num_shards, shard_index = _shard(args)
@@ -249,9 +245,9 @@ def run(args: argparse.Namespace) -> int:
                 raise
             # A dry run only inspects the inputs: no model needed unless its vocabulary is.
         if model_dir is not None:
-            manifest, package_vocab = _package_info(model_dir, args.runtime, args.precision)
+            manifest, package_vocab = _package_info(model_dir, args.backend, args.precision)
             engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
-                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision,
+                           "version": manifest.get("version"), "runtime": args.backend, "precision": args.precision,
                            "beam_size": args.beam_size or manifest.get("decoding", {}).get("beam_size")}
     vocab_path: Path | None = args.vocab or package_vocab
     if args.vocab is not None and not args.vocab.is_file():
@@ -281,6 +277,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         return _dry_run(job)
+    try:
+        check_outputs(job)  # before any work: nothing is written when an output cannot be
+    except JobError as e:
+        raise UsageError(str(e)) from e
 
     cores = available_cores()
     if args.server:
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from e
         engine_info = target.describe()
         workers = args.workers or _REMOTE_WORKERS
-        engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_tokens,
+        engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                               max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
                               model_name=target.model)
         remote_target = target
@@ -304,8 +304,8 @@ def run(args: argparse.Namespace) -> int:
         assert model_dir is not None
         workers, threads = plan_parallelism(args.workers, args.threads, cores, _model_bytes(model_dir, manifest, args),
                                             available_memory())
-        engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
-                              beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_tokens,
+        engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
+                              beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                               max_batch_size=args.max_batch_size, workers=workers, threads=threads)
         engine_info |= {"workers": workers, "threads_per_worker": threads}
 
@@ -335,11 +335,34 @@ def run(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(_summary_line(result.summary, job) + "\n")
     sys.stdout.flush()
+    if not result.summary["records"]:
+        _warn_empty(job)
     if result.rejects and not args.allow_rejects:
         sys.stderr.write(f"batch-score: {result.rejects} record(s) rejected (see {job.rejects}); "
                          "exit 1 (--allow-rejects to accept)\n")
         return 1
     return 0
+
+
+def quiet_tensorflow(log_level: str) -> None:
+    """Keep TensorFlow's start-up log off stderr unless ``log_level`` is DEBUG (set before tensorflow is imported).
+
+    tensorflow (imported only to read and write TFRecords) logs through absl's C++ logging: "All log messages before
+    absl::InitializeLog() ...", cpu_feature_guard's instruction list and, whatever ``TF_CPP_MIN_LOG_LEVEL`` says,
+    "oneDNN custom operations are on". batch-score runs no TensorFlow math, so turning oneDNN off changes nothing
+    else. A value already in the environment wins; spawned workers inherit these.
+    """
+    if log_level == "DEBUG":
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # C++ INFO and WARNING
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the oneDNN line, printed at INFO regardless of the above
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # its Python side (absl.logging routes here)
+
+
+def _warn_empty(job: Job) -> None:
+    names = ", ".join(str(i.path) for i in job.inputs[:3]) + (", ..." if len(job.inputs) > 3 else "")
+    where = f"shard {job.shard_index} of {job.num_shards} of " if job.num_shards > 1 else ""
+    sys.stderr.write(f"batch-score: warning: {where}{names}: no records (an empty input); nothing to translate\n")
 
 
 def _is_run_failure(e: Exception) -> bool:
@@ -406,6 +429,8 @@ def _dry_run(job: Job) -> int:
         f"output: {job.output} ({job.output_format})",
     ]
     sys.stdout.write("\n".join(lines) + "\n")
+    if not total:
+        _warn_empty(job)
     return 0
 
 
@@ -419,7 +444,8 @@ def _schema_line(schema: Schema, vocab: Path | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
                                      "files with a model package or a server.")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    add_log_level(parser, default="WARNING", help="logging level (default WARNING; DEBUG also shows TensorFlow's "
+                  "own start-up log)")
     add_arguments(parser)
     return parser
 

@@ -34,6 +34,7 @@ import queue
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -566,6 +567,40 @@ def _chunks(job: Job, done: dict[int, ChunkMeta], seen: list[int]) -> Iterator[t
         entries.append(entry)
     if entries:
         yield current, entries
+
+
+def check_outputs(job: Job) -> None:
+    """Refuse outputs that cannot be written, before any work (nothing is written here but a probe, removed).
+
+    Raises:
+        JobError: an output path is a directory, or its directory is missing, not a directory or not writable.
+    """
+    for path, what, flag in ((job.output, "the output", "-o"), (job.rejects, "the rejects file", "--rejects"),
+                             (job.summary, "the summary", "--summary")):
+        problem = _unwritable(path)
+        if problem:
+            raise JobError(f"cannot write {what} {path}: {problem}; give another {flag}")
+    if job.state_dir.exists() and not job.state_dir.is_dir():
+        raise JobError(f"{job.state_dir} is not a directory, but batch-score keeps its resume state there; remove it "
+                       "or give another -o")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file, or None."""
+    if path.is_dir():
+        return "it is a directory"
+    parent = path.parent
+    if not parent.exists():
+        return f"no directory {parent} (create it first)"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:  # the one test that holds for read-only mounts, ACLs and root alike: create a file there
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".probe")
+    except OSError as e:
+        return f"cannot create files in {parent} ({e.strerror})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def count_owned(job: Job) -> int:

@@ -45,8 +45,11 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str | None]) -
 
 
 def describe(scores: dict[str, Any] | None) -> str:
-    """``BLEU 23.41 chrF 51.20 TER 60.10`` (empty without references)."""
+    """``BLEU 23.41 [nrefs:1|...|version:2.4.0] chrF 51.20 [...] TER 60.10 [...]`` (empty without references).
+
+    Each score carries its sacreBLEU signature, so a number copied from the console can be compared with others.
+    """
     if not scores:
         return ""
-    return (f"BLEU {scores['bleu']['score']:.2f} chrF {scores['chrf']['score']:.2f} "
-            f"TER {scores['ter']['score']:.2f}")
+    return " ".join(f"{label} {scores[key]['score']:.2f} [{scores[key]['signature']}]"
+                    for label, key in (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter")))

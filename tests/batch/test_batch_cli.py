@@ -1,0 +1,150 @@
+"""batch-score's command line through the real console script: unwritable outputs refused before any work, empty
+inputs, TensorFlow's log kept off stderr, the shared option vocabulary, and sacreBLEU signatures on the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from batch.cli import build_parser  # noqa: E402
+from tests.batch.helpers import (  # noqa: E402
+    assert_one_line_error,
+    clean_env,
+    leftovers,
+    run_cli,
+    write_tfrecord,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = (ROOT / "tests" / "data" / "marian" / "corpus.en").read_text(encoding="utf-8").splitlines()[:6]
+REFERENCES = (ROOT / "tests" / "data" / "marian" / "corpus.de").read_text(encoding="utf-8").splitlines()[:6]
+FAST = ("--workers", "1", "--threads", "1", "--no-progress")
+TF_LOG_MARKS = ("oneDNN", "cpu_feature_guard", "absl::InitializeLog", "TensorFlow binary")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """in.tfrecord (sources + references) and in.txt / ref.txt, in a directory no test writes to."""
+    directory = tmp_path_factory.mktemp("inputs")
+    write_tfrecord(directory / "in.tfrecord", SOURCES, REFERENCES)
+    (directory / "in.txt").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    return directory
+
+
+def _snapshot(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path: Path, inputs: Path, tiny_onnx_package: Path,
+                                                        mount_tmpfs: Callable[..., Path]) -> None:
+    existing_dir = tmp_path / "a-directory"
+    existing_dir.mkdir()
+    before = _snapshot(inputs)
+    cases = [
+        (["-o", "/proc/nope/out.tfrecord"], "/proc/nope/out.tfrecord", "no directory /proc/nope"),
+        (["-o", str(tmp_path / "missing" / "out.txt")], str(tmp_path / "missing"), "create it first"),
+        (["-o", str(existing_dir)], str(existing_dir), "it is a directory"),
+        (["-o", str(tmp_path / "ok.txt"), "--summary", str(tmp_path / "nodir" / "s.json")], "--summary",
+         "no directory"),
+        (["-o", str(tmp_path / "ok.txt"), "--rejects", str(existing_dir)], "--rejects", "it is a directory"),
+    ]
+    for i, (extra, *needles) in enumerate(cases):
+        source = inputs / ("in.tfrecord" if i == 0 else "in.txt")  # text inputs start faster (no tensorflow)
+        proc = run_cli(source, "-m", tiny_onnx_package, *extra, *FAST)
+        assert_one_line_error(proc, 2, "cannot write", *needles)
+    # found before anything else: with an unreachable server, the output is what is refused (no connection tried)
+    proc = run_cli(inputs / "in.txt", "--server", "http://127.0.0.1:9", "-o", "/proc/nope/out.txt", *FAST)
+    assert_one_line_error(proc, 2, "/proc/nope/out.txt", "give another -o")
+    # a read-only directory (a read-only tmpfs: root may write anywhere else)
+    read_only = mount_tmpfs("ro", 64, read_only=True)
+    proc = run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", read_only / "out.txt", *FAST)
+    assert_one_line_error(proc, 2, str(read_only / "out.txt"), "Read-only file system")
+    assert _snapshot(tmp_path) == ["a-directory", "ro"] and not list(read_only.iterdir())  # nothing written
+    assert _snapshot(inputs) == before and not leftovers(inputs)
+
+
+def test_an_empty_input_warns_in_one_line(tmp_path: Path, tiny_onnx_package: Path) -> None:
+    write_tfrecord(tmp_path / "empty.tfrecord", [])
+    (tmp_path / "empty.txt").write_bytes(b"")
+    for name in ("empty.tfrecord", "empty.txt"):
+        proc = run_cli(tmp_path / name, "-m", tiny_onnx_package, *FAST)
+        assert proc.returncode == 0, proc.stderr
+        line = assert_one_line_error(proc, 0, "warning", str(tmp_path / name), "no records")
+        assert line.startswith("batch-score: warning:")
+        assert proc.stdout.startswith("batch-score: 0 of 0 records translated")
+        stem = name.split(".")[0]
+        out = tmp_path / f"{stem}.scored.{'tfrecord' if name.endswith('tfrecord') else 'txt'}"
+        assert out.exists() and out.stat().st_size == 0
+        assert json.loads((tmp_path / f"{stem}.scored.summary.json").read_text())["records"] == 0
+    # an empty shard of a sharded run is legitimate: the same warning names the shard
+    (tmp_path / "one.txt").write_text("A man.\n", encoding="utf-8")
+    proc = run_cli(tmp_path / "one.txt", "-m", tiny_onnx_package, "--num-shards", "2", "--shard-index", "1", *FAST)
+    assert_one_line_error(proc, 0, "warning", "shard 1 of 2", "no records")
+    proc = run_cli(tmp_path / "empty.txt", "-m", tiny_onnx_package, "--dry-run")
+    assert_one_line_error(proc, 0, "warning", "no records")
+
+
+def test_tensorflow_log_stays_off_stderr_unless_debug(tmp_path: Path, inputs: Path, tiny_onnx_package: Path) -> None:
+    source = inputs / "in.tfrecord"
+    dry = run_cli(source, "-m", tiny_onnx_package, "--dry-run")
+    assert dry.returncode == 0 and dry.stderr == "", dry.stderr
+    full = run_cli(source, "-m", tiny_onnx_package, "-o", tmp_path / "out.tfrecord", *FAST)
+    assert full.returncode == 0 and full.stderr == "", full.stderr
+    mtgate = Path(sys.executable).with_name("mtgate")
+    if mtgate.exists():
+        proc = subprocess.run([str(mtgate), "batch-score", str(source), "-m", str(tiny_onnx_package), "--dry-run"],
+                              capture_output=True, text=True, env=clean_env(), timeout=240, check=False)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    # with DEBUG, what TensorFlow prints on this machine comes through
+    bare = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, text=True,
+                          env=clean_env(), timeout=240, check=False)
+    shown = [mark for mark in TF_LOG_MARKS if mark in bare.stderr]
+    debug = run_cli(source, "-m", tiny_onnx_package, "--dry-run", "--log-level", "DEBUG")
+    assert debug.returncode == 0
+    assert all(mark in debug.stderr for mark in shown), (shown, debug.stderr[-2000:])
+
+
+def test_one_vocabulary_of_options_with_help_everywhere(tmp_path: Path, inputs: Path,
+                                                        tiny_onnx_package: Path) -> None:
+    parser = build_parser()
+    hidden = {s for a in parser._actions if a.help == "==SUPPRESS==" for s in a.option_strings}
+    assert hidden == {"--runtime", "--max-tokens", "--max-batch-sentences"}
+    for action in parser._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no help text"
+    text = run_cli("--help").stdout
+    for name in ("--backend", "--precision", "--threads", "--max-batch-size", "--max-batch-tokens", "--beam-size",
+                 "--max-length", "--log-level"):
+        assert name in text
+    assert "--runtime" not in text and "--max-tokens" not in text
+    new = parser.parse_args(["x", "--backend", "openvino", "--max-batch-tokens", "77", "--max-batch-size", "5"])
+    old = parser.parse_args(["x", "--runtime", "openvino", "--max-tokens", "77", "--max-batch-sentences", "5"])
+    assert (new.backend, new.max_batch_tokens, new.max_batch_size) == (old.backend, old.max_batch_tokens,
+                                                                       old.max_batch_size) == ("openvino", 77, 5)
+    # the new names and the old ones give the same bytes through the real command
+    a, b = tmp_path / "new.txt", tmp_path / "old.txt"
+    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", a, "--backend", "onnxruntime",
+                   "--max-batch-tokens", "64", *FAST).returncode == 0
+    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", b, "--runtime", "onnxruntime",
+                   "--max-tokens", "64", *FAST).returncode == 0
+    assert a.read_bytes() == b.read_bytes() and a.stat().st_size > 0
+
+
+def test_console_line_carries_the_sacrebleu_signatures(tmp_path: Path, inputs: Path, tiny_onnx_package: Path) -> None:
+    out = tmp_path / "scored.tfrecord"
+    proc = run_cli(inputs / "in.tfrecord", "-m", tiny_onnx_package, "-o", out, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert "\n" not in line
+    scores = json.loads((tmp_path / "scored.summary.json").read_text())["scores"]
+    for label, key in (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter")):
+        assert f"{label} {scores[key]['score']:.2f} [{scores[key]['signature']}]" in line
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in line
+    assert os.path.getsize(out) > 0
