@@ -25,6 +25,7 @@ from batch.records import (
     Format,
     InputError,
     InputFile,
+    IOFailure,
     Record,
     RecordParser,
     Schema,
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         schema = detect_schema(inputs, args.input_key, args.reference_key)
-    except InputError as e:
+    except (InputError, IOFailure) as e:
         raise UsageError(str(e)) from e
     if schema.needs_vocab and vocab_path is None:
         raise UsageError("the inputs hold int64 token ids (T2T datagen); pass --vocab FILE.subwords (the model "
@@ -276,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
               shard_index=shard_index)
 
     if args.dry_run:
-        return _dry_run(job)
+        try:
+            return _dry_run(job)
+        except IOFailure as e:
+            raise UsageError(str(e)) from e
     try:
         check_outputs(job)  # before any work: nothing is written when an output cannot be
     except JobError as e:
@@ -326,12 +330,15 @@ def run(args: argparse.Namespace) -> int:
                          restart=args.restart, engine_info=engine_info)
     except JobError as e:
         raise UsageError(str(e)) from e
+    except IOFailure as e:  # a file of the run: one line with the path and what to do
+        logger.debug("run failed", exc_info=True)
+        sys.stderr.write(f"batch-score: failed: {e}, then rerun the same command to resume{_kept(job)}\n")
+        return 1
     except Exception as e:  # noqa: BLE001 - a failed run: one line, committed chunks stay for the rerun
         if not _is_run_failure(e):
             raise
         logger.debug("run failed", exc_info=True)
-        sys.stderr.write(f"batch-score: failed: {_one_line(e)} (committed chunks are kept in {job.state_dir}; "
-                         "rerun the same command to resume)\n")
+        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
         return 1
     sys.stdout.write(_summary_line(result.summary, job) + "\n")
     sys.stdout.flush()
@@ -357,6 +364,11 @@ def quiet_tensorflow(log_level: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # C++ INFO and WARNING
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the oneDNN line, printed at INFO regardless of the above
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # its Python side (absl.logging routes here)
+
+
+def _kept(job: Job) -> str:
+    committed = sum(1 for _ in job.state_dir.glob("[0-9]*.json")) if job.state_dir.is_dir() else 0
+    return f" ({committed} committed chunk(s) are kept in {job.state_dir})" if committed else ""
 
 
 def _warn_empty(job: Job) -> None:

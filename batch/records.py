@@ -19,11 +19,14 @@ ids ending in EOS 1; they are decoded to text with a ``SubwordTextEncoder`` voca
 
 from __future__ import annotations
 
+import errno
 import glob
+import itertools
 import json
 import logging
 import math
 import os
+import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +65,22 @@ _READ_BLOCK = 1 << 20
 
 class InputError(Exception):
     """The inputs cannot be read as asked (missing file, unknown schema...); reported as a usage error."""
+
+
+class IOFailure(Exception):
+    """A file could not be read or written: one line with the path, the system's reason and what to do."""
+
+    def __init__(self, path: Path, error: OSError, action: str) -> None:
+        self.path = path
+        self.error = error
+        reason = error.strerror or str(error)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            advice = "free some space"
+        elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            advice = f"make it {'readable' if action == 'read' else 'writable'}"
+        else:
+            advice = "check the disk"
+        super().__init__(f"cannot {action} {path} ({reason}); {advice}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,9 +279,12 @@ def scan(inputs: Sequence[InputFile], want: Callable[[int], bool] = _all) -> Ite
             entries = _scan_jsonl(item.path, index, want)
         else:
             entries = _scan_text(item.path, item.references, index, want)
-        for entry in entries:
-            yield entry
-            index = entry.index + 1
+        try:
+            for entry in entries:
+                yield entry
+                index = entry.index + 1
+        except OSError as e:  # the disk, not the data: the run stops (a rerun resumes)
+            raise IOFailure(Path(e.filename) if e.filename else item.path, e, "read") from e
 
 
 def count_entries(inputs: Sequence[InputFile]) -> int:
@@ -573,12 +595,15 @@ class Record:
         source: text to translate.
         reference: reference translation, if the input has one.
         original: the parsed ``tf.train.Example`` (TFRecord) or JSON object (JSONL); None for plain text.
+        source_ids: when the input holds subword ids (T2T datagen), those ids (EOS and padding removed), so that an
+            engine sharing the vocabulary can take them as they are; None for text.
     """
 
     index: int
     source: str
     reference: str | None = None
     original: Any = None
+    source_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,10 +646,17 @@ class RecordParser:
             raise ValueError(f"entry {entry.index} was scanned without its bytes")
         try:
             if self.schema.format == "tfrecord":
-                return self._parse_example(entry)
-            if self.schema.format == "jsonl":
-                return self._parse_json(entry)
-            return self._parse_text(entry)
+                record = self._parse_example(entry)
+            elif self.schema.format == "jsonl":
+                record = self._parse_json(entry)
+            else:
+                record = self._parse_text(entry)
+            _check_text(record.source, "source")
+            if record.reference is not None:
+                _check_text(record.reference, "reference")
+            if isinstance(record.original, dict) and _SURROGATE_ESCAPE.search(entry.data):
+                _check_json(record.original)  # another field may hold one: its output line could not be written
+            return record
         except _Bad as e:
             return Reject(entry.index, entry.file, entry.position, str(e))
 
@@ -648,9 +680,11 @@ class RecordParser:
             reference = self._feature_text(features, schema.reference_key, schema.reference_kind, "reference",
                                            required=False)
         assert source is not None
-        return Record(entry.index, source, reference, example)
+        return Record(entry.index, source[0], reference[0] if reference else None, example, source[1])
 
-    def _feature_text(self, features: Any, key: str, kind: Kind, role: str, required: bool) -> str | None:
+    def _feature_text(self, features: Any, key: str, kind: Kind, role: str,
+                      required: bool) -> tuple[str, tuple[int, ...] | None] | None:
+        """(text, ids or None) of one feature; None when an optional feature is absent."""
         if key not in features:
             if required:
                 raise _Bad(f"no {role} feature {key!r}")
@@ -666,7 +700,7 @@ class RecordParser:
             values = feature.bytes_list.value
             if len(values) != 1:
                 raise _Bad(f"{role} feature {key!r} holds {len(values)} byte strings, expected 1")
-            return _utf8(values[0], f"{role} feature {key!r}")
+            return _utf8(values[0], f"{role} feature {key!r}"), None
         return self._decode_ids(list(feature.int64_list.value), f"{role} feature {key!r}")
 
     def _parse_json(self, entry: Entry) -> Record:
@@ -688,9 +722,10 @@ class RecordParser:
         if schema.reference_key is not None:
             reference = self._json_text(obj, schema.reference_key, "reference", required=False)
         assert source is not None
-        return Record(entry.index, source, reference, obj)
+        return Record(entry.index, source[0], reference[0] if reference else None, obj, source[1])
 
-    def _json_text(self, obj: dict[str, Any], key: str, role: str, required: bool) -> str | None:
+    def _json_text(self, obj: dict[str, Any], key: str, role: str,
+                   required: bool) -> tuple[str, tuple[int, ...] | None] | None:
         if key not in obj or obj[key] is None:
             if required:
                 raise _Bad(f"no {role} field {key!r}")
@@ -698,14 +733,15 @@ class RecordParser:
         value = obj[key]
         kind = _json_kind(value)
         if kind == "text":
-            return str(value)
+            return str(value), None
         if kind == "ids":
             if self.vocab is None:
                 raise _Bad(f"{role} field {key!r} holds token ids; pass --vocab to decode them")
             return self._decode_ids(value, f"{role} field {key!r}")
         raise _Bad(f"{role} field {key!r} is {type(value).__name__}, expected a string")
 
-    def _decode_ids(self, ids: list[int], what: str) -> str:
+    def _decode_ids(self, ids: list[int], what: str) -> tuple[str, tuple[int, ...]]:
+        """(decoded text, the ids without EOS and padding)."""
         vocab = self.vocab
         if vocab is None:
             raise _Bad(f"{what} holds token ids and no vocabulary was given")
@@ -716,7 +752,7 @@ class RecordParser:
         bad = next((i for i in ids if i < 0 or i >= size or i == PAD_ID), None)
         if bad is not None:
             raise _Bad(f"{what} holds id {bad}, outside the vocabulary (2..{size - 1})")
-        return vocab.decode(ids)
+        return vocab.decode(ids), tuple(ids)
 
 
 class _Bad(Exception):
@@ -724,10 +760,38 @@ class _Bad(Exception):
 
 
 def _utf8(data: bytes, what: str) -> str:
+    # Python's strict UTF-8 refuses encoded surrogates (b"\xed\xa0\x80") as it refuses any invalid byte.
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _Bad(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from e
+        lead = data[e.start:e.start + 2]
+        reason = ("an encoded UTF-16 surrogate" if len(lead) == 2 and lead[0] == 0xED and lead[1] >= 0xA0
+                  else e.reason)
+        raise _Bad(f"{what} is not valid UTF-8 ({reason} at byte {e.start})") from e
+
+
+# A JSON \u escape of a UTF-16 surrogate (an escaped backslash before "ud800" matches too: then the check is spent
+# for nothing). json.loads joins a valid pair into one character and leaves a lone one in the str.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse a str that is not Unicode text: a lone surrogate (from a JSON escape or a T2T ``\\55296;`` escape)
+    cannot be encoded, so no tokenizer, server or output file could take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Bad(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), which is "
+                   "not text; fix the record") from e
+
+
+def _check_json(obj: dict[str, Any]) -> None:
+    """Refuse an object with a lone surrogate in any field: its output line could not be written."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Bad("a field holds a lone surrogate (\\u escape of U+D800..U+DFFF without its pair), which is not "
+                   "text; fix the record") from e
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -793,21 +857,28 @@ class OutputEncoder:
         return data
 
 
-def write_items(path: Path, items: Sequence[bytes], output_format: Format) -> None:
-    """Write encoded items to ``path`` (TFRecord frames through tensorflow, else the bytes as they are) and fsync."""
-    if output_format == "tfrecord":
-        import tensorflow as tf
+def encode_items(items: Sequence[bytes], output_format: Format) -> bytes:
+    """The bytes of a file holding ``items``: TFRecord frames (framed by tensorflow's writer), else the items as
+    they are.
 
-        with tf.io.TFRecordWriter(str(path)) as writer:
+    tensorflow's writer runs on its in-memory filesystem (``ram://``), so that the caller writes the file itself,
+    atomically and with one kind of error (a full disk is an OSError, not a tensorflow exception).
+    """
+    if output_format != "tfrecord":
+        return b"".join(items)
+    import tensorflow as tf
+
+    path = f"ram://batch-score/{os.getpid()}-{next(_RAM_NAMES)}.tfrecord"
+    try:
+        with tf.io.TFRecordWriter(path) as writer:
             for item in items:
                 writer.write(item)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return
-    with path.open("wb") as f:
-        f.writelines(items)
-        f.flush()
-        os.fsync(f.fileno())
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data: bytes = f.read()
+    finally:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    return data
+
+
+_RAM_NAMES = itertools.count()

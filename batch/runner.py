@@ -33,6 +33,7 @@ import os
 import queue
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -47,26 +48,32 @@ from batch.records import (
     Entry,
     Format,
     InputFile,
+    IOFailure,
     OutputEncoder,
     Record,
     RecordParser,
     Reject,
     Schema,
     Translated,
+    encode_items,
     load_vocab,
     scan,
-    write_items,
 )
+from serving.files import atomic_write_bytes, atomic_writer
 
 logger = logging.getLogger(__name__)
 
 STATE_SUFFIX = ".partial"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: chunk records carry the sha256 of their input records
 Outcome = Translated | str  # a translation, or why the record was rejected
 
 
 class JobError(Exception):
     """The job cannot run as asked (state of another job in the way, output locked, model missing...)."""
+
+
+class InputChanged(JobError):
+    """The input is not the one the committed chunks were made from."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,12 +168,13 @@ class Job:
         return (index // self.num_shards) // self.chunk_size
 
     def fingerprint(self) -> dict[str, Any]:
+        # Paths and sizes only, no mtime: the content itself is checked, chunk by chunk (see ``chunk_digest``), so
+        # a rewrite that keeps size and mtime (cp -p, rsync -t, tar) is caught and a mere touch is not refused.
         files = []
         for item in self.inputs:
             for path in (item.path, item.references):
                 if path is not None:
-                    st = path.stat()
-                    files.append({"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+                    files.append({"path": str(path.resolve()), "size": path.stat().st_size})
         return {
             "files": files,
             "format": self.inputs[0].format if self.inputs else None,
@@ -401,24 +409,35 @@ class ProcessExecutor:
 # State directory
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (``serving.files``: nothing half-written, no temporary file left).
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    Raises:
+        IOFailure: the file could not be written (full disk, read-only...).
+    """
     try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-        pass
-    finally:
-        os.close(fd)
+        atomic_write_bytes(path, data)
+    except OSError as e:
+        raise IOFailure(path, e, "write") from e
+
+
+def chunk_digest(entries: Sequence[Entry]) -> str:
+    """sha256 of what a chunk was made from: each entry's index, position, bytes, reference bytes and framing error.
+
+    A resumed run reuses a committed chunk only if its records still hash the same (``verify_committed``). Hashing
+    per chunk rather than the whole input up front costs nothing on a first run (the records are hashed as they are
+    read for translation), and on resume reads only this shard's committed records, once.
+    """
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(struct.pack("<qq", e.index, e.position))
+        for part in (e.data, e.reference, None if e.error is None else e.error.encode("utf-8")):
+            if part is None:
+                h.update(struct.pack("<q", -1))
+            else:
+                h.update(struct.pack("<q", len(part)))
+                h.update(part)
+    return h.hexdigest()
 
 
 @dataclass
@@ -434,6 +453,7 @@ class ChunkMeta:
     source_tokens: int
     target_tokens: int
     entries: int
+    input_sha256: str = ""
 
 
 class StateDir:
@@ -450,8 +470,11 @@ class StateDir:
         Raises:
             JobError: another run holds the lock, or the directory belongs to a different job (without restart).
         """
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = (self.path / "lock").open("ab")
+        try:
+            self.path.mkdir(exist_ok=True)
+            self._lock = (self.path / "lock").open("ab")
+        except OSError as e:
+            raise IOFailure(self.path, e, "write") from e
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -465,8 +488,7 @@ class StateDir:
                 existing = None
             if existing != wanted:
                 if not restart:
-                    raise JobError(f"{self.path} holds an unfinished run of a different command (inputs, model "
-                                   "or options changed); rerun that command to resume it, or add --restart")
+                    raise self._different(existing, wanted)
                 logger.warning("discarding the unfinished run in %s (--restart)", self.path)
             elif restart:
                 logger.warning("discarding the unfinished run in %s (--restart)", self.path)
@@ -474,8 +496,24 @@ class StateDir:
                 for p in self.path.iterdir():
                     if p.name != "lock":
                         p.unlink()
-        _atomic_write(job_file, json.dumps(wanted, indent=1, sort_keys=True).encode("utf-8"))
+        write_file(job_file, json.dumps(wanted, indent=1, sort_keys=True).encode("utf-8"))
         return self._committed()
+
+    def _different(self, existing: Any, wanted: dict[str, Any]) -> JobError:
+        def without_files(state: Any) -> Any:
+            job = dict(state["job"]["job"])
+            job.pop("files", None)
+            return state["version"], job, state["job"]["engine"]
+
+        try:
+            same_command = without_files(existing) == without_files(wanted)
+        except (KeyError, TypeError):
+            same_command = False
+        if same_command:
+            return InputChanged(f"the input changed since the last run (a file's size differs from the one recorded "
+                                f"in {self.path}); rerun with --restart")
+        return JobError(f"{self.path} holds an unfinished run of a different command (inputs, model or options "
+                        "changed, or an older batch-score); rerun that command to resume it, or add --restart")
 
     def _committed(self) -> dict[int, ChunkMeta]:
         done: dict[int, ChunkMeta] = {}
@@ -495,15 +533,11 @@ class StateDir:
     def data_path(self, chunk: int) -> Path:
         return self.path / f"{chunk:06d}.data"
 
-    def commit(self, meta: ChunkMeta, items: Sequence[bytes], output_format: Format) -> None:
+    def commit(self, meta: ChunkMeta, data: bytes) -> None:
         """Write the chunk's data, then its record: the chunk counts as done only once the record exists."""
-        data = self.data_path(meta.chunk)
-        tmp = data.with_name(data.name + ".tmp")
-        write_items(tmp, items, output_format)
-        os.replace(tmp, data)
-        meta.data_bytes = data.stat().st_size
-        _atomic_write(self.path / f"{meta.chunk:06d}.json", json.dumps(asdict(meta), ensure_ascii=False).encode())
-        _fsync_dir(self.path)
+        write_file(self.data_path(meta.chunk), data)
+        meta.data_bytes = len(data)
+        write_file(self.path / f"{meta.chunk:06d}.json", json.dumps(asdict(meta), ensure_ascii=False).encode())
 
     def close(self) -> None:
         if self._lock is not None:
@@ -535,6 +569,7 @@ class _Pending:
     records: list[Record]
     rejects: list[Reject]
     where: dict[int, tuple[str, int]]
+    digest: str
 
 
 @dataclass
@@ -567,6 +602,32 @@ def _chunks(job: Job, done: dict[int, ChunkMeta], seen: list[int]) -> Iterator[t
         entries.append(entry)
     if entries:
         yield current, entries
+
+
+def verify_committed(job: Job, done: dict[int, ChunkMeta]) -> None:
+    """Refuse to resume unless every committed chunk's records hash as they did when it was committed.
+
+    Raises:
+        InputChanged: some committed chunk was made from other records.
+    """
+    if not done:
+        return
+    last = max(done)
+    entries: dict[int, list[Entry]] = {}
+    for entry in scan(job.inputs, want=lambda i: job.owns(i) and job.chunk_of(i) in done):
+        if not job.owns(entry.index):
+            continue
+        chunk = job.chunk_of(entry.index)
+        if chunk > last:
+            break
+        if chunk in done:
+            entries.setdefault(chunk, []).append(entry)
+    for chunk in sorted(done):
+        got = entries.get(chunk, [])
+        if chunk_digest(got) != done[chunk].input_sha256:
+            where = f"records from {got[0].file}:{got[0].position}" if got else "records that are no longer there"
+            raise InputChanged(f"the input changed since the last run (chunk {chunk}, {where}, differs from what "
+                               f"{job.state_dir} holds); rerun with --restart")
 
 
 def check_outputs(job: Job) -> None:
@@ -627,6 +688,7 @@ def run_job(job: Job, engine: EngineConfig, *, make_executor: Callable[[], _Exec
     state = StateDir(job.state_dir, {"job": job.fingerprint(), "engine": engine.fingerprint()})
     done = state.open(restart)
     try:
+        verify_committed(job, done)
         return _run(job, state, done, started, make_executor, progress, engine_info or {})
     finally:
         state.close()
@@ -674,7 +736,8 @@ def _run(job: Job, state: StateDir, done: dict[int, ChunkMeta], started: float,
                 parsed = parser.parse(entry)
                 (records if isinstance(parsed, Record) else rejects).append(parsed)  # type: ignore[arg-type]
             bar.update(len(rejects))
-            item = _Pending(chunk, len(entries), records, rejects, {e.index: (e.file, e.position) for e in entries})
+            item = _Pending(chunk, len(entries), records, rejects, {e.index: (e.file, e.position) for e in entries},
+                            chunk_digest(entries))
             if not records:
                 _commit(state, job, encoder, item, [], counters)
                 continue
@@ -724,8 +787,8 @@ def _commit(state: StateDir, job: Job, encoder: OutputEncoder, item: _Pending, o
     rejects.sort(key=lambda r: r.index)
     meta = ChunkMeta(chunk=item.chunk, records=translated, data_bytes=0, rejects=[r.to_dict() for r in rejects],
                      hypotheses=hyps, references=refs, source_tokens=source_tokens, target_tokens=target_tokens,
-                     entries=item.entries)
-    state.commit(meta, items, job.output_format)
+                     entries=item.entries, input_sha256=item.digest)
+    state.commit(meta, encode_items(items, job.output_format))
     counters.translated += translated
     counters.source_tokens += source_tokens
     counters.target_tokens += target_tokens
@@ -740,19 +803,11 @@ def _assemble(state: StateDir, job: Job, n_chunks: int, counters: _Counters, sta
     missing = [c for c in range(n_chunks) if c not in metas]
     if missing:  # pragma: no cover - every chunk was committed above or before
         raise JobError(f"chunks {missing[:5]} were not committed; rerun to finish them")
-    job.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = job.output.with_name(f".{job.output.name}.tmp")
-    with tmp.open("wb") as out:
-        for chunk in range(n_chunks):
-            with state.data_path(chunk).open("rb") as f:
-                shutil.copyfileobj(f, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, job.output)
+    _concatenate(job.output, [state.data_path(chunk) for chunk in range(n_chunks)])
 
     ordered = [metas[c] for c in range(n_chunks)]
     rejects = [r for m in ordered for r in m.rejects]
-    _atomic_write(job.rejects, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects).encode("utf-8"))
+    write_file(job.rejects, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects).encode("utf-8"))
     hyps = [h for m in ordered for h in m.hypotheses]
     refs = [r for m in ordered for r in m.references]
     wall = time.monotonic() - started
@@ -780,9 +835,31 @@ def _assemble(state: StateDir, job: Job, n_chunks: int, counters: _Counters, sta
         "source_tokens_per_second": round(counters.source_tokens / busy, 1) if counters.translated else 0.0,
         "scores": scoring.corpus_scores(hyps, refs),
     }
-    _atomic_write(job.summary, (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    write_file(job.summary, (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     state.remove()
     return RunResult(summary, len(rejects), summary["translated"])
+
+
+def _concatenate(target: Path, parts: Sequence[Path]) -> None:
+    """Write the parts one after the other into ``target``, atomically."""
+    try:
+        with atomic_writer(target, "wb") as out:
+            for part in parts:
+                try:
+                    f = part.open("rb")
+                except OSError as e:
+                    raise IOFailure(part, e, "read") from e
+                with f:
+                    while True:
+                        try:
+                            block = f.read(1 << 20)
+                        except OSError as e:
+                            raise IOFailure(part, e, "read") from e
+                        if not block:
+                            break
+                        out.write(block)
+    except OSError as e:
+        raise IOFailure(target, e, "write") from e
 
 
 class _NoBar:

@@ -183,3 +183,51 @@ def test_text_output_stays_line_aligned_with_rejects(tmp_path: Path) -> None:
     result = run(job, FakeTranslator())
     assert out.read_text().split("\n") == ["A B", "", "C D", "", "F", ""]
     assert result.rejects == 2 and result.translated == 3
+
+
+def test_resume_checks_the_content_of_committed_chunks_only(tmp_path: Path) -> None:
+    import os
+
+    from batch.runner import InputChanged
+
+    source = tmp_path / "in.tfrecord"
+
+    def rewrite(sentences: list[str]) -> None:
+        """Rewrite the input in place keeping its size and mtime (what cp -p or tar extraction do)."""
+        before = source.stat()
+        with tf.io.TFRecordWriter(str(tmp_path / "new.tfrecord")) as writer:
+            for s in sentences:
+                ex = tf.train.Example()
+                ex.features.feature["inputs"].bytes_list.value.append(s.encode())
+                ex.features.feature["targets"].bytes_list.value.append(s.upper().encode())
+                writer.write(ex.SerializeToString())
+        data = (tmp_path / "new.tfrecord").read_bytes()
+        assert len(data) == before.st_size
+        source.write_bytes(data)
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    sentences = write_input(source, 20)
+    job = make_job(tmp_path, source, chunk_size=4)
+    with pytest.raises(RuntimeError, match="worker crashed"):
+        run(job, FakeTranslator(fail_after_batches=3))
+    committed = sorted(int(p.stem) for p in job.state_dir.glob("[0-9]*.json"))
+    assert committed and max(committed) < 4
+
+    # a change in a chunk not committed yet: the resume is consistent with the new input
+    tail = list(sentences)
+    tail[19] = tail[19][::-1]
+    rewrite(tail)
+    run(job, FakeTranslator())
+    assert outputs(job.output) == [(s, s.upper()) for s in tail]
+
+    # a change in a committed chunk: refused, then restarted on request
+    rewrite(sentences)
+    with pytest.raises(RuntimeError, match="worker crashed"):
+        run(job, FakeTranslator(fail_after_batches=3))
+    head = list(sentences)
+    head[0] = head[0][::-1]
+    rewrite(head)
+    with pytest.raises(InputChanged, match="the input changed since the last run"):
+        run(job, FakeTranslator())
+    run(job, FakeTranslator(), restart=True)
+    assert outputs(job.output) == [(s, s.upper()) for s in head]
