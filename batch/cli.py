@@ -14,39 +14,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batch.records import (
-    FORMATS,
-    Format,
-    InputError,
-    InputFile,
-    IOFailure,
-    Record,
-    RecordParser,
-    Schema,
-    detect_schema,
-    load_vocab,
-    resolve_inputs,
-    scan,
-)
-from batch.runner import (
-    EngineConfig,
-    Job,
-    JobError,
-    LocalChunkWorker,
-    ProcessExecutor,
-    ThreadExecutor,
-    available_cores,
-    available_memory,
-    check_outputs,
-    plan_parallelism,
-    run_job,
-)
+from batch.errors import InputError, IOFailure, JobError
+from batch.framing import FORMATS, Format
+from batch.inputs import resolve_inputs
+from batch.job import EngineConfig, Job
+from batch.outputs import check_outputs, default_output, shard_name, side_file
+from batch.report import dry_run_report, empty_warning, summary_line
+from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
+from batch.runner import run_job
+from batch.schema import detect_schema
+from batch.workers import LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
     add_decoding,
@@ -61,7 +43,6 @@ from serving.cli_options import (
 
 logger = logging.getLogger(__name__)
 
-_OUTPUT_SUFFIX: dict[str, str] = {"tfrecord": ".tfrecord", "jsonl": ".jsonl", "text": ".txt"}
 _REMOTE_WORKERS = 4
 _SHARD_ENV = "JOB_COMPLETION_INDEX"
 
@@ -143,36 +124,6 @@ def _shard(args: argparse.Namespace) -> tuple[int, int]:
     return num, index
 
 
-def _default_output(inputs: list[InputFile], output_format: str) -> Path:
-    paths = [i.path for i in inputs]
-    if len(paths) == 1:
-        stem = paths[0].name
-        for suffix in (".tfrecords", ".tfrecord", ".tfr", ".jsonl", ".ndjson", ".json", ".txt"):
-            if stem.lower().endswith(suffix):
-                stem = stem[: -len(suffix)]
-                break
-    else:
-        stem = re.sub(r"[-_.0-9]+$", "", os.path.commonprefix([p.name for p in paths])) or "batch-score"
-    return paths[0].parent / f"{stem}.scored{_OUTPUT_SUFFIX[output_format]}"
-
-
-def _shard_name(path: Path, num: int, index: int) -> Path:
-    if num == 1:
-        return path
-    suffix = path.suffix if path.suffix in _OUTPUT_SUFFIX.values() else ""
-    stem = path.name[: len(path.name) - len(suffix)] if suffix else path.name
-    return path.with_name(f"{stem}-{index:05d}-of-{num:05d}{suffix}")
-
-
-def _side_file(output: Path, ending: str) -> Path:
-    name = output.name
-    for suffix in _OUTPUT_SUFFIX.values():
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return output.with_name(name + ending)
-
-
 def _model_dir(args: argparse.Namespace) -> Path:
     if args.model is not None:
         model: Path = args.model
@@ -205,18 +156,6 @@ def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[s
         if subwords:
             vocab = model_dir / subwords[0]
     return manifest, vocab
-
-
-def _model_bytes(model_dir: Path, manifest: dict[str, Any], args: argparse.Namespace) -> int:
-    """Rough memory of one loaded model: its graph files and a half again for the runtime's own buffers."""
-    from serving.package import find_artifact
-
-    artifact = find_artifact(manifest, args.backend, args.precision)
-    size = 0
-    for rel in (artifact.encoder, artifact.decoder):
-        path = model_dir / rel
-        size += sum(p.stat().st_size for p in (path, path.with_suffix(".bin")) if p.is_file())
-    return int(size * 1.5)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -266,21 +205,25 @@ def run(args: argparse.Namespace) -> int:
         vocab_path = None
 
     output_format: Format = args.output_format or ("text" if schema.format == "text" else schema.format)
-    output = _shard_name(args.output or _default_output(inputs, output_format), num_shards, shard_index)
+    output = shard_name(args.output or default_output(inputs, output_format), num_shards, shard_index)
     resolved_inputs = {p.resolve() for i in inputs for p in (i.path, i.references) if p is not None}
     if output.resolve() in resolved_inputs:
         raise UsageError(f"{output}: the output would overwrite an input; choose another -o")
-    rejects = args.rejects or _side_file(output, ".rejects.jsonl")
-    summary = args.summary or _side_file(output, ".summary.json")
+    rejects = args.rejects or side_file(output, ".rejects.jsonl")
+    summary = args.summary or side_file(output, ".summary.json")
     job = Job(inputs=inputs, schema=schema, vocab=vocab_path, output=output, output_format=output_format,
               rejects=rejects, summary=summary, chunk_size=args.chunk_size, num_shards=num_shards,
               shard_index=shard_index)
 
     if args.dry_run:
         try:
-            return _dry_run(job)
-        except IOFailure as e:
+            lines, records = dry_run_report(job)
+        except (InputError, IOFailure) as e:
             raise UsageError(str(e)) from e
+        sys.stdout.write("\n".join(lines) + "\n")
+        if not records:
+            sys.stderr.write(empty_warning(job) + "\n")
+        return 0
     try:
         check_outputs(job)  # before any work: nothing is written when an output cannot be
     except JobError as e:
@@ -306,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
                                                             engine.max_length), threads=workers)
     else:
         assert model_dir is not None
-        workers, threads = plan_parallelism(args.workers, args.threads, cores, _model_bytes(model_dir, manifest, args),
+        workers, threads = plan_parallelism(args.workers, args.threads, cores, model_bytes(model_dir, manifest, args.backend, args.precision),
                                             available_memory())
         engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
                               beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
@@ -340,10 +283,10 @@ def run(args: argparse.Namespace) -> int:
         logger.debug("run failed", exc_info=True)
         sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
         return 1
-    sys.stdout.write(_summary_line(result.summary, job) + "\n")
+    sys.stdout.write(summary_line(result.summary, job) + "\n")
     sys.stdout.flush()
     if not result.summary["records"]:
-        _warn_empty(job)
+        sys.stderr.write(empty_warning(job) + "\n")
     if result.rejects and not args.allow_rejects:
         sys.stderr.write(f"batch-score: {result.rejects} record(s) rejected (see {job.rejects}); "
                          "exit 1 (--allow-rejects to accept)\n")
@@ -371,12 +314,6 @@ def _kept(job: Job) -> str:
     return f" ({committed} committed chunk(s) are kept in {job.state_dir})" if committed else ""
 
 
-def _warn_empty(job: Job) -> None:
-    names = ", ".join(str(i.path) for i in job.inputs[:3]) + (", ..." if len(job.inputs) > 3 else "")
-    where = f"shard {job.shard_index} of {job.num_shards} of " if job.num_shards > 1 else ""
-    sys.stderr.write(f"batch-score: warning: {where}{names}: no records (an empty input); nothing to translate\n")
-
-
 def _is_run_failure(e: Exception) -> bool:
     from concurrent.futures.process import BrokenProcessPool
 
@@ -392,65 +329,6 @@ def _is_run_failure(e: Exception) -> bool:
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def _summary_line(summary: dict[str, Any], job: Job) -> str:
-    from batch.scoring import describe
-
-    parts = [f"batch-score: {summary['translated']} of {summary['records']} records translated"]
-    if summary["rejects"]:
-        parts.append(f", {summary['rejects']} rejected ({job.rejects})")
-    parts.append(f" in {summary['wall_seconds']:.1f} s")
-    if summary["this_run"]["translated"]:
-        parts.append(f" ({summary['records_per_second']:.1f} records/s, {summary['tokens_per_second']:.0f} tokens/s)")
-    if summary["resumed"]["chunks"]:
-        parts.append(f", resumed {summary['resumed']['records']} records")
-    scores = describe(summary.get("scores"))
-    if scores:
-        parts.append(f"; {scores}")
-    parts.append(f" -> {job.output}")
-    return "".join(parts)
-
-
-def _dry_run(job: Job) -> int:
-    vocab = load_vocab(job.vocab) if job.vocab else None
-    try:
-        parser = RecordParser(job.schema, vocab)
-    except InputError as e:
-        raise UsageError(str(e)) from e
-    total = readable = 0
-    with_reference = 0
-    problems: list[str] = []
-    for entry in scan(job.inputs, want=job.owns):
-        if not job.owns(entry.index):
-            continue
-        total += 1
-        parsed = parser.parse(entry)
-        if isinstance(parsed, Record):
-            readable += 1
-            with_reference += parsed.reference is not None
-        elif len(problems) < 5:
-            problems.append(f"  record {parsed.index} ({parsed.file}:{parsed.position}): {parsed.reason}")
-    names = ", ".join(i.path.name for i in job.inputs[:3]) + (", ..." if len(job.inputs) > 3 else "")
-    lines = [
-        f"inputs: {len(job.inputs)} file(s) ({names})",
-        f"schema: {_schema_line(job.schema, job.vocab)}",
-        f"records: {total} ({readable} readable, {total - readable} malformed, {with_reference} with a reference)"
-        + (f" in shard {job.shard_index} of {job.num_shards}" if job.num_shards > 1 else ""),
-        *problems,
-        f"output: {job.output} ({job.output_format})",
-    ]
-    sys.stdout.write("\n".join(lines) + "\n")
-    if not total:
-        _warn_empty(job)
-    return 0
-
-
-def _schema_line(schema: Schema, vocab: Path | None) -> str:
-    line = schema.describe()
-    if vocab is not None:
-        line += f"; ids decoded with {vocab}"
-    return line
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch.records import Translated
+from batch.workers import Outcome
 
 logger = logging.getLogger(__name__)
 
-Outcome = Translated | str
 _TEXT_OUTPUTS = ("OUTPUT_TEXT", "translation", "TRANSLATION", "output", "outputs")
 _SCORE_OUTPUTS = ("SCORE", "score")
 _INPUT_TOKEN_OUTPUTS = ("INPUT_TOKENS", "input_tokens")

@@ -318,7 +318,7 @@ def readme_with_settings_table(text: str) -> str:
 def _tfrecord(path: Path, pairs: list[tuple[str, str]]) -> None:
     """``tf.train.Example``s {inputs, targets} as bytes features, encoded by hand (no tensorflow import here):
     Example{1: Features{1: map<string, Feature{1: BytesList{1: bytes}}>}}."""
-    from batch.records import frame_record
+    from batch.framing import frame_record
 
     def field(number: int, payload: bytes) -> bytes:
         size, length = len(payload), b""

@@ -27,7 +27,8 @@ tf = pytest.importorskip("tensorflow")
 sacrebleu = pytest.importorskip("sacrebleu")
 
 from batch.cli import main  # noqa: E402
-from batch.records import EOS_ID, frame_record  # noqa: E402
+from batch.framing import frame_record  # noqa: E402
+from batch.records import EOS_ID  # noqa: E402
 from tests.utils.server import wait_until_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

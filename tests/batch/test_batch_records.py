@@ -1,4 +1,5 @@
-"""batch/records.py: TFRecord (written by tensorflow), JSONL and text inputs, schema detection, corrupt records."""
+"""TFRecord (written by tensorflow), JSONL and text inputs (batch/inputs.py, framing.py), schema detection (schema.py),
+parsing and corrupt records (records.py), output items (outputs.py)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from batch.records import (  # noqa: E402
-    EOS_ID,
-    InputError,
-    OutputEncoder,
-    Record,
-    RecordParser,
-    Reject,
-    Translated,
-    count_entries,
-    detect_format,
-    detect_schema,
-    load_vocab,
-    masked_crc32c,
-    resolve_inputs,
-    scan,
-)
+from batch.errors import InputError  # noqa: E402
+from batch.framing import masked_crc32c  # noqa: E402
+from batch.inputs import count_entries, detect_format, resolve_inputs, scan  # noqa: E402
+from batch.outputs import OutputEncoder  # noqa: E402
+from batch.records import EOS_ID, Record, RecordParser, Reject, Translated, load_vocab  # noqa: E402
+from batch.schema import detect_schema  # noqa: E402
 
 VOCAB_8K = Path(__file__).resolve().parents[1] / "data" / "t2t" / "vocab.translate_ende_wmt8k.8192.subwords"
 SENTENCES = ["Hello world.", "Snow\u2603man", "snake_case\\path", "I \u2764 Tensor2Tensor!", "A dog runs."]

@@ -1,4 +1,5 @@
-"""batch/runner.py with a fake translator: chunking, ordering, commit/resume, shards, rejects, fingerprints."""
+"""batch/runner.py (with workers, state, resources) and a fake translator: chunking, ordering, commit/resume, shards,
+rejects, fingerprints."""
 
 from __future__ import annotations
 
@@ -12,18 +13,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from batch.records import detect_schema, resolve_inputs  # noqa: E402
-from batch.runner import (  # noqa: E402
-    EngineConfig,
-    Job,
-    JobError,
-    LocalChunkWorker,
-    StateDir,
-    ThreadExecutor,
-    make_batches,
-    plan_parallelism,
-    run_job,
-)
+from batch.errors import JobError  # noqa: E402
+from batch.inputs import resolve_inputs  # noqa: E402
+from batch.job import EngineConfig, Job  # noqa: E402
+from batch.resources import plan_parallelism  # noqa: E402
+from batch.runner import run_job  # noqa: E402
+from batch.schema import detect_schema  # noqa: E402
+from batch.state import StateDir  # noqa: E402
+from batch.workers import LocalChunkWorker, ThreadExecutor, make_batches  # noqa: E402
 from serving.errors import InputTooLong  # noqa: E402
 
 
@@ -188,7 +185,7 @@ def test_text_output_stays_line_aligned_with_rejects(tmp_path: Path) -> None:
 def test_resume_checks_the_content_of_committed_chunks_only(tmp_path: Path) -> None:
     import os
 
-    from batch.runner import InputChanged
+    from batch.errors import InputChanged
 
     source = tmp_path / "in.tfrecord"
 

@@ -1,0 +1,127 @@
+"""What a batch-score job is: what to read and where to write (:class:`Job`), and how records are translated
+(:class:`EngineConfig`); each with the fingerprint that decides whether an unfinished run's state may be resumed.
+
+The records a shard owns (global index ``i`` with ``i % num_shards == shard_index``) are cut into chunks of
+``chunk_size`` consecutive owned records: the unit of work and of commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batch.framing import Format
+from batch.inputs import InputFile
+from batch.schema import Schema
+
+STATE_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How records are translated: a local model package or a server.
+
+    Attributes:
+        model_dir: model package for in-process translation.
+        runtime: ``onnxruntime`` or ``openvino``.
+        precision: ``fp32`` or ``int8``.
+        beam_size: beam width (None: the package's default).
+        max_length: most generated tokens (None: the package's default).
+        max_tokens: most padded source tokens in one batch.
+        max_batch_size: most sentences in one batch.
+        workers: worker processes (local) or concurrent requests (server).
+        threads: runtime threads per worker.
+        server: Open Inference Protocol server URL; when set, ``model_dir`` is not used.
+        model_name: model name on the server.
+    """
+
+    model_dir: Path | None = None
+    runtime: str = "onnxruntime"
+    precision: str = "fp32"
+    beam_size: int | None = None
+    max_length: int | None = None
+    max_tokens: int = 2048
+    max_batch_size: int = 64
+    workers: int = 1
+    threads: int = 1
+    server: str | None = None
+    model_name: str | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What changes translations (not workers/threads: a job may resume with other parallelism)."""
+        out: dict[str, Any] = {
+            "beam_size": self.beam_size,
+            "max_length": self.max_length,
+            "max_tokens": self.max_tokens,
+            "max_batch_size": self.max_batch_size,
+        }
+        if self.server:
+            out |= {"server": self.server, "model_name": self.model_name}
+        else:
+            assert self.model_dir is not None
+            manifest = self.model_dir / "manifest.json"
+            digest = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+            out |= {"model_dir": str(self.model_dir.resolve()), "manifest_sha256": digest, "runtime": self.runtime,
+                    "precision": self.precision}
+        return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to read and where to write.
+
+    Attributes:
+        inputs: input files, in order.
+        schema: where sources and references live.
+        vocab: subword vocabulary decoding int64 ids (None when the schema has none).
+        output: output file.
+        output_format: ``tfrecord``, ``jsonl`` or ``text``.
+        rejects: rejects file (JSON lines: index, file, position, reason).
+        summary: summary.json path.
+        chunk_size: records per chunk (the unit of commit and resume).
+        num_shards: how many shards the inputs are split into.
+        shard_index: which shard this run handles.
+    """
+
+    inputs: list[InputFile]
+    schema: Schema
+    vocab: Path | None
+    output: Path
+    output_format: Format
+    rejects: Path
+    summary: Path
+    chunk_size: int = 1000
+    num_shards: int = 1
+    shard_index: int = 0
+
+    @property
+    def state_dir(self) -> Path:
+        return self.output.with_name(self.output.name + STATE_SUFFIX)
+
+    def owns(self, index: int) -> bool:
+        return index % self.num_shards == self.shard_index
+
+    def chunk_of(self, index: int) -> int:
+        return (index // self.num_shards) // self.chunk_size
+
+    def fingerprint(self) -> dict[str, Any]:
+        # Paths and sizes only, no mtime: the content itself is checked chunk by chunk (batch.state.chunk_digest),
+        # so a rewrite that keeps size and mtime (cp -p, rsync -t, tar) is caught and a mere touch is not refused.
+        files = []
+        for item in self.inputs:
+            for path in (item.path, item.references):
+                if path is not None:
+                    files.append({"path": str(path.resolve()), "size": path.stat().st_size})
+        return {
+            "files": files,
+            "format": self.inputs[0].format if self.inputs else None,
+            "schema": self.schema.to_dict(),
+            "vocab": str(self.vocab.resolve()) if self.vocab else None,
+            "output_format": self.output_format,
+            "chunk_size": self.chunk_size,
+            "num_shards": self.num_shards,
+            "shard_index": self.shard_index,
+        }
+

@@ -1,0 +1,249 @@
+"""Chunk workers: what translates the records of one chunk, and the executors that run them in parallel.
+
+A worker gets a chunk's sources and returns an outcome per source, in order: a :class:`~batch.records.Translated`
+or the reason it was refused. :class:`LocalChunkWorker` sorts the chunk by token length once and cuts it into
+batches of at most ``max_tokens`` padded source tokens (:func:`make_batches`), so that batch composition depends
+only on the chunk's content and a resumed run batches a chunk as the first run did. The remote worker
+(``batch.remote``) does the same through a server.
+
+Executors: :class:`ThreadExecutor` (one in-process Translator next to the reader, or one server client per thread)
+and :class:`ProcessExecutor` (N spawned processes, each with its own Translator; they die with the parent).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from batch.job import EngineConfig
+from batch.records import Translated
+
+logger = logging.getLogger(__name__)
+
+Outcome = Translated | str  # a translation, or why the record was rejected
+
+
+def make_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -> list[list[int]]:
+    """Length-bucketed batches: positions sorted by length, cut so that ``size * longest <= max_tokens``.
+
+    Deterministic for a given input (ties keep input order), so a resumed run batches a chunk as the first run did.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n = max(1, lengths[i])
+        grown = max(longest, n)
+        if current and (grown * (len(current) + 1) > max_tokens or len(current) >= max_batch_size):
+            batches.append(current)
+            current, grown = [], n
+        current.append(i)
+        longest = grown
+    if current:
+        batches.append(current)
+    return batches
+
+
+Progress = Callable[[int], None]
+
+
+class ChunkWorker(Protocol):
+    """Translates the sources of one chunk; an outcome per source, in order."""
+
+    def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]: ...
+
+
+class TranslatorLike(Protocol):
+    """What the runner needs from ``serving.engine.Translator``."""
+
+    @property
+    def info(self) -> Any: ...
+
+    def count_tokens(self, texts: list[str]) -> list[int]: ...
+
+    def translate(self, texts: list[str], options: Any = None) -> list[Any]: ...
+
+
+class LocalChunkWorker:
+    """Runs a chunk through an in-process Translator in length-bucketed batches.
+
+    A source the engine refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other
+    exception aborts the run (the chunk is not committed, so a rerun retries it).
+    """
+
+    def __init__(self, translator: TranslatorLike, options: Any, max_tokens: int, max_batch_size: int) -> None:
+        self.translator = translator
+        self.options = options
+        self.max_tokens = max_tokens
+        self.max_batch_size = max_batch_size
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> LocalChunkWorker:
+        """Load the package's Translator with ``config.threads`` runtime threads."""
+        from serving.engine import DecodeOptions, Translator
+
+        assert config.model_dir is not None
+        translator = Translator.load(config.model_dir, runtime=config.runtime, precision=config.precision,
+                                     threads=config.threads)
+        options = DecodeOptions(beam_size=config.beam_size, max_length=config.max_length)
+        return cls(translator, options, config.max_tokens, config.max_batch_size)
+
+    def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]:
+        lengths = self.translator.count_tokens(sources)
+        limit = getattr(self.translator.info, "max_input_tokens", None)
+        outcomes: list[Outcome | None] = [None] * len(sources)
+        fits = []
+        for i, n in enumerate(lengths):
+            if limit and n > limit:
+                outcomes[i] = f"source has {n} tokens; the model accepts at most {limit}"
+            else:
+                fits.append(i)
+        if len(fits) < len(sources):
+            progress(len(sources) - len(fits))
+        for batch in make_batches([lengths[i] for i in fits], self.max_tokens, self.max_batch_size):
+            positions = [fits[j] for j in batch]
+            for i, outcome in zip(positions, self._translate([sources[i] for i in positions]), strict=True):
+                outcomes[i] = outcome
+            progress(len(positions))
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def _translate(self, texts: list[str]) -> list[Outcome]:
+        from serving.errors import ServingError
+
+        try:
+            return [_translated(t) for t in self.translator.translate(texts, self.options)]
+        except ServingError as e:
+            if len(texts) == 1:
+                return [f"translation refused: {e}"]
+        # Some source of the batch is refused: translate one by one so that only that one is rejected.
+        out: list[Outcome] = []
+        for text in texts:
+            try:
+                out.append(_translated(self.translator.translate([text], self.options)[0]))
+            except ServingError as e:
+                out.append(f"translation refused: {e}")
+        return out
+
+
+def _translated(t: Any) -> Translated:
+    score = getattr(t, "score", None)
+    return Translated(str(t.text), None if score is None else float(score), getattr(t, "input_tokens", None),
+                      getattr(t, "output_tokens", None))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Executors: submit(chunk_id, sources) -> Future[list[Outcome]]; progress events (chunk_id, n) on a queue.
+
+
+class Executor(Protocol):
+    """Runs chunks: ``submit(chunk_id, sources)`` -> a future of their outcomes; progress counted on the side."""
+
+    capacity: int
+
+    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]: ...
+
+    def drain_progress(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+
+class ThreadExecutor:
+    """Chunk workers on threads: one in-process Translator, or one server client per thread."""
+
+    def __init__(self, make_worker: Callable[[], ChunkWorker], threads: int, first: ChunkWorker | None = None) -> None:
+        self._make_worker = make_worker
+        self._local = threading.local()
+        self._first = first
+        self._first_taken = threading.Lock()
+        self._pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="batch-worker")
+        self._progress: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.capacity = 2 * threads
+
+    def _worker(self) -> ChunkWorker:
+        worker: ChunkWorker | None = getattr(self._local, "worker", None)
+        if worker is None:
+            with self._first_taken:
+                worker, self._first = self._first, None
+            if worker is None:
+                worker = self._make_worker()
+            self._local.worker = worker
+        return worker
+
+    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]:
+        return self._pool.submit(lambda: self._worker().translate_chunk(sources, self._progress.put))
+
+    def drain_progress(self) -> int:
+        n = 0
+        while True:
+            try:
+                n += self._progress.get_nowait()
+            except queue.Empty:
+                return n
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_PROCESS_WORKER: LocalChunkWorker | None = None
+_PROCESS_PROGRESS: Any = None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this worker when the parent dies (a SIGKILLed parent cannot stop its workers)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
+            logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_process(config: EngineConfig, progress: Any, parent_pid: int) -> None:
+    global _PROCESS_WORKER, _PROCESS_PROGRESS
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _PROCESS_PROGRESS = progress
+    _PROCESS_WORKER = LocalChunkWorker.load(config)
+
+
+def _process_chunk(chunk_id: int, sources: list[str]) -> list[Outcome]:
+    assert _PROCESS_WORKER is not None
+    progress = _PROCESS_PROGRESS
+    return _PROCESS_WORKER.translate_chunk(sources, lambda n: progress.put(n))
+
+
+class ProcessExecutor:
+    """Chunk workers in spawned processes, each loading its own Translator (no tensorflow in workers)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._progress = ctx.SimpleQueue()
+        self._pool = cf.ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx, initializer=_init_process,
+                                            initargs=(config, self._progress, os.getpid()))
+        self.capacity = 2 * config.workers
+
+    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]:
+        return self._pool.submit(_process_chunk, chunk_id, sources)
+
+    def drain_progress(self) -> int:
+        n = 0
+        while not self._progress.empty():
+            n += int(self._progress.get())
+        return n
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
