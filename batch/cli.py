@@ -15,7 +15,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from batch.report import dry_run_report, empty_warning, summary_line
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import run_job
 from batch.schema import detect_schema
-from batch.workers import LocalChunkWorker, ProcessExecutor, ThreadExecutor
+from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
     add_decoding,
@@ -173,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
     package_vocab: Path | None = None
     model_dir: Path | None = None
     manifest: dict[str, Any] = {}
-    target = None
     if args.server:
         engine_info = {"server": args.server}
     else:
@@ -229,43 +228,12 @@ def run(args: argparse.Namespace) -> int:
     except JobError as e:
         raise UsageError(str(e)) from e
 
-    cores = available_cores()
     if args.server:
-        from batch.remote import RemoteChunkWorker, RemoteError, connect
-
-        try:
-            target = connect(args.server, args.model_name, api_key=args.api_key)
-        except RemoteError as e:
-            raise UsageError(str(e)) from e
-        engine_info = target.describe()
-        workers = args.workers or _REMOTE_WORKERS
-        engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                              max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
-                              model_name=target.model)
-        remote_target = target
-
-        def make_executor() -> Any:
-            return ThreadExecutor(lambda: RemoteChunkWorker(remote_target, engine.max_batch_size, engine.beam_size,
-                                                            engine.max_length), threads=workers)
+        engine, make_executor, engine_info = _server_engine(args)
     else:
         assert model_dir is not None
-        workers, threads = plan_parallelism(args.workers, args.threads, cores, model_bytes(model_dir, manifest, args.backend, args.precision),
-                                            available_memory())
-        engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
-                              beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                              max_batch_size=args.max_batch_size, workers=workers, threads=threads)
-        engine_info |= {"workers": workers, "threads_per_worker": threads}
-
-        def make_executor() -> Any:
-            if engine.workers == 1:
-                from serving.package import PackageError
-
-                try:
-                    first = LocalChunkWorker.load(engine)
-                except PackageError as e:  # e.g. the runtime is not installed
-                    raise UsageError(str(e)) from e
-                return ThreadExecutor(lambda: first, threads=1, first=first)
-            return ProcessExecutor(engine)
+        engine, make_executor = _package_engine(args, model_dir, manifest)
+        engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads}
 
     logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
     try:
@@ -292,6 +260,50 @@ def run(args: argparse.Namespace) -> int:
                          "exit 1 (--allow-rejects to accept)\n")
         return 1
     return 0
+
+
+def _server_engine(args: argparse.Namespace) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
+    """(engine, executor factory, engine info) for ``--server``: one client per worker thread."""
+    from batch.remote import RemoteChunkWorker, RemoteError, connect
+
+    try:
+        target = connect(args.server, args.model_name, api_key=args.api_key)
+    except RemoteError as e:
+        raise UsageError(str(e)) from e
+    workers = args.workers or _REMOTE_WORKERS
+    engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
+                          max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
+                          model_name=target.model)
+
+    def make_executor() -> Executor:
+        return ThreadExecutor(lambda: RemoteChunkWorker(target, engine.max_batch_size, engine.beam_size,
+                                                        engine.max_length), threads=workers)
+
+    return engine, make_executor, target.describe()
+
+
+def _package_engine(args: argparse.Namespace, model_dir: Path,
+                    manifest: dict[str, Any]) -> tuple[EngineConfig, Callable[[], Executor]]:
+    """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
+    workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
+                                        model_bytes(model_dir, manifest, args.backend, args.precision),
+                                        available_memory())
+    engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
+                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
+                          max_batch_size=args.max_batch_size, workers=workers, threads=threads)
+
+    def make_executor() -> Executor:
+        if engine.workers > 1:
+            return ProcessExecutor(engine)
+        from serving.package import PackageError
+
+        try:
+            first = LocalChunkWorker.load(engine)
+        except PackageError as e:  # e.g. the runtime is not installed
+            raise UsageError(str(e)) from e
+        return ThreadExecutor(lambda: first, threads=1, first=first)
+
+    return engine, make_executor
 
 
 def quiet_tensorflow(log_level: str) -> None:
