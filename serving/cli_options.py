@@ -28,7 +28,7 @@ Each ``add_*`` function registers one option with its help text; an old spelling
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,21 @@ def non_negative_int(value: str) -> int:
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {number}")
     return number
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: an integer from ``low`` to ``high`` (the message names the range)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {number}")
+        return number
+
+    return parse
 
 
 def positive_float(value: str) -> float:
@@ -116,12 +131,18 @@ def add_runtime(parser: argparse.ArgumentParser | Any, *, default_backend: str |
     parser.add_argument("--threads", type=positive_int, metavar="N", help=threads_help)
 
 
-def add_decoding(parser: argparse.ArgumentParser | Any) -> None:
-    """``--beam-size`` and ``--max-length`` (default: the package's decoding defaults)."""
-    parser.add_argument("--beam-size", type=positive_int, metavar="N",
-                        help="beams (1: greedy search; default: the package's)")
-    parser.add_argument("--max-length", type=positive_int, metavar="N",
-                        help="at most N generated tokens per sentence, EOS excluded (default: the package's)")
+def add_decoding(parser: argparse.ArgumentParser | Any, *, max_beam_size: int | None = None,
+                 max_length: int | None = None) -> None:
+    """``--beam-size`` and ``--max-length`` (default: the package's decoding defaults), each at most its cap if given
+    (``serving.settings.MAX_BEAM_SIZE``, ``MAX_OUTPUT_TOKENS``: the server's caps)."""
+    beam_type = positive_int if max_beam_size is None else int_between(1, max_beam_size)
+    cap = "" if max_beam_size is None else f", at most {max_beam_size}"
+    parser.add_argument("--beam-size", type=beam_type, metavar="N",
+                        help=f"beams (1: greedy search{cap}; default: the package's)")
+    length_type = positive_int if max_length is None else int_between(1, max_length)
+    cap = "" if max_length is None else f" (at most {max_length})"
+    parser.add_argument("--max-length", type=length_type, metavar="N",
+                        help=f"at most N generated tokens per sentence, EOS excluded{cap}; default: the package's")
 
 
 def add_max_batch_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:

@@ -9,8 +9,10 @@ exits at once.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import socket
 import sys
 import time
 from types import FrameType
@@ -28,7 +30,7 @@ from serving.cli_options import (
     add_runtime,
     non_negative_int,
 )
-from serving.package import PackageError, read_manifest
+from serving.package import PackageError, find_artifact, load_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -122,42 +124,79 @@ def build_settings(args: argparse.Namespace) -> Any:
         if not package.exists():
             raise UsageError(f"model package {package} does not exist")
         try:
-            read_manifest(package)
+            # Before the port is taken: every file checked (the engine checks them again when it loads).
+            find_artifact(load_manifest(package), settings.backend, settings.precision)
         except PackageError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(_one_line(f"{package}: {e}" if str(package) not in str(e) else str(e))) from None
     return settings
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything is loaded so that a busy port is one line and exit 2.
+
+    Raises:
+        UsageError: the address cannot be resolved or bound (in use, not ours, no permission).
+    """
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"cannot listen on {where}: unknown host ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does; a port in use still fails
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        hint = " (another server is listening there: stop it or choose another --port)" if e.errno == errno.EADDRINUSE else ""
+        raise UsageError(f"cannot listen on {where}: {e.strerror or e}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from serving.api import create_app
+    from serving.api.connections import protocol_class
     from serving.logging import configure_logging
 
     settings = build_settings(args)
+    sock = bind(settings.host, settings.port)
     configure_logging(settings)
     shown = settings.model_dump(mode="json", exclude={"api_key"})
     logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
     try:
         app = create_app(settings)
     except (PackageError, ValueError) as e:
-        raise UsageError(str(e)) from None
+        sock.close()
+        raise UsageError(_one_line(str(e))) from None
     service = app.state.service
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_config=None,
         access_log=settings.access_log,
         lifespan="on",
         timeout_graceful_shutdown=5,
         server_header=False,
+        http=protocol_class(settings.header_timeout_s, settings.max_header_bytes),
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
+        limit_concurrency=settings.max_connections,
     )
     server = DrainingServer(config, service)
     service.on_fatal = server.fail
-    server.run()
+    try:
+        server.run(sock)
+    finally:
+        sock.close()
     if server.failure is not None:
-        sys.stderr.write(f"mtgate serve: error: {server.failure}\n")
+        sys.stderr.write(f"mtgate serve: error: {_one_line(server.failure)}\n")
         return 2 if isinstance(server.failure_cause, PackageError) else 1
     if not server.started:
         sys.stderr.write(f"mtgate serve: error: could not start on {settings.host}:{settings.port}\n")
@@ -205,13 +244,15 @@ class DrainingServer:
     def started(self) -> bool:
         return bool(self._server.started)
 
-    def run(self) -> None:
-        self._server.run()
+    def run(self, sock: socket.socket | None = None) -> None:
+        """Serve (on ``sock`` if given, else on the configuration's host and port) until shut down."""
+        self._server.run(sockets=None if sock is None else [sock])
 
     def fail(self, reason: str, cause: Exception) -> None:
         """Stop the server because the app cannot serve (e.g. the model failed to load)."""
         self.failure = reason
         self.failure_cause = cause
+        self.service.closing.set()
         self._server.should_exit = True
 
     def on_signal(self, sig: int) -> bool:
@@ -235,7 +276,9 @@ class DrainingServer:
         idle = self.service.inflight == 0
         if idle and elapsed >= self.settings.drain_delay_s:
             logger.warning("drained in %.1fs; shutting down", elapsed)
-            server.should_exit = True
         elif elapsed >= self.settings.grace_period_s:
             logger.warning("grace period over with %d requests in flight; shutting down", self.service.inflight)
-            server.should_exit = True
+        else:
+            return
+        self.service.closing.set()  # requests still sending their body get 408 now
+        server.should_exit = True

@@ -15,6 +15,10 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+# The caps on what a client may ask for, shared by the server (defaults of its settings) and `mtgate translate`.
+MAX_BEAM_SIZE = 8
+MAX_OUTPUT_TOKENS = 512
+
 # models/demo-en-de beside the source tree (also where the Docker image puts it).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
 
@@ -60,6 +64,14 @@ class ServingSettings(BaseSettings):
         max_beam_size: largest beam a client may ask for.
         max_output_tokens: largest ``max_length`` a client may ask for.
         api_key: when set, inference routes require ``Authorization: Bearer <api_key>``.
+        header_timeout_s: a connection must send a complete request line and headers within this long of opening
+            (and of the first byte of each further request on it); otherwise it is closed.
+        body_timeout_s: a request body must arrive within this long of its headers, otherwise 408 (bulk requests:
+            the longest pause between two parts of the body). Requests count as in flight only once it has.
+        keep_alive_timeout_s: an idle kept-alive connection is closed after this long.
+        max_connections: most connections and requests at once; beyond it requests get 503 (uvicorn's
+            ``limit_concurrency``).
+        max_header_bytes: largest request line plus headers; beyond it 431 and the connection is closed.
         grace_period_s: after SIGTERM, how long in-flight requests may take to finish.
         drain_delay_s: after SIGTERM, keep answering (503 on new work) at least this long so that load balancers
             notice the failing readiness probe before the socket closes.
@@ -97,10 +109,15 @@ class ServingSettings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_bulk_body_bytes: int = Field(default=64 << 20, ge=1024)
     bulk_window: int = Field(default=64, ge=1)
-    max_beam_size: int = Field(default=8, ge=1)
-    max_output_tokens: int = Field(default=512, ge=1)
+    max_beam_size: int = Field(default=MAX_BEAM_SIZE, ge=1)
+    max_output_tokens: int = Field(default=MAX_OUTPUT_TOKENS, ge=1)
 
     api_key: SecretStr | None = None
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
+    max_header_bytes: int = Field(default=64 << 10, ge=1024)
     grace_period_s: float = Field(default=30.0, ge=0)
     drain_delay_s: float = Field(default=0.0, ge=0)
     warmup: bool = True

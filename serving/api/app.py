@@ -17,8 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from serving import __version__
-from serving.api import v1, v2
+from serving.api import bulk, v1, v2
 from serving.api.deps import ServiceDep
+from serving.api.docs import install_docs
 from serving.api.errors import install_error_handlers
 from serving.api.middleware import ServerMiddleware
 from serving.api.service import TranslationService, TranslatorLike
@@ -66,13 +67,17 @@ def create_app(
         lifespan=lifespan,
         # tritonclient sends JSON without a Content-Type; the /v2 infer route parses its raw body anyway.
         strict_content_type=False,
+        docs_url=None,  # serving.api.docs serves /docs without a CDN
+        redoc_url=None,
     )
     app.state.service = service
     app.state.settings = settings
     app.add_middleware(ServerMiddleware, service=service)
     install_error_handlers(app)
     app.include_router(v1.router)
+    app.include_router(bulk.router)
     app.include_router(v2.router)
+    install_docs(app, settings)
 
     page = resources.files("serving.api").joinpath("static/index.html").read_text(encoding="utf-8")
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
+from pydantic import SecretStr
 
 from serving.api.errors import ClientDisconnected, Unauthorized
 from serving.api.service import TranslationService
@@ -28,17 +29,27 @@ async def get_service(request: Request) -> TranslationService:
 ServiceDep = Annotated[TranslationService, Depends(get_service)]
 
 
-async def require_api_key(request: Request, service: ServiceDep) -> None:
-    """When an API key is configured, demand ``Authorization: Bearer <key>`` (compared in constant time)."""
-    key = service.settings.api_key
+def api_key_problem(authorization: str | None, key: SecretStr | None) -> str | None:
+    """Why ``Authorization: <authorization>`` does not carry the API key ``key`` (None: it does, or no key is set).
+
+    The middleware checks this before an inference request's body is read; the route dependency checks it again.
+    The comparison takes constant time.
+    """
     if key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("this server requires an API key: send 'Authorization: Bearer <key>'")
+        return None
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "this server requires an API key: send 'Authorization: Bearer <key>'"
     if not hmac.compare_digest(token.strip().encode(), key.get_secret_value().encode()):
-        raise Unauthorized("invalid API key")
+        return "invalid API key"
+    return None
+
+
+async def require_api_key(request: Request, service: ServiceDep) -> None:
+    """When an API key is configured, demand ``Authorization: Bearer <key>``."""
+    problem = api_key_problem(request.headers.get("authorization"), service.settings.api_key)
+    if problem is not None:
+        raise Unauthorized(problem)
 
 
 ApiKeyDep = Annotated[None, Depends(require_api_key)]

@@ -53,6 +53,12 @@ class Unauthorized(ServingError):
     code = "unauthorized"
 
 
+class RequestTimeout(ServingError):
+    """The request body did not arrive in time (``body_timeout_s``), or the server closed before it did (HTTP 408)."""
+
+    code = "request_timeout"
+
+
 class ClientDisconnected(ServingError):
     """The client went away before its answer was ready; its pending work was cancelled (logged as 499)."""
 
@@ -66,6 +72,7 @@ STATUS: dict[type[ServingError], int] = {
     InvalidInput: 400,
     Unauthorized: 401,
     ModelNotFound: 404,
+    RequestTimeout: 408,
     ClientDisconnected: 499,
     InferenceFailed: 500,
     ModelNotReady: 503,
@@ -79,6 +86,7 @@ _HTTP_CODES = {
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "validation_error",
@@ -133,11 +141,20 @@ def _validation_message(error: RequestValidationError) -> str:
         msg = item.get("msg", "invalid")
         if item.get("type") == "model_attributes_type" and isinstance(item.get("input"), bytes | str):
             msg = "the request body must be a JSON object (send Content-Type: application/json)"
-        elif item.get("type") == "json_invalid":
-            msg = f"invalid JSON ({item.get('ctx', {}).get('error', 'decode error')})"
         parts.append(f"{loc}: {msg}")
     more = len(error.errors()) - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def invalid_json_message(error: RequestValidationError) -> str | None:
+    """The plain message for a body that is not JSON at all (HTTP 400, as on ``/v2``), else None."""
+    for item in error.errors():
+        if item.get("type") == "json_invalid":
+            reason = item.get("ctx", {}).get("error", "decode error")
+            loc = item.get("loc", ())
+            at = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+            return f"the request body is not valid JSON ({reason}{at})"
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -149,6 +166,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
+        invalid_json = invalid_json_message(exc)
+        if invalid_json is not None:
+            logger.info("400 %s: %s", request.url.path, invalid_json)
+            return error_response(request.url.path, 400, "invalid_json", invalid_json)
         message = _validation_message(exc)
         logger.info("422 %s: %s", request.url.path, message)
         return error_response(request.url.path, 422, "validation_error", message)

@@ -1,25 +1,35 @@
 """One pure-ASGI middleware in front of every route (no BaseHTTPMiddleware: it would buffer streaming responses).
 
-For each HTTP request it: assigns a request id (``X-Request-ID``, echoed), counts the request by route template,
-method and status and times it; and for inference routes it refuses new work while draining (503), enforces the body
-size limit before the route reads anything (413), and tracks requests in flight (what the SIGTERM drain waits for).
+For each HTTP request it assigns a request id (``X-Request-ID``, echoed), counts the request by route template,
+method and status and times it. For inference routes, in this order, before the route reads anything: it refuses new
+work while draining (503), checks the API key (401), enforces the body size limit (413), and reads the body within
+``body_timeout_s`` (408; the server closing first also gives 408). Only then does the request count as in flight
+(what the SIGTERM drain waits for): a client that never finishes its body cannot hold the drain. The bulk route
+streams its body itself; each part of it must arrive within ``body_timeout_s`` of the previous one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.api.errors import error_response
+from serving.api.deps import api_key_problem
+from serving.api.errors import LimitExceeded, RequestTimeout, Unauthorized, error_response, headers_of, status_of
 from serving.api.service import TranslationService
+from serving.errors import ServingError
 
 INFERENCE_PATH = re.compile(r"^/v1/translate(/stream|/bulk)?/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$")
 BULK_PATH = "/v1/translate/bulk"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class _Disconnected(Exception):
+    """The client went away while sending its body (nothing to answer)."""
 
 
 class ServerMiddleware:
@@ -54,54 +64,116 @@ class ServerMiddleware:
 
         inference = scope["method"] == "POST" and INFERENCE_PATH.match(path) is not None
         try:
-            if not inference:
-                await self.app(scope, receive, send_wrapper)
-                return
-            self.service.inflight += 1
-            self.metrics.inflight.inc()
-            try:
+            if inference:
                 await self._inference(scope, receive, send_wrapper, headers, path)
-            finally:
-                self.service.inflight -= 1
-                self.metrics.inflight.dec()
+            else:
+                await self.app(scope, receive, send_wrapper)
         finally:
             template = _template(scope, inference)
             self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
             self.metrics.request_seconds.labels(template).observe(time.monotonic() - started)
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], path: str) -> None:
-        if self.service.draining:
-            retry = {"Retry-After": str(self.settings.retry_after_s)}
-            await error_response(path, 503, "unavailable", "server is shutting down", retry)(scope, receive, send)
+        try:
+            if self.service.draining:
+                retry = {"Retry-After": str(self.settings.retry_after_s)}
+                await error_response(path, 503, "unavailable", "server is shutting down", retry)(scope, receive, send)
+                return
+            problem = api_key_problem(headers.get("authorization"), self.settings.api_key)
+            if problem is not None:
+                raise Unauthorized(problem)
+            bulk = path.rstrip("/") == BULK_PATH
+            limit = self.settings.max_bulk_body_bytes if bulk else self.settings.max_body_bytes
+            setting = "max_bulk_body_bytes" if bulk else "max_body_bytes"
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > limit):
+                raise LimitExceeded(f"request body larger than {limit} bytes ({setting})", limit=setting)
+            if bulk:  # streamed: the bulk route counts bytes itself
+                await self._in_flight(self.app(scope, self._paced(receive), send))
+                return
+            body = await self._read_body(receive, limit, setting)
+        except _Disconnected:
             return
-        bulk = path.rstrip("/") == BULK_PATH
-        limit = self.settings.max_bulk_body_bytes if bulk else self.settings.max_body_bytes
-        setting = "max_bulk_body_bytes" if bulk else "max_body_bytes"
-        length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            await _too_large(path, limit, setting)(scope, receive, send)
+        except ServingError as error:
+            # The body may be unread: close the connection rather than read what is left of it.
+            extra = {**headers_of(error), "Connection": "close"}
+            await error_response(path, status_of(error), error.code, str(error), extra)(scope, receive, send)
             return
-        if bulk:  # streamed: the bulk route counts bytes itself
-            await self.app(scope, receive, send)
-            return
-        # Without Content-Length (chunked) read the body here, up to the limit, and replay it to the route.
-        if length is None:
-            chunks: list[bytes] = []
-            size = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _too_large(path, limit, setting)(scope, receive, send)
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            receive = _replay(b"".join(chunks), receive)
-        await self.app(scope, receive, send)
+        await self._in_flight(self.app(scope, _replay(body, receive), send))
+
+    async def _in_flight(self, work: Awaitable[None]) -> None:
+        self.service.inflight += 1
+        self.metrics.inflight.inc()
+        try:
+            await work
+        finally:
+            self.service.inflight -= 1
+            self.metrics.inflight.dec()
+
+    async def _read_body(self, receive: Receive, limit: int, setting: str) -> bytes:
+        """The whole body, within ``body_timeout_s`` and ``limit`` bytes.
+
+        Raises:
+            RequestTimeout: the body did not arrive in time, or the server is closing.
+            LimitExceeded: the body is larger than ``limit`` (chunked requests have no Content-Length to check).
+            _Disconnected: the client went away.
+        """
+        deadline = asyncio.get_running_loop().time() + self.settings.body_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await self._receive_before(receive, deadline)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise LimitExceeded(f"request body larger than {limit} bytes ({setting})", limit=setting)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+    def _paced(self, receive: Receive) -> Receive:
+        """``receive`` for a streamed body: each part within ``body_timeout_s`` of the previous one (RequestTimeout
+        otherwise); once the body is complete, messages (a disconnect) pass through unpaced."""
+        complete = False
+
+        async def paced() -> Message:
+            nonlocal complete
+            if complete:
+                return await receive()
+            try:
+                message = await self._receive_before(
+                    receive, asyncio.get_running_loop().time() + self.settings.body_timeout_s
+                )
+            except _Disconnected:
+                return {"type": "http.disconnect"}
+            complete = not message.get("more_body", False)
+            return message
+
+        return paced
+
+    async def _receive_before(self, receive: Receive, deadline: float) -> Message:
+        """The next ``http.request`` message, if it comes before ``deadline`` and before the server closes."""
+        loop = asyncio.get_running_loop()
+        next_message = asyncio.ensure_future(receive())
+        closing = asyncio.ensure_future(self.service.closing.wait())
+        try:
+            await asyncio.wait({next_message, closing}, timeout=max(0.0, deadline - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not next_message.done():
+                next_message.cancel()
+        if not next_message.done() or next_message.cancelled():
+            if self.service.closing.is_set():
+                raise RequestTimeout("the server is shutting down and the request body has not fully arrived")
+            raise RequestTimeout(
+                f"the request body did not arrive within {self.settings.body_timeout_s:g}s (body_timeout_s)"
+            )
+        message = next_message.result()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        return message
 
 
 def _template(scope: Scope, inference: bool) -> str:
@@ -116,12 +188,6 @@ def _template(scope: Scope, inference: bool) -> str:
             return "/v2/models/{name}/versions/{version}/infer" if "/versions/" in path else "/v2/models/{name}/infer"
         return path
     return "unmatched"
-
-
-def _too_large(path: str, limit: int, setting: str) -> Any:
-    return error_response(
-        path, 413, "payload_too_large", f"request body larger than {limit} bytes ({setting})", {"Connection": "close"}
-    )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

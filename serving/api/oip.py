@@ -88,7 +88,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     try:
         doc = json.loads(header)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidInput(f"request is not valid JSON ({e})") from None
+        raise InvalidInput(f"the request body is not valid JSON ({e})") from None
     except RecursionError:
         raise InvalidInput("request JSON is nested too deeply") from None
     if not isinstance(doc, dict):

@@ -17,12 +17,20 @@ class TranslateRequest(BaseModel):
         json_schema_extra={"examples": [{"text": "A man is riding a bicycle."}, {"text": ["Hello.", "Thank you."]}]},
     )
 
+    # Ranges are checked by the service (400 naming the option and its range); the document states them
+    # (serving.api.docs fills in the maxima from the server's settings).
     text: str | list[str] = Field(description="one sentence, or a list of sentences translated independently")
     model: str | None = Field(default=None, description="model name (default: the server's first model)")
-    beam_size: int | None = Field(default=None, ge=1, description="beam width (default: the model's)")
-    max_length: int | None = Field(default=None, ge=1, description="most target tokens per sentence")
+    beam_size: int | None = Field(
+        default=None, description="beam width (default: the model's)", json_schema_extra={"minimum": 1}
+    )
+    max_length: int | None = Field(
+        default=None, description="most target tokens per sentence", json_schema_extra={"minimum": 1}
+    )
     timeout_ms: int | None = Field(
-        default=None, ge=1, description="deadline in milliseconds; may only shorten the server's request timeout"
+        default=None,
+        description="deadline in milliseconds; may only shorten the server's request timeout",
+        json_schema_extra={"minimum": 1},
     )
 
     def texts(self) -> list[str]:
@@ -68,10 +76,20 @@ class ModelOut(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="everything else the engine reports")
 
 
+class Limits(BaseModel):
+    """What a client may ask of this server (its settings of the same names)."""
+
+    max_beam_size: int
+    max_output_tokens: int
+    max_sentences_per_request: int
+    max_chars_per_sentence: int
+
+
 class ModelsResponse(BaseModel):
-    """The models this server serves."""
+    """The models this server serves, and its limits."""
 
     models: list[ModelOut]
+    limits: Limits
 
 
 class ErrorBody(BaseModel):
@@ -80,9 +98,96 @@ class ErrorBody(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every error on ``/v1``."""
+    """Every error outside ``/v2``."""
 
     error: ErrorBody
+
+
+class OipError(BaseModel):
+    """Every error under ``/v2`` (what tritonclient parses)."""
+
+    error: str
+
+
+_ERROR_TEXT = {
+    400: "invalid input: the message says what (malformed JSON, a bad option value, text that is not valid Unicode)",
+    401: "missing or wrong API key (only when the server has one: MTGATE_API_KEY)",
+    404: "unknown model",
+    408: "the request body did not arrive within body_timeout_s, or the server shut down first",
+    413: "a size limit was exceeded; the message names the setting",
+    422: "the body or a parameter does not match the schema",
+    500: "the runtime failed while translating",
+    503: "queue full (with Retry-After), model not ready, or server draining (with Retry-After)",
+    504: "the request's deadline passed before its translation was done",
+}
+
+
+def error_responses(*codes: int, oip: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route can answer, with the error body of its API family."""
+    model = OipError if oip else ErrorResponse
+    return {code: {"model": model, "description": _ERROR_TEXT[code]} for code in codes}
+
+
+class LiveResponse(BaseModel):
+    """``GET /v2/health/live``."""
+
+    live: bool
+
+
+class ReadyResponse(BaseModel):
+    """``GET /v2/health/ready``: 200 with ``true`` once every model is loaded and warm, else 503 with ``false``."""
+
+    ready: bool
+
+
+class ModelReadyResponse(BaseModel):
+    """``GET /v2/models/{name}/ready``: 200 with ``true`` when the model can take requests, else 503 with ``false``
+    and, as Triton answers, an ``error`` message."""
+
+    name: str
+    ready: bool
+    error: str | None = None
+
+
+class ServerMetadata(BaseModel):
+    """``GET /v2``."""
+
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    """``GET /v2/models/{name}``."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class OutputTensor(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = Field(default=None, description="absent when the tensor is sent as binary data")
+    parameters: dict[str, Any] | None = Field(default=None, description="binary_data_size for binary outputs")
+
+
+class InferResponse(BaseModel):
+    """The JSON of an infer response (with binary outputs: its header, followed by the tensors' bytes)."""
+
+    id: str | None = None
+    model_name: str
+    model_version: str
+    outputs: list[OutputTensor]
 
 
 class StreamPartial(BaseModel):

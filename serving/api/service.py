@@ -23,6 +23,7 @@ from serving.metrics import ServingMetrics
 from serving.package import PackageError, read_manifest
 from serving.settings import ServingSettings
 from serving.step_batching import StepBatcher, StepRunner
+from serving.tokenizers.base import InvalidText
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,8 @@ class TranslationService:
         self.draining = False
         self.failed: str | None = None
         self.inflight = 0
+        # Set when the server is about to close its connections: requests still sending their body get 408 then.
+        self.closing = asyncio.Event()
         self.on_fatal: Callable[[str, Exception], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -333,10 +336,8 @@ class TranslationService:
         ):
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
-            if value > limit:
-                raise InvalidInput(f"{name} {value} exceeds this server's limit of {limit} ({setting})")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
         return Options(beam_size=beam_size, max_length=max_length)
 
     def deadline(self, started: float, timeout_s: float | None) -> float:
@@ -354,6 +355,7 @@ class TranslationService:
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
             InvalidInput: an empty sentence.
+            InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
             InputTooLong: a sentence with more tokens than the model has positions.
         """
         s = self.settings
@@ -379,11 +381,14 @@ class TranslationService:
         assert runner.translator is not None
         translator = runner.translator
         # Tokenizing is cheap but not free: keep big requests off the event loop.
-        counts = (
-            translator.count_tokens(list(texts))
-            if total <= 4096
-            else await asyncio.to_thread(translator.count_tokens, list(texts))
-        )
+        try:
+            counts = (
+                translator.count_tokens(list(texts))
+                if total <= 4096
+                else await asyncio.to_thread(translator.count_tokens, list(texts))
+            )
+        except InvalidText as e:  # the tokenizer does not know which text of the request it was
+            raise e.about(f"text[{list(texts).index(e.text)}]") from None
         limit = runner.info.max_input_tokens
         for i, n in enumerate(counts):
             if n > limit:

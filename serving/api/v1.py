@@ -1,4 +1,4 @@
-"""The ``/v1`` routes: translate, stream (Server-Sent Events), bulk (NDJSON) and the model list.
+"""The ``/v1`` routes: translate, stream (Server-Sent Events) and the model list (bulk NDJSON: ``serving.api.bulk``).
 
 Each route is thin: request schema -> ``service.admit``/``translate`` (the batcher) -> response schema.
 """
@@ -8,16 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
-from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
 
 from serving.api.deps import (
     ApiKeyDep,
@@ -27,53 +23,25 @@ from serving.api.deps import (
     unless_disconnected,
     wait_disconnect,
 )
-from serving.api.errors import LimitExceeded, ModelNotFound, status_of
+from serving.api.errors import ModelNotFound
 from serving.api.schemas import (
-    BulkLineIn,
-    ErrorResponse,
+    Limits,
     ModelOut,
     ModelsResponse,
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
+    error_responses,
 )
-from serving.api.service import ModelRunner, Options, TranslationService
-from serving.errors import InferenceFailed, InvalidInput, ServingError
+from serving.api.service import ModelRunner, TranslationService
+from serving.api.streams import DuplexStreamingResponse, error_data
+from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in (
-        (400, "invalid input (the message says what)"),
-        (401, "missing or wrong API key"),
-        (404, "unknown model"),
-        (413, "a size limit was exceeded (the message names it)"),
-        (422, "the body does not match the schema"),
-        (503, "queue full (with Retry-After), model not ready, or server draining"),
-        (504, "the request's deadline passed"),
-    )
-}
+_TRANSLATE_ERRORS = error_responses(400, 401, 404, 408, 413, 422, 500, 503, 504)
 
 router = APIRouter(prefix="/v1", tags=["v1"])
-
-
-class DuplexStreamingResponse(StreamingResponse):
-    """A streaming response that never calls ``receive`` itself, so the route may still be reading the request body
-    while results go out (bulk). Starlette's own one listens for a disconnect on ASGI servers older than spec 2.4
-    and would swallow body chunks. A client that goes away shows up as a failed send; the iterator is then closed.
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        iterator = self.body_iterator
-        try:
-            await self.stream_response(send)
-        except OSError:
-            logger.info("client disconnected during a streamed response")
-        finally:
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
 
 def _response(runner: ModelRunner, translations: list[Any]) -> TranslateResponse:
@@ -85,7 +53,7 @@ def _response(runner: ModelRunner, translations: list[Any]) -> TranslateResponse
     )
 
 
-@router.post("/translate", response_model=TranslateResponse, responses=_ERRORS)
+@router.post("/translate", response_model=TranslateResponse, responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
     """Translate one sentence or a list of sentences."""
     options = service.options(body.beam_size, body.max_length)
@@ -100,10 +68,6 @@ def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-def _error_data(error: ServingError) -> dict[str, Any]:
-    return {"error": {"code": error.code, "message": str(error), "status": status_of(error)}}
-
-
 @router.post(
     "/translate/stream",
     responses={
@@ -113,7 +77,7 @@ def _error_data(error: ServingError) -> dict[str, Any]:
             "of one sentence concatenate to its text), then one `final` event with the whole TranslateResponse, or "
             "an `error` event `{error: {code, message, status}}`.",
         },
-        **_ERRORS,
+        **_TRANSLATE_ERRORS,
     },
     response_class=StreamingResponse,
 )
@@ -164,7 +128,7 @@ async def _stream_events(
         try:
             translations = result.result()
         except ServingError as error:
-            yield _sse("error", _error_data(error))
+            yield _sse("error", error_data(error))
             return
         for index, translation in enumerate(translations):
             text = translation.text
@@ -177,169 +141,20 @@ async def _stream_events(
             result.cancel()
 
 
-@router.post(
-    "/translate/bulk",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/x-ndjson": {
-                    "schema": {"type": "string"},
-                    "example": '{"text": "Hello.", "id": "a"}\n"Good morning."\n',
-                }
-            },
-            "description": 'one sentence per line: a JSON object `{"text": ..., "id"?: ...}` or a JSON string',
-        }
-    },
-    responses={
-        200: {
-            "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
-            "description": "one line per input line, as each completes (not in input order): `{index, id?, text, "
-            "input_tokens, output_tokens, score}` or `{index, id?, error: {code, message, status}}`",
-        },
-        **_ERRORS,
-    },
-    response_class=StreamingResponse,
-)
-async def translate_bulk(
-    request: Request,
-    service: ServiceDep,
-    _: ApiKeyDep,
-    model: str | None = Query(default=None, description="model name (default: the server's first model)"),
-    beam_size: int | None = Query(default=None, ge=1),
-    max_length: int | None = Query(default=None, ge=1),
-) -> StreamingResponse:
-    """Translate NDJSON lines; results stream back as NDJSON as they complete."""
-    options = service.options(beam_size, max_length)
-    service.ready_model(model)  # refuse before streaming: unknown model, not ready
-    return DuplexStreamingResponse(
-        _bulk(request, service, model, options),
-        media_type="application/x-ndjson",
-        headers={"Cache-Control": "no-cache"},
-    )
-
-
-async def _bulk(
-    request: Request, service: TranslationService, model: str | None, options: Options
-) -> AsyncIterator[bytes]:
-    out: asyncio.Queue[bytes | None] = asyncio.Queue()
-    window = asyncio.Semaphore(service.settings.bulk_window)
-    tasks: set[asyncio.Task[None]] = set()
-    limit = service.settings.max_bulk_body_bytes
-    tag = request_id(request)
-
-    def line_error(index: int, line_id: Any, error: ServingError) -> bytes:
-        body: dict[str, Any] = {"index": index}
-        if line_id is not None:
-            body["id"] = line_id
-        body.update(_error_data(error))
-        return (json.dumps(body, ensure_ascii=False) + "\n").encode()
-
-    async def one(index: int, raw: bytes) -> None:
-        line_id: Any = None
-        try:
-            try:
-                text, line_id = _parse_bulk_line(raw)
-                deadline = service.deadline(time.monotonic(), None)
-                runner, pending = await service.admit(model, [text], options, deadline, tag=tag, wait_for_room=True)
-                (translation,) = await pending.wait()
-            except ServingError as error:
-                out.put_nowait(line_error(index, line_id, error))
-                return
-            except Exception as error:  # never lose a line silently
-                logger.exception("bulk line %d failed", index)
-                failure = InferenceFailed(f"internal error: {type(error).__name__}")
-                out.put_nowait(line_error(index, line_id, failure))
-                return
-            body: dict[str, Any] = {"index": index}
-            if line_id is not None:
-                body["id"] = line_id
-            body.update(TranslationOut.of(translation).model_dump())
-            out.put_nowait((json.dumps(body, ensure_ascii=False) + "\n").encode())
-        finally:
-            window.release()
-
-    async def produce() -> None:
-        index = 0
-        size = 0
-        buffer = b""
-        try:
-            async for chunk in _stream_or_stop(request):
-                size += len(chunk)
-                if size > limit:
-                    error = LimitExceeded(
-                        f"bulk body larger than {limit} bytes (max_bulk_body_bytes)", limit="max_bulk_body_bytes"
-                    )
-                    out.put_nowait(line_error(index, None, error))
-                    break
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        await window.acquire()
-                        task = asyncio.ensure_future(one(index, line))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                        index += 1
-            if buffer.strip() and size <= limit:
-                await window.acquire()
-                task = asyncio.ensure_future(one(index, buffer))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks))
-        finally:
-            out.put_nowait(None)
-
-    producer = asyncio.ensure_future(produce())
-    try:
-        while True:
-            line = await out.get()
-            if line is None:
-                break
-            yield line
-        await producer
-    finally:
-        producer.cancel()
-        for task in list(tasks):
-            task.cancel()
-
-
-async def _stream_or_stop(request: Request) -> AsyncIterator[bytes]:
-    """The request body's chunks; ends quietly if the client disconnects (its lines are then cancelled)."""
-    try:
-        async for chunk in request.stream():
-            yield chunk
-    except ClientDisconnect:
-        return
-
-
-def _parse_bulk_line(raw: bytes) -> tuple[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidInput(f"line is not JSON ({e})") from None
-    except RecursionError:
-        raise InvalidInput("line is JSON nested too deeply") from None
-    if isinstance(value, str):
-        return value, None
-    if not isinstance(value, dict):
-        raise InvalidInput('line must be a JSON string or an object {"text": ..., "id"?: ...}')
-    try:
-        line = BulkLineIn.model_validate(value)
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:3])
-        raise InvalidInput(f"invalid line ({problems})") from None
-    return line.text, line.id
-
-
 @router.get("/models", response_model=ModelsResponse)
 async def list_models(service: ServiceDep) -> ModelsResponse:
     """The models this server serves."""
-    return ModelsResponse(models=[_model_out(service, runner) for runner in service.models.values()])
+    s = service.settings
+    limits = Limits(
+        max_beam_size=s.max_beam_size,
+        max_output_tokens=s.max_output_tokens,
+        max_sentences_per_request=s.max_sentences_per_request,
+        max_chars_per_sentence=s.max_chars_per_sentence,
+    )
+    return ModelsResponse(models=[_model_out(service, runner) for runner in service.models.values()], limits=limits)
 
 
-@router.get("/models/{name}", response_model=ModelOut, responses={404: _ERRORS[404]})
+@router.get("/models/{name}", response_model=ModelOut, responses=error_responses(404))
 async def get_model(name: str, service: ServiceDep) -> ModelOut:
     """One served model."""
     if name not in service.models:

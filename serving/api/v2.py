@@ -1,21 +1,33 @@
 """Open Inference Protocol (KServe v2) routes, enough for the stock ``tritonclient.http`` client.
 
-Health answers 200 or 503 with an empty body; every other error is ``{"error": "<message>"}``. The infer route reads
+Health answers 200 or 503 with a JSON body (``{"live": true}``, ``{"ready": false}``: what the KServe SDK reads;
+tritonclient and probes look at the status only); every error is ``{"error": "<message>"}``. The infer route reads
 the raw body itself: tritonclient sends no Content-Type and, by default, the binary tensor extension.
 """
 
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 
 from serving import __version__
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
 from serving.api.errors import LimitExceeded, ModelNotFound
 from serving.api.oip import encode_infer_response, model_metadata, parse_infer_request
+from serving.api.schemas import (
+    InferResponse,
+    LiveResponse,
+    ModelMetadata,
+    ModelReadyResponse,
+    ReadyResponse,
+    ServerMetadata,
+    error_responses,
+)
 from serving.api.service import ModelRunner, TranslationService
-from serving.errors import InvalidInput, ModelNotReady
+from serving.errors import InvalidInput
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
@@ -30,25 +42,35 @@ _INFER_BODY = {
         "tensors (Triton's binary tensor data extension). Any Content-Type (or none) is accepted.",
     }
 }
+_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": InferResponse,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "description": "the outputs as JSON, or (binary outputs requested) a JSON header of "
+        "Inference-Header-Content-Length bytes followed by the tensors' bytes",
+    },
+    **error_responses(400, 401, 404, 408, 413, 500, 503, 504, oip=True),
+}
+_NOT_READY: dict[int | str, dict[str, Any]] = {503: {"model": ReadyResponse, "description": "loading, warming up, draining or failed"}}
 
 
 @router.get("", include_in_schema=False)
-@router.get("/")
-async def server_metadata() -> dict[str, object]:
+@router.get("/", response_model=ServerMetadata)
+async def server_metadata() -> ServerMetadata:
     """Server metadata."""
-    return {"name": "mtgate", "version": __version__, "extensions": ["binary_tensor_data", "schedule_policy"]}
+    return ServerMetadata(name="mtgate", version=__version__, extensions=["binary_tensor_data", "schedule_policy"])
 
 
-@router.get("/health/live")
-async def live() -> Response:
+@router.get("/health/live", response_model=LiveResponse)
+async def live() -> LiveResponse:
     """200 while the process is up."""
-    return Response(status_code=200)
+    return LiveResponse(live=True)
 
 
-@router.get("/health/ready")
-async def ready(service: ServiceDep) -> Response:
-    """200 once every model is loaded and warm; 503 while loading or draining."""
-    return Response(status_code=200 if service.ready else 503)
+@router.get("/health/ready", response_model=ReadyResponse, responses=_NOT_READY)
+async def ready(service: ServiceDep) -> JSONResponse:
+    """200 once every model is loaded and warm; 503 while loading, draining or failed."""
+    return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
 
 
 def _model(service: TranslationService, name: str, version: str | None) -> ModelRunner:
@@ -61,18 +83,29 @@ def _model(service: TranslationService, name: str, version: str | None) -> Model
     return runner
 
 
-@router.get("/models/{name}/ready")
-@router.get("/models/{name}/versions/{version}/ready")
-async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
-    """200 when the model can take requests."""
+_MODEL_READY: dict[int | str, dict[str, Any]] = {
+    **error_responses(404, oip=True),
+    503: {"model": ModelReadyResponse, "description": "the model is loading, warming up, or the server is draining"},
+}
+
+
+@router.get("/models/{name}/ready", response_model=ModelReadyResponse, responses=_MODEL_READY)
+@router.get("/models/{name}/versions/{version}/ready", response_model=ModelReadyResponse, responses=_MODEL_READY)
+async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> JSONResponse:
+    """200 when the model can take requests, 503 while it cannot."""
     runner = _model(service, name, version)
-    if not runner.ready or service.draining:
-        raise ModelNotReady(f"model {name!r} is not ready")
-    return Response(status_code=200)
+    if runner.ready and not service.draining:
+        return JSONResponse({"name": runner.name, "ready": True})
+    reason = "the server is draining" if service.draining else "loading and warming up"
+    body = {"name": runner.name, "ready": False, "error": f"model {runner.name!r} is not ready ({reason})"}
+    return JSONResponse(body, status_code=503)
 
 
-@router.get("/models/{name}")
-@router.get("/models/{name}/versions/{version}")
+_METADATA_ERRORS = error_responses(404, 503, oip=True)
+
+
+@router.get("/models/{name}", response_model=ModelMetadata, responses=_METADATA_ERRORS)
+@router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, responses=_METADATA_ERRORS)
 async def get_model_metadata(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
     """Model metadata: one BYTES input INPUT_TEXT, outputs OUTPUT_TEXT, INPUT_TOKENS, OUTPUT_TOKENS, SCORE."""
     runner = _model(service, name, version)
@@ -80,8 +113,8 @@ async def get_model_metadata(name: str, service: ServiceDep, version: str | None
     return model_metadata(runner.name, str(info.version), f"mtgate_{info.runtime}")
 
 
-@router.post("/models/{name}/infer", openapi_extra=_INFER_BODY)
-@router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_BODY)
+@router.post("/models/{name}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)
+@router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)
 async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, version: str | None = None) -> Response:
     """Translate the BYTES input INPUT_TEXT (JSON or binary tensor data)."""
     runner = _model(service, name, version)

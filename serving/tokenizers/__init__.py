@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from serving.package import PackageError
-from serving.tokenizers.base import Tokenizer
+from serving.tokenizers.base import InvalidText, Tokenizer, check_text
 
-__all__ = ["Tokenizer", "TOKENIZER_KINDS", "load_tokenizer"]
+__all__ = ["InvalidText", "Tokenizer", "TOKENIZER_KINDS", "check_text", "load_tokenizer"]
 
 # kind -> file roles it needs
 TOKENIZER_KINDS: dict[str, tuple[str, ...]] = {

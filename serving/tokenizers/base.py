@@ -1,9 +1,55 @@
-"""The ``Tokenizer`` protocol every tokenizer of a model package satisfies."""
+"""The ``Tokenizer`` protocol every tokenizer of a model package satisfies, and the one check of what text it takes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
+
+from serving.errors import InvalidInput
+
+# A lone surrogate: what a JSON "\ud800" escape, or an undecodable byte read with errors="surrogateescape" (Python's
+# stdin and argv), turns into. It is not a character: it has no UTF-8 form, so no tokenizer can take it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class InvalidText(InvalidInput):
+    """A text that is not valid Unicode (HTTP 400); the message says what and where, not which text of a request
+    (the caller that knows the index adds it).
+
+    Attributes:
+        text: the offending text (callers find its index with it).
+        reason: the message without a subject, e.g. ``holds a lone surrogate U+D800 at character 2 ...``.
+    """
+
+    code = "invalid_text"
+
+    def __init__(self, reason: str, *, text: str, subject: str = "text") -> None:
+        super().__init__(f"{subject} {reason}")
+        self.text = text
+        self.reason = reason
+
+    def about(self, subject: str) -> InvalidText:
+        """The same error, naming its text as ``subject`` (e.g. ``text[3]``, ``line 12``)."""
+        return InvalidText(self.reason, text=self.text, subject=subject)
+
+
+def check_text(text: str) -> None:
+    """Refuse a text no tokenizer can encode (every tokenizer calls this first).
+
+    Raises:
+        InvalidText: the text holds a lone surrogate.
+    """
+    match = _SURROGATE.search(text)
+    if match is None:
+        return
+    code = ord(match.group())
+    # surrogateescape (stdin, argv) turns an undecodable byte into U+DC80..U+DCFF
+    byte = f", what an undecodable byte 0x{code - 0xDC00:02x} becomes" if 0xDC80 <= code <= 0xDCFF else ""
+    raise InvalidText(
+        f"holds a lone surrogate U+{code:04X} at character {match.start()}{byte}; text must be valid Unicode",
+        text=text,
+    )
 
 
 @runtime_checkable
@@ -12,6 +58,7 @@ class Tokenizer(Protocol):
 
     ``encode`` returns the source ids *without* EOS (the engine appends the package's EOS id); ``decode`` turns
     target ids back into text, skipping special tokens. The engine cuts a hypothesis at its first EOS before decoding.
+    ``encode`` raises :class:`InvalidText` (via :func:`check_text`) for text that is not valid Unicode.
     """
 
     def encode(self, text: str) -> list[int]:

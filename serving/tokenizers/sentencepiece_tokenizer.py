@@ -26,6 +26,8 @@ from pathlib import Path
 
 import sentencepiece
 
+from serving.tokenizers.base import check_text
+
 logger = logging.getLogger(__name__)
 
 EOS_TOKEN = "</s>"
@@ -70,7 +72,12 @@ class SentencePieceTokenizer:
         return len(self._vocab)
 
     def encode(self, text: str) -> list[int]:
-        """Source text to ids, without EOS (``MarianTokenizer(text).input_ids[:-1]``)."""
+        """Source text to ids, without EOS (``MarianTokenizer(text).input_ids[:-1]``).
+
+        Raises:
+            InvalidText: the text is not valid Unicode (SentencePiece would fail converting it to UTF-8).
+        """
+        check_text(text)
         vocab, unk = self._vocab, self._unk_id
         ids: list[int] = []
         for i, chunk in enumerate(self._special_split.split(text)):

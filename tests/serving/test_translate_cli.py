@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from serving.engine import DecodeOptions, Translator
 from tests.utils.marian_factory import corpus
 
 TEXTS = corpus("en")[100:106]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_bad_input(package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     code, lines, err = run(["-m", str(tmp_path), "x"], capsys)
     _one_line_error(code, err, "not an mtgate model package")
     code, lines, err = run(["-m", str(package), "--beam-size", "0", "x"], capsys)
-    _one_line_error(code, err, "--beam-size: must be at least 1")
+    _one_line_error(code, err, "--beam-size: must be from 1 to 8, got 0")
     code, lines, err = run(["-m", str(package), "--precision", "int8", "x"], capsys)
     _one_line_error(code, err, "no onnxruntime/int8 artifact", "onnxruntime/fp32")
     code, lines, err = run(["-m", str(package), "--beam-size", "1"], capsys, "fine\n" + "word " * 300 + "\n",
@@ -113,3 +116,37 @@ def test_tampered_package_is_refused(package: Path, tmp_path: Path, capsys: pyte
         f.write(b"\0")
     code, _, err = run(["-m", str(copy), "x"], capsys)
     _one_line_error(code, err, decoder, "sha256 mismatch")
+
+
+def _translate_process(package: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "serving.cli", "translate", "-m", str(package), "--threads", "1",
+                           *args], input=stdin, capture_output=True, timeout=120, cwd=ROOT)
+
+
+def test_text_that_is_not_unicode_is_one_line_and_exit_2(package: Path) -> None:
+    # Not UTF-8 on stdin: refused with the line's number (translate streams: earlier chunks of lines stay written).
+    result = _translate_process(package, "--beam-size", "1", stdin=b"A good line.\nA man \xff is riding.\nnever\n")
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("mtgate translate: error: line 2 is not valid UTF-8 (byte 0xff"), err
+    assert result.stdout == b""  # the bad line is in the first chunk: nothing of it was translated
+    # An argument with an undecodable byte (argv decodes with surrogateescape) or a lone surrogate.
+    for args in ([b"ok", b"A \xff man"], [b"A \xed\xa0\x80 man"]):
+        result = subprocess.run([sys.executable, "-m", "serving.cli", "translate", "-m", str(package), *args],
+                                capture_output=True, timeout=120, cwd=ROOT)
+        err = result.stderr.decode()
+        assert result.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"argument {len(args)} holds a lone surrogate" in err, err
+
+
+def test_options_out_of_range_name_the_range(package: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from serving.settings import ServingSettings
+
+    cap = ServingSettings.model_fields["max_beam_size"].default  # the server's cap, one setting
+    for args, fragment in ((["--beam-size", "100"], f"--beam-size: must be from 1 to {cap}, got 100"),
+                           (["--beam-size", "0"], f"must be from 1 to {cap}, got 0"),
+                           (["--max-length", "100000"], "--max-length: must be from 1 to 512")):
+        code, _, err = run(["-m", str(package), *args, "x"], capsys)
+        _one_line_error(code, err, fragment)
+    code, lines, _ = run(["-m", str(package), "--beam-size", str(cap), "--max-length", "3", "x"], capsys)
+    assert code == 0 and len(lines) == 1

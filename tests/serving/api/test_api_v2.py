@@ -49,12 +49,14 @@ def decode_bytes(raw: bytes) -> list[bytes]:
 
 
 def test_health_and_metadata(client: TestClient) -> None:
-    assert client.get("/v2/health/live").status_code == 200
+    r = client.get("/v2/health/live")
+    assert r.status_code == 200 and r.json() == {"live": True}
     r = client.get("/v2/health/ready")
-    assert r.status_code == 200 and r.content == b""
+    assert r.status_code == 200 and r.json() == {"ready": True}  # what the KServe SDK reads
     meta = client.get("/v2").json()
     assert meta["name"] == "mtgate" and "binary_tensor_data" in meta["extensions"]
-    assert client.get("/v2/models/echo/ready").status_code == 200
+    r = client.get("/v2/models/echo/ready")
+    assert r.status_code == 200 and r.json() == {"name": "echo", "ready": True}
     assert client.get("/v2/models/echo/versions/1/ready").status_code == 200
     model = client.get("/v2/models/echo").json()
     assert model["name"] == "echo" and model["versions"] == ["1"]

@@ -74,10 +74,10 @@ def test_corrupt_package_fails_at_load_with_exit_2(tiny_package: Path, tmp_path:
         text=True,
         timeout=120,
     )
+    # Checked before the port is taken and before anything is logged: the one line is all of stderr.
     assert result.returncode == 2, result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("mtgate serve: error: loading model") and "sha256 mismatch" in last
-    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("mtgate serve: error: ") and "sha256 mismatch" in line and onnx.name in line
 
 
 def test_global_log_level_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,3 +119,39 @@ def test_old_option_and_environment_names_still_work(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("MTGATE_MAX_QUEUE_DELAY_US")
     with pytest.raises(Exception, match="max_queue_delay_us"):
         ServingSettings()
+
+
+def test_busy_port_is_one_line_and_exit_2_before_anything_loads(tiny_package: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "serving.cli", "serve", "-m", str(tiny_package), "--port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+        took = time.monotonic() - started
+    # The whole of stderr is the one line: nothing was logged, so nothing was loaded.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"mtgate serve: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+                             "(another server is listening there: stop it or choose another --port)\n")
+    assert took < 30
+
+
+def test_log_level_after_serve_overrides_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from serving.cli import build_parser
+    from serving.serve_cli import build_settings
+
+    (tmp_path / "manifest.json").write_text("{}")
+    monkeypatch.setattr("serving.serve_cli.load_manifest", lambda package: {})
+    monkeypatch.setattr("serving.serve_cli.find_artifact", lambda *args: None)
+    monkeypatch.setenv("MTGATE_LOG_LEVEL", "ERROR")
+    parser = build_parser(only="serve")
+    assert build_settings(parser.parse_args(["serve", "-m", str(tmp_path)])).log_level == "ERROR"
+    for argv in (["serve", "-m", str(tmp_path), "--log-level", "debug"], ["--log-level", "DEBUG", "serve", "-m",
+                                                                          str(tmp_path)]):
+        assert build_settings(parser.parse_args(argv)).log_level == "DEBUG", argv

@@ -5,15 +5,12 @@ converted by the real converter, driven by httpx, tritonclient and headless Chro
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,68 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine import DecodeOptions, Translator
+from tests.serving.api.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
-from tests.utils.server import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = "/usr/bin/chromium"
-
-
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[str]
-    url: str = ""
-    log: list[str] = field(default_factory=list)
-    batching: str = "request"
-
-    @property
-    def address(self) -> str:
-        return self.url.removeprefix("http://")
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-
-def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 90) -> ServerProcess:
-    """Start ``mtgate serve`` on port 0 and wait until it reports ready."""
-    cmd = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--port", "0", "--threads", "1", *flags]
-    process = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
-    server = ServerProcess(process)
-    found = threading.Event()
-
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            server.log.append(line)
-            if "mtgate serving on " in line and not found.is_set():
-                server.url = line.rsplit("mtgate serving on ", 1)[1].strip()
-                found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while not found.wait(0.1):
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise AssertionError("server did not start:\n" + "".join(server.log))
-    try:
-        wait_until_ready(server.url, process, max(1.0, deadline - time.monotonic()), lambda: "\n" + "".join(server.log))
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 @pytest.fixture(scope="module", params=["request", "step"])
@@ -244,7 +184,7 @@ def test_tiny_timeout_is_504(server: ServerProcess) -> None:
             400,
         ),
         ("wrong JSON types", {"json": {"text": 12, "beam_size": "four"}}, 422),
-        ("not JSON", {"content": b"{{{", "headers": {"Content-Type": "application/json"}}, 422),
+        ("not JSON", {"content": b"{{{", "headers": {"Content-Type": "application/json"}}, 400),
         ("unknown model", {"json": {"text": "Hi", "model": "no-such-model"}}, 404),
         ("beam over the limit", {"json": {"text": "Hi", "beam_size": 1000}}, 400),
     ],
@@ -414,3 +354,46 @@ def _drain_scenario(
     assert all([t["text"] for t in results[i].json()["translations"]] == expected for i in range(4))
     assert proc.process.wait(30) == 0, "".join(proc.log)
     assert any("draining" in line for line in proc.log)
+
+
+LONE_SURROGATES = ["A \ud800 man is riding.", "\udfff"]
+
+
+def _escaped(value: Any) -> bytes:
+    """JSON with \\uXXXX escapes, as a client sends a lone surrogate (it has no UTF-8 form)."""
+    return json.dumps(value, ensure_ascii=True).encode()
+
+
+@pytest.mark.parametrize("bad", LONE_SURROGATES)
+def test_lone_surrogates_are_400_naming_the_sentence_on_every_route(server: ServerProcess, bad: str) -> None:
+    name = httpx.get(server.url + "/v1/models").json()["models"][0]["name"]
+    json_headers = {"Content-Type": "application/json"}
+    for texts in ([bad], ["Hello.", bad, "A good one."]):
+        index = texts.index(bad)
+        for path in ("/v1/translate", "/v1/translate/stream"):
+            r = httpx.post(server.url + path, content=_escaped({"text": texts}), headers=json_headers, timeout=30)
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "invalid_text" and error["message"].startswith(f"text[{index}] holds a lone"), r.text
+        infer = {"inputs": [{"name": "INPUT_TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}]}
+        r = httpx.post(f"{server.url}/v2/models/{name}/infer", content=_escaped(infer), timeout=30)
+        assert r.status_code == 400 and r.json()["error"].startswith(f"text[{index}] holds a lone"), r.text
+    # The binary tensor extension carries bytes: a surrogate's would-be UTF-8 (CESU) bytes are not UTF-8.
+    import struct
+
+    element = "A \ud800 man".encode("utf-8", "surrogatepass")
+    raw = struct.pack("<I", len(element)) + element
+    header = _escaped({"inputs": [{"name": "INPUT_TEXT", "shape": [1, 1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}}]})
+    r = httpx.post(f"{server.url}/v2/models/{name}/infer", content=header + raw,
+                   headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    assert r.status_code == 400 and "not valid UTF-8" in r.json()["error"], r.text
+    # Bulk: the bad line gets its error, the others their translations.
+    lines = [_escaped({"text": "Hello.", "id": "a"}), _escaped({"text": bad, "id": "b"}), _escaped("Good day.")]
+    r = httpx.post(server.url + "/v1/translate/bulk", content=b"\n".join(lines) + b"\n", timeout=60)
+    out = {o["index"]: o for o in map(json.loads, r.text.splitlines())}
+    assert r.status_code == 200 and sorted(out) == [0, 1, 2]
+    assert out[1]["id"] == "b" and out[1]["error"]["status"] == 400 and out[1]["error"]["code"] == "invalid_text"
+    assert out[0]["text"] and out[2]["text"]
+    assert httpx.post(server.url + "/v1/translate", json={"text": "Still here."}).status_code == 200
+    assert not any("Traceback" in line for line in server.log), "".join(server.log)
