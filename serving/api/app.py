@@ -77,7 +77,7 @@ def create_app(
     app.include_router(v1.router)
     app.include_router(bulk.router)
     app.include_router(v2.router)
-    install_docs(app, settings)
+    install_docs(app, service)
 
     page = resources.files("serving.api").joinpath("static/index.html").read_text(encoding="utf-8")
 

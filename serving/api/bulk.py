@@ -88,14 +88,16 @@ class LineSplitter:
     "/translate/bulk",
     openapi_extra={
         "requestBody": {
-            "required": True,
+            "required": False,  # an empty body is an empty batch: 200 with no lines
             "content": {
                 "application/x-ndjson": {
                     "schema": {"type": "string"},
                     "example": '{"text": "Hello.", "id": "a"}\n"Good morning."\n',
-                }
+                },
+                "text/plain": {"schema": {"type": "string"}},
             },
-            "description": 'one sentence per line: a JSON object `{"text": ..., "id"?: ...}` or a JSON string',
+            "description": 'one sentence per line: a JSON object `{"text": ..., "id"?: ...}` or a JSON string '
+            "(any Content-Type is accepted)",
         }
     },
     responses={

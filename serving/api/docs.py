@@ -7,6 +7,7 @@ Swagger UI's files come from the ``fastapi-offline`` package (a dependency of th
 
 from __future__ import annotations
 
+import copy
 from importlib import resources
 from typing import Any
 
@@ -15,13 +16,15 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from serving.settings import ServingSettings
+from serving.api.schemas import NOT_SPACE
+from serving.api.service import TranslationService
 
 ASSETS = "/docs/assets"
 
 
-def install_docs(app: FastAPI, settings: ServingSettings) -> None:
-    """Serve ``/docs`` offline and make ``app.openapi()`` state this server's limits.
+
+def install_docs(app: FastAPI, service: TranslationService) -> None:
+    """Serve ``/docs`` offline and make ``app.openapi()`` state this server's limits and models.
 
     The app must be built with ``docs_url=None`` and ``redoc_url=None`` (FastAPI's own pages load from a CDN).
     """
@@ -41,15 +44,22 @@ def install_docs(app: FastAPI, settings: ServingSettings) -> None:
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = with_limits(generate(), settings)
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        # A copy: FastAPI's document shares dicts with the routes' openapi_extra (module constants).
+        document = with_limits(copy.deepcopy(generate()), service)
+        app.openapi_schema = None  # FastAPI's generate() caches the unpatched document
+        if service.ready:  # the models' versions are known once they are loaded
+            app.openapi_schema = document
+        return document
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def with_limits(document: dict[str, Any], settings: ServingSettings) -> dict[str, Any]:
-    """The OpenAPI document with the ranges the service enforces (``serving.api.service``) written into it."""
+def with_limits(document: dict[str, Any], service: TranslationService) -> dict[str, Any]:
+    """The OpenAPI document with what the service enforces (``serving.api.service``) written into it: the ranges
+    of the decoding options and of the texts, and the names (and, once loaded, versions) of the served models."""
+    settings = service.settings
     maxima = {"beam_size": settings.max_beam_size, "max_length": settings.max_output_tokens}
     schemas = document.get("components", {}).get("schemas", {})
     request = schemas.get("TranslateRequest", {}).get("properties", {})
@@ -57,14 +67,31 @@ def with_limits(document: dict[str, Any], settings: ServingSettings) -> dict[str
         if name in request:
             request[name]["maximum"] = maximum
     if "text" in request:
-        sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": r"\S"}
+        sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
         request["text"]["anyOf"] = [
             sentence,
             {"type": "array", "items": sentence, "minItems": 1, "maxItems": settings.max_sentences_per_request},
         ]
+    names = list(service.models)
+    if "model" in request:
+        request["model"]["enum"] = [*names, None]
+    versions = sorted({str(r.info.version) for r in service.models.values() if r.translator is not None})
     for path in document.get("paths", {}).values():
         for operation in path.values():
             for parameter in operation.get("parameters", []):
-                if parameter.get("in") == "query" and parameter.get("name") in maxima:
-                    parameter["schema"].update(minimum=1, maximum=maxima[parameter["name"]])
+                where, name = parameter.get("in"), parameter.get("name")
+                if where == "query" and name in maxima:
+                    parameter["schema"].update(minimum=1, maximum=maxima[name])
+                elif where == "query" and name == "model" or where == "path" and name == "name":
+                    parameter["schema"]["enum"] = names
+                elif where == "path" and name == "version" and versions:
+                    parameter["schema"]["enum"] = versions
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            infer_parameters = body.get("properties", {}).get("parameters", {}).get("properties", {})
+            for name, maximum in maxima.items():
+                if name in infer_parameters:
+                    infer_parameters[name]["maximum"] = maximum
+            tensor = body.get("properties", {}).get("inputs", {}).get("items", {}).get("properties", {})
+            if "data" in tensor:
+                tensor["data"]["items"]["maxLength"] = settings.max_chars_per_sentence
     return document

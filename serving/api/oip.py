@@ -45,6 +45,8 @@ class InferRequest:
         value = self.parameters.get(name)
         if value is None:
             return None
+        if isinstance(value, float) and value.is_integer():  # JSON's 4.0 is the integer 4
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInput(f"parameter {name!r} must be an integer, got {value!r}")
         return value
@@ -131,6 +133,8 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         else:
             if "data" not in tensor:
                 raise InvalidInput(f"input {INPUT_NAME!r} has neither 'data' nor parameters.binary_data_size")
+            if not isinstance(tensor["data"], list):
+                raise InvalidInput(f"input {INPUT_NAME!r} data must be a list (of strings, or nested as its shape)")
             texts = _flatten_strings(tensor["data"])
             if len(texts) != count:
                 raise InvalidInput(
@@ -278,7 +282,7 @@ def _outputs(value: Any, parameters: dict[str, Any]) -> list[tuple[str, bool]]:
         if not isinstance(entry, dict):
             raise InvalidInput(f"outputs[{position}] must be an object")
         name = entry.get("name")
-        if name not in OUTPUT_DATATYPES:
+        if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
             raise InvalidInput(f"unknown output {name!r}; this model has {', '.join(OUTPUT_DATATYPES)}")
         binary = _object(entry.get("parameters"), f"outputs[{position}].parameters").get("binary_data", default_binary)
         if not isinstance(binary, bool):

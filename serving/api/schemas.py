@@ -1,12 +1,32 @@
-"""Request and response schemas of the ``/v1`` routes (they make the OpenAPI document at ``/openapi.json``)."""
+"""Request and response schemas of the routes and their error bodies (they make the OpenAPI document at
+``/openapi.json``; ``serving.api.docs`` adds the limits of the running server)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from serving.api.service import finite_score
+
+# A character Python's str.strip() keeps (the service refuses a text with none: "is empty"). JSON Schema's \S is
+# ECMA-262's, which differs (it counts U+FEFF as space and U+001C..U+001F, U+0085 as text), so the class is
+# spelled out; tests/serving/api/test_api_fuzz.py checks it against str.isspace over every code point.
+NOT_SPACE = "[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+
+def _json_integer(value: Any) -> Any:
+    """What JSON Schema calls an integer: 4 and 4.0, not true or "4" (which lax pydantic would take as 1 and 4)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 
 class TranslateRequest(BaseModel):
@@ -21,13 +41,13 @@ class TranslateRequest(BaseModel):
     # (serving.api.docs fills in the maxima from the server's settings).
     text: str | list[str] = Field(description="one sentence, or a list of sentences translated independently")
     model: str | None = Field(default=None, description="model name (default: the server's first model)")
-    beam_size: int | None = Field(
+    beam_size: JsonInt | None = Field(
         default=None, description="beam width (default: the model's)", json_schema_extra={"minimum": 1}
     )
-    max_length: int | None = Field(
+    max_length: JsonInt | None = Field(
         default=None, description="most target tokens per sentence", json_schema_extra={"minimum": 1}
     )
-    timeout_ms: int | None = Field(
+    timeout_ms: JsonInt | None = Field(
         default=None,
         description="deadline in milliseconds; may only shorten the server's request timeout",
         json_schema_extra={"minimum": 1},
@@ -125,7 +145,15 @@ _ERROR_TEXT = {
 def error_responses(*codes: int, oip: bool = False) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for the error statuses a route can answer, with the error body of its API family."""
     model = OipError if oip else ErrorResponse
-    return {code: {"model": model, "description": _ERROR_TEXT[code]} for code in codes}
+    responses: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        responses[code] = {"model": model, "description": _ERROR_TEXT[code]}
+        if code == 503:
+            responses[code]["headers"] = {"Retry-After": {"description": "seconds to wait (queue full, draining)",
+                                                          "schema": {"type": "integer", "minimum": 0}}}
+        elif code == 401:
+            responses[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}}
+    return responses
 
 
 class LiveResponse(BaseModel):
@@ -195,6 +223,20 @@ class StreamPartial(BaseModel):
 
     index: int
     delta: str
+
+
+STREAM_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "status"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "status": {"type": "integer"}},
+        }
+    },
+}
+"""SSE ``event: error`` and a bulk line's error: the error with the HTTP status it would have had."""
 
 
 class BulkLineIn(BaseModel):

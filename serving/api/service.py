@@ -302,7 +302,7 @@ class TranslationService:
         Raises:
             ModelNotFound: no such model.
         """
-        runner = self.models.get(name or self.default_model)
+        runner = self.models.get(self.default_model if name is None else name)
         if runner is None:
             have = ", ".join(sorted(self.models))
             raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")

@@ -25,9 +25,11 @@ from serving.api.deps import (
 )
 from serving.api.errors import ModelNotFound
 from serving.api.schemas import (
+    STREAM_ERROR_SCHEMA,
     Limits,
     ModelOut,
     ModelsResponse,
+    StreamPartial,
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
@@ -68,11 +70,27 @@ def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+_STREAM_EVENT = {
+    "description": "one Server-Sent Event; `data` is JSON",
+    "type": "object",
+    "required": ["event", "data"],
+    "oneOf": [
+        {"properties": {"event": {"const": event}, "data": {"type": "string", "contentMediaType": "application/json",
+                                                              "contentSchema": schema}}}
+        for event, schema in (
+            ("partial", StreamPartial.model_json_schema()),
+            ("final", {"$ref": "#/components/schemas/TranslateResponse"}),
+            ("error", STREAM_ERROR_SCHEMA),
+        )
+    ],
+}
+
+
 @router.post(
     "/translate/stream",
     responses={
         200: {
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"itemSchema": _STREAM_EVENT}},
             "description": "Server-Sent Events: `partial` events `{index, delta}` as tokens are decoded (the deltas "
             "of one sentence concatenate to its text), then one `final` event with the whole TranslateResponse, or "
             "an `error` event `{error: {code, message, status}}`.",

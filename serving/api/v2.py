@@ -16,8 +16,15 @@ from fastapi.responses import JSONResponse
 from serving import __version__
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
 from serving.api.errors import LimitExceeded, ModelNotFound
-from serving.api.oip import encode_infer_response, model_metadata, parse_infer_request
+from serving.api.oip import (
+    INPUT_NAME,
+    OUTPUT_DATATYPES,
+    encode_infer_response,
+    model_metadata,
+    parse_infer_request,
+)
 from serving.api.schemas import (
+    NOT_SPACE,
     InferResponse,
     LiveResponse,
     ModelMetadata,
@@ -31,15 +38,79 @@ from serving.errors import InvalidInput
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
+# null stands for "not given" everywhere (as the parser reads it), so the document allows it too.
+_TENSOR_PARAMETERS = {
+    "type": ["object", "null"],
+    "properties": {"binary_data_size": {"type": ["integer", "null"], "minimum": 0}},
+}
+_INFER_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": ["string", "null"]},
+        "parameters": {
+            "type": ["object", "null"],
+            "properties": {
+                "beam_size": {"type": ["integer", "null"], "minimum": 1},
+                "max_length": {"type": ["integer", "null"], "minimum": 1},
+                "timeout": {"type": ["integer", "null"], "minimum": 0,
+                            "description": "deadline in microseconds (0: the server's default)"},
+                "binary_data_output": {"type": "boolean"},
+            },
+        },
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "datatype", "shape"],
+                # the sentences in "data", or (binary extension) their size in parameters.binary_data_size
+                "anyOf": [{"required": ["data"]}, {"required": ["parameters"], "properties": {"parameters": {
+                    "required": ["binary_data_size"]}}}],
+                "properties": {
+                    "name": {"const": INPUT_NAME},
+                    "datatype": {"const": "BYTES"},
+                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1,
+                              "maxItems": 8, "description": "its element count must equal the number of sentences"},
+                    "data": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": ["string", "array"], "pattern": NOT_SPACE},
+                        "description": "the sentences, flat or nested as the shape says",
+                    },
+                    "parameters": _TENSOR_PARAMETERS,
+                },
+            },
+        },
+        "outputs": {
+            "type": ["array", "null"],
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"enum": list(OUTPUT_DATATYPES)},
+                    "parameters": {"type": ["object", "null"], "properties": {"binary_data": {"type": "boolean"}}},
+                },
+            },
+        },
+    },
+}
 _INFER_BODY = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {
+                "schema": _INFER_REQUEST,
+                "example": {
+                    "inputs": [{"name": INPUT_NAME, "shape": [2, 1], "datatype": "BYTES", "data": ["Hello.", "Thanks."]}]
+                },
+            }
         },
-        "description": "an inference request; with Inference-Header-Content-Length, a JSON header followed by binary "
-        "tensors (Triton's binary tensor data extension). Any Content-Type (or none) is accepted.",
+        "description": "an inference request with one BYTES input INPUT_TEXT whose shape matches its data. With an "
+        "Inference-Header-Content-Length header the body is that many bytes of this JSON followed by the binary "
+        "tensors (Triton's binary tensor data extension; each BYTES element a 4-byte little-endian length and its "
+        "UTF-8 bytes). Any Content-Type (or none) is accepted.",
     }
 }
 _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -5,7 +5,6 @@ converted by the real converter, driven by httpx, tritonclient and headless Chro
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
 import threading
@@ -20,11 +19,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine import DecodeOptions, Translator
+from tests.serving.api.browser import browser_page
 from tests.serving.api.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
 
 ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module", params=["request", "step"])
@@ -244,35 +243,16 @@ def test_metrics_parse_and_counters_move(server: ServerProcess) -> None:
 
 
 def test_browser_translates_on_the_page(server: ServerProcess) -> None:
-    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
-        pytest.skip("chromium is not installed")
-    from playwright.sync_api import sync_playwright
-
     sentence = SENTENCES[3]
     expected = httpx.post(server.url + "/v1/translate", json={"text": sentence}).json()["translations"][0]["text"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-            args=[
-                "--no-sandbox",
-                "--headless",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-            ],
-        )
-        try:
-            page = browser.new_page()
-            page.goto(server.url + "/")
-            page.wait_for_function("document.querySelectorAll('#model option').length > 0")
-            page.fill("#source", sentence)
-            page.click("#translate")
-            page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=30_000)
-            assert page.inner_text("#output").strip() == expected
-            assert "tiny-marian" in page.inner_text("#details")
-        finally:
-            browser.close()
+    with browser_page() as (page, _):
+        page.goto(server.url + "/")
+        page.wait_for_function("document.querySelectorAll('#model option').length > 0")
+        page.fill("#source", sentence)
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=30_000)
+        assert page.inner_text("#output").strip() == expected
+        assert "tiny-marian" in page.inner_text("#details")
 
 
 def test_overload_sheds_excess_with_retry_after(tiny_package: Path, translator: Translator) -> None:

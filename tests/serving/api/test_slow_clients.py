@@ -174,3 +174,18 @@ def test_sigterm_drain_does_not_wait_for_bodies_that_never_arrive(tiny_package: 
         assert took < 5, f"drain took {took:.1f}s"
     finally:
         proc.stop()
+
+
+def test_connections_beyond_max_connections_get_503_until_idle_ones_are_closed(tiny_package: Path) -> None:
+    proc = start_server(tiny_package, env={"MTGATE_MAX_CONNECTIONS": "4", "MTGATE_HEADER_TIMEOUT_S": "1"})
+    try:
+        idle = [connect(proc) for _ in range(4)]
+        time.sleep(0.2)
+        r = httpx.get(proc.url + "/v2/health/live")
+        assert r.status_code == 503, r.text  # uvicorn's limit_concurrency
+        for sock in idle:
+            assert read_until_closed(sock) == b""  # the head deadline frees them
+        r = httpx.get(proc.url + "/v2/health/live")
+        assert r.status_code == 200 and r.json() == {"live": True}
+    finally:
+        assert proc.stop() == 0
