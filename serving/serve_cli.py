@@ -30,7 +30,7 @@ from serving.cli_options import (
     add_runtime,
     non_negative_int,
 )
-from serving.package import PackageError, find_artifact, load_manifest
+from serving.package import PackageError, open_package
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ def build_settings(args: argparse.Namespace) -> Any:
         if not package.exists():
             raise UsageError(f"model package {package} does not exist")
         try:
-            # Before the port is taken: every file checked (the engine checks them again when it loads).
-            find_artifact(load_manifest(package), settings.backend, settings.precision)
+            # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
+            open_package(package).artifact(settings.backend, settings.precision)
         except PackageError as e:
             raise UsageError(_one_line(f"{package}: {e}" if str(package) not in str(e) else str(e))) from None
     return settings

@@ -147,8 +147,7 @@ def test_log_level_after_serve_overrides_the_environment(monkeypatch: pytest.Mon
     from serving.serve_cli import build_settings
 
     (tmp_path / "manifest.json").write_text("{}")
-    monkeypatch.setattr("serving.serve_cli.load_manifest", lambda package: {})
-    monkeypatch.setattr("serving.serve_cli.find_artifact", lambda *args: None)
+    monkeypatch.setattr("serving.serve_cli.open_package", lambda package: type("P", (), {"artifact": lambda self, *args: None})())
     monkeypatch.setenv("MTGATE_LOG_LEVEL", "ERROR")
     parser = build_parser(only="serve")
     assert build_settings(parser.parse_args(["serve", "-m", str(tmp_path)])).log_level == "ERROR"
