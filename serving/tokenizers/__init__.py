@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.package import PackageError
-from serving.tokenizers.base import InvalidText, Tokenizer, check_text
+from serving.tokenizers.base import InvalidText, Tokenizer, UnicodeChecked, check_text
 
 __all__ = ["InvalidText", "Tokenizer", "TOKENIZER_KINDS", "check_text", "load_tokenizer"]
 
@@ -32,7 +32,7 @@ def load_tokenizer(package_dir: Path, entry: dict[str, Any]) -> Tokenizer:
         entry: the manifest's ``tokenizer`` object.
 
     Returns:
-        A :class:`Tokenizer`.
+        A :class:`Tokenizer` whose ``encode`` refuses text that is not valid Unicode (``InvalidText``).
 
     Raises:
         PackageError: unknown kind, a file role missing from the entry, or a file missing or unreadable.
@@ -65,7 +65,7 @@ def load_tokenizer(package_dir: Path, entry: dict[str, Any]) -> Tokenizer:
         # Imported lazily: each package needs one tokenizer implementation only.
         from serving.tokenizers.subword import SubwordTextEncoder
 
-        return SubwordTextEncoder(paths["vocab"])
+        return UnicodeChecked(SubwordTextEncoder(paths["vocab"]))
     except (OSError, ValueError) as e:
         raise PackageError(f"{package_dir}: cannot load the {kind} tokenizer: {e}") from e
 

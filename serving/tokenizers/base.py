@@ -52,13 +52,34 @@ def check_text(text: str) -> None:
     )
 
 
+class UnicodeChecked:
+    """A tokenizer that refuses text that is not valid Unicode (:func:`check_text`) before encoding it.
+
+    ``load_tokenizer`` wraps the T2T subword encoder in it: ``SubwordTextEncoder`` itself stays T2T-exact (it
+    escapes a lone surrogate as ``\\55296;``, which tests use to make such T2T records), while the engine's
+    tokenizer refuses the text like every other one. SentencePiece, which cannot take such text at all, checks it
+    itself.
+    """
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+
+    def encode(self, text: str) -> list[int]:
+        check_text(text)
+        return self.inner.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.inner.decode(ids)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """Text <-> token ids for one model.
 
     ``encode`` returns the source ids *without* EOS (the engine appends the package's EOS id); ``decode`` turns
     target ids back into text, skipping special tokens. The engine cuts a hypothesis at its first EOS before decoding.
-    ``encode`` raises :class:`InvalidText` (via :func:`check_text`) for text that is not valid Unicode.
+    The tokenizers ``load_tokenizer`` returns raise :class:`InvalidText` (:func:`check_text`) from ``encode`` for text
+    that is not valid Unicode.
     """
 
     def encode(self, text: str) -> list[int]:

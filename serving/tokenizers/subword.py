@@ -21,8 +21,6 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from serving.tokenizers.base import check_text
-
 logger = logging.getLogger(__name__)
 
 PAD_ID = 0
@@ -133,13 +131,8 @@ class SubwordTextEncoder:
         return tuple(self._subtokens)
 
     def encode(self, text: str) -> list[int]:
-        """Text to subtoken ids, without EOS (T2T appends EOS itself).
-
-        Raises:
-            InvalidText: the text is not valid Unicode (T2T would escape a lone surrogate; we refuse it as every
-                tokenizer does, so that a request gets the same answer whatever the model).
-        """
-        check_text(text)
+        """Text to subtoken ids, without EOS (T2T appends EOS itself). Like T2T, a lone surrogate is escaped
+        (``\\55296;``); the tokenizer a package loads refuses such text first (``base.UnicodeChecked``)."""
         ids: list[int] = []
         cache = self._cache
         for word in split_words(text):

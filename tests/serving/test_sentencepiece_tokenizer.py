@@ -100,3 +100,25 @@ def test_load_t2t_subword(tmp_path: Path) -> None:
     tok = load_tokenizer(tmp_path, {"kind": "t2t_subword", "files": {"vocab": "vocab.subwords"}})
     assert tok.encode("a b") == [2, 3]
     assert tok.decode([2, 3]) == "a b"
+
+
+@pytest.mark.parametrize("text", ["A \ud800 man", "\udfff", "ok \udcff"])
+def test_text_that_is_not_unicode_is_refused_by_every_loaded_tokenizer(
+    tokenizer: SentencePieceTokenizer, tmp_path: Path, text: str
+) -> None:
+    from serving.tokenizers import InvalidText
+    from serving.tokenizers.subword import SubwordTextEncoder
+
+    # SentencePiece cannot take it at all (it used to raise pybind11's RuntimeError "Unable to cast ...").
+    with pytest.raises(InvalidText, match="lone surrogate U\\+D[89A-F][0-9A-F]{2} at character") as caught:
+        tokenizer.encode(text)
+    assert caught.value.text == text and caught.value.about("text[3]").message.startswith("text[3] holds")
+    # T2T's encoder escapes it, as T2T does; the tokenizer a package loads refuses it like SentencePiece.
+    (tmp_path / "vocab.subwords").write_text("'<pad>'\n'<EOS>'\n'a_'\n'b_'\n", encoding="utf-8")
+    SubwordTextEncoder(tmp_path / "vocab.subwords").encode(text)  # no error
+    loaded = load_tokenizer(tmp_path, {"kind": "t2t_subword", "files": {"vocab": "vocab.subwords"}})
+    with pytest.raises(InvalidText):
+        loaded.encode(text)
+    assert loaded.encode("a b") == [2, 3]
+    if text.endswith("\udcff"):  # what surrogateescape makes of the byte 0xff
+        assert "an undecodable byte 0xff" in str(caught.value)
