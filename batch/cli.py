@@ -31,6 +31,7 @@ from batch.schema import detect_schema
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
+    OneLineParser,
     add_decoding,
     add_log_level,
     add_max_batch_size,
@@ -344,7 +345,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
+    parser = OneLineParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
                                      "files with a model package or a server.")
     add_log_level(parser, default="WARNING", help="logging level (default WARNING; DEBUG also shows TensorFlow's "
                   "own start-up log)")

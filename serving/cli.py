@@ -13,9 +13,8 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from serving.cli_options import add_log_level
+from serving.cli_options import OneLineParser, add_log_level
 
 # subcommand -> (module, one-line help, the extra it needs beyond the plain install)
 _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
@@ -44,13 +43,6 @@ class UsageError(Exception):
     """Bad arguments or input: reported as one line on stderr, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``mtgate translate: error: argument --beam-size: ...`` (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def missing_extra(extra: str) -> str | None:
     """None when the modules of ``extra`` are installed, else one line that says what to install."""
     missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
@@ -61,7 +53,7 @@ def missing_extra(extra: str) -> str | None:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
+    parser = OneLineParser(prog="mtgate", description="Serve and validate translation Transformers on CPU.")
     level_help = "logging level, before or after the subcommand (default: WARNING; for serve, $MTGATE_LOG_LEVEL)"
     add_log_level(parser, default=None, help=level_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -30,11 +30,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 BACKENDS = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``mtgate translate: error: argument --beam-size: ...`` (no usage block);
+    subcommand parsers made from it are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_int(value: str) -> int:

@@ -110,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     package = args.package or args.model
     if package is None:
         raise UsageError("which package? mtgate export-triton PKG -o REPO (or -m PKG)")
+    created = not args.output.exists()
+    try:  # an output that cannot be written is an input error, found before anything is copied
+        args.output.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the model repository {args.output}: {e.strerror or e}; give another -o") from None
     try:
         model_dir = export_triton(
             package, args.output, model_name=args.model_name, version=args.model_version,
@@ -117,8 +122,14 @@ def run(args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
             max_queue_size=args.max_queue_size,
         )
-    except (PackageError, ValueError) as e:
-        raise UsageError(str(e)) from None
+    except (PackageError, ValueError, OSError) as e:
+        if created:  # leave nothing behind: the repository this command made is removed again
+            shutil.rmtree(args.output, ignore_errors=True)
+        if not isinstance(e, OSError):
+            raise UsageError(str(e)) from None
+        sys.stderr.write(f"mtgate export-triton: failed: cannot write {e.filename or args.output}: "
+                         f"{e.strerror or e}; nothing was changed in {args.output}\n")
+        return 1
     sys.stdout.write(f"wrote Triton model {model_dir.name!r} to {model_dir}\n")
     return 0
 
