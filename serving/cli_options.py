@@ -1,25 +1,7 @@
 """One vocabulary of command-line options for every ``mtgate`` subcommand and ``batch-score``.
 
-The same thing has the same name in every command, Triton's name where Triton has one:
-
-=========================  =============================================  ==========================================
-option                     what it is                                     old spellings (hidden, accepted one release)
-=========================  =============================================  ==========================================
-``-m, --model PKG``        a model package (``mtgate convert``'s output)  ``--candidate`` (validate)
-``--checkpoint DIR``       a training checkpoint (bench)                  ``--model`` (bench)
-``--backend NAME``         ``onnxruntime`` or ``openvino``                ``--runtime``
-``--precision NAME``       ``fp32`` or ``int8``
-``--threads N``            intra-op threads of the runtime
-``--beam-size N``          beams (1: greedy)
-``--max-length N``         most generated tokens per sentence, EOS excl.
-``--max-batch-size N``     most sentences in one engine batch             ``--max-batch-sentences``
-``--max-batch-tokens N``   most padded source tokens in one batch         ``--max-tokens`` (batch-score)
-``--max-queue-delay-us N`` longest wait of a queued sentence for a        ``--max-batch-delay-ms`` (milliseconds)
-                           fuller batch, in microseconds
-``--max-queue-size N``     most sentences waiting; beyond it 503          ``--queue-capacity``
-``--api-key KEY``          ``Authorization: Bearer KEY``
-``--log-level LEVEL``      before or after the subcommand
-=========================  =============================================  ==========================================
+The same thing has the same name in every command, Triton's name where Triton has one: :data:`VOCABULARY` lists
+each option, what it is and its old spellings (README.md's option table is generated from it).
 
 Each ``add_*`` function registers one option with its help text; an old spelling is registered with
 ``argparse.SUPPRESS`` help (so ``--help`` shows only the new name) and writes the same destination.
@@ -30,7 +12,48 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
+
+
+class Term(NamedTuple):
+    """One option of the vocabulary: its spelling, what it is, and the old spellings still accepted (hidden)."""
+
+    option: str
+    meaning: str
+    old: str = ""
+
+
+VOCABULARY: tuple[Term, ...] = (
+    Term("-m, --model PKG", "a model package (what `mtgate convert` writes); `serve` takes several",
+         "`--candidate` (validate)"),
+    Term("--baseline PKG", "the package a candidate is compared with (validate)"),
+    Term("--backend NAME", "the runtime: `onnxruntime` or `openvino` (Triton's `backend`)", "`--runtime`"),
+    Term("--precision NAME", "which artifact of the package: `fp32` or `int8`"),
+    Term("--threads N", "intra-op threads of the runtime"),
+    Term("--beam-size N", "beams (1: greedy search); at most the server's `max_beam_size`"),
+    Term("--max-length N", "most generated tokens per sentence, EOS excluded"),
+    Term("--max-batch-size N", "most sentences in one engine batch (Triton's `max_batch_size`)",
+         "`--max-batch-sentences`"),
+    Term("--max-batch-tokens N", "most padded source tokens in one engine batch", "`--max-tokens` (batch-score)"),
+    Term("--max-queue-delay-us US", "longest wait of a queued sentence for a fuller batch, in microseconds "
+         "(Triton's `max_queue_delay_microseconds`)", "`--max-batch-delay-ms` (milliseconds)"),
+    Term("--max-queue-size N", "most sentences waiting; beyond it 503 with Retry-After (Triton's `max_queue_size`)",
+         "`--queue-capacity`"),
+    Term("--api-key KEY", "sent or required as `Authorization: Bearer KEY` (default `$MTGATE_API_KEY`)"),
+    Term("-o, --output PATH", "where a command writes its result (atomically; refused before any work when it "
+         "cannot be written)"),
+    Term("--log-level LEVEL", "DEBUG, INFO, WARNING, ERROR; before or after the subcommand"),
+    Term("--checkpoint DIR", "a training checkpoint (`python -m benchmarks.bench`)", "`--model` (bench)"),
+)
+"""Every shared option, in the order README.md's table lists them."""
+
+
+def vocabulary_table() -> str:
+    """README.md's option table (Markdown), from :data:`VOCABULARY`."""
+    rows = ["| option | what it is | old spelling (hidden, still accepted) |", "|---|---|---|"]
+    rows += [f"| `{t.option}` | {t.meaning} | {t.old or '-'} |" for t in VOCABULARY]
+    return "\n".join(rows) + "\n"
+
 
 BACKENDS = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")
