@@ -100,11 +100,12 @@ class ReferenceModel:
         with self._blas.limit(limits=1, user_api="blas"):
             return self._encode(input_ids)
 
-    def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
-                    src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One token per row -> (log_probs [B,V], present_kv [L,2,B,H,T+1,Dh])."""
+    def decode_step(self, input_ids: np.ndarray, step: int | np.ndarray, past_kv: np.ndarray, cross_kv: np.ndarray,
+                    src_bias: np.ndarray, self_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One token per row at position ``step`` (one for all rows, or ``[B]``) -> (log_probs [B,V], present_kv
+        [L,2,B,H,T+1,Dh]); ``self_bias [B,1,1,T]`` is added to the scores of the cached slots (None: nothing)."""
         with self._blas.limit(limits=1, user_api="blas"):
-            return self._decode_step(input_ids, step, past_kv, cross_kv, src_bias)
+            return self._decode_step(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
 
     def _encode(self, input_ids: np.ndarray) -> EncoderOutput:
         c = self.c
@@ -132,11 +133,16 @@ class ReferenceModel:
         return EncoderOutput(memory=x.astype(np.float32), cross_kv=cross.astype(np.float32),
                              src_bias=bias.astype(np.float32))
 
-    def _decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
-                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _decode_step(self, input_ids: np.ndarray, step: int | np.ndarray, past_kv: np.ndarray, cross_kv: np.ndarray,
+                     src_bias: np.ndarray, self_bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         c = self.c
         table = self.w["encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"]
-        x = self._embed(table, input_ids) + self.w["positions"][step]
+        positions = np.asarray(step, dtype=np.int64)
+        position = self.w["positions"][positions] if positions.ndim == 0 else self.w["positions"][positions.reshape(-1, 1)]
+        x = self._embed(table, input_ids) + position
+        mask = None
+        if self_bias is not None:  # the new token's own slot is never masked
+            mask = np.concatenate([self_bias, np.zeros(self_bias.shape[:3] + (1,))], axis=3).astype(np.float64)
         past = past_kv.astype(np.float64)
         cross = cross_kv.astype(np.float64)
         bias = src_bias.astype(np.float64)
@@ -149,7 +155,7 @@ class ReferenceModel:
                 k = np.concatenate([past[i, 0], k], axis=2)
                 v = np.concatenate([past[i, 1], v], axis=2)
                 present.append(np.stack([k, v]))
-                return self._linear(self._attend(q, k, v, None), f"{p}.self_attn.o")
+                return self._linear(self._attend(q, k, v, mask), f"{p}.self_attn.o")
 
             def cross_attn(y: np.ndarray, p: str = p, i: int = i) -> np.ndarray:
                 q = self._split(self._linear(y, f"{p}.cross_attn.q"))

@@ -1,8 +1,11 @@
-"""The engine: ``Translator`` turns texts into translations with a model package on one runtime.
+"""The engine: ``Translator`` turns texts into translations with a model package on one runtime (the
+``serving.request.Engine`` protocol).
 
-It tokenizes (EOS appended), sorts the batch by source length, splits it into sub-batches under a budget of padded
-source tokens times beams, encodes each sub-batch once, decodes it (``serving.decoding``), detokenizes, and returns
-the results in input order. It knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
+``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
+the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
+beams, encodes each sub-batch once (``serving.encoding``), decodes it (``serving.decoding``), detokenizes, and
+returns the results in input order; ``translate`` is both. It knows nothing of HTTP; the server and ``batch-score``
+call it from one worker thread.
 
 Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
 
@@ -19,85 +22,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
-from serving.decoding import Hypothesis, SearchOptions, search
-from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ServingError
-from serving.package import MASK_VALUE, DecodingDefaults, PackageError, open_package
+from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
+from serving.encoding import encode_sorted
+from serving.errors import InferenceFailed, InvalidInput, ServingError
+from serving.package import PackageError, open_package
+from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, check_lengths
 from serving.tokenizers import Tokenizer, load_tokenizer
+
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "TokenIds", "Translation", "Translator"]
 
 logger = logging.getLogger(__name__)
 
-OnStep = Callable[[int, str], None]
-"""``on_step(index, partial_text)``: text ``index`` of the request now reads ``partial_text``."""
-
 DEFAULT_MAX_BATCH_TOKENS = 4096
-ENCODER_CALL_COST = 16
-"""The fixed cost of one encoder call, in padded source tokens (see :func:`encoder_groups`)."""
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """Per-request decoding overrides (None: the package's default).
-
-    Attributes:
-        beam_size: beams (1: greedy search).
-        max_length: at most this many generated tokens, EOS excluded.
-    """
-
-    beam_size: int | None = None
-    max_length: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded model is.
-
-    Attributes:
-        name: package name.
-        version: package version.
-        runtime: ``onnxruntime`` or ``openvino``.
-        precision: ``fp32`` or ``int8``.
-        source_framework: where the checkpoint came from (``marian``, ``t2t``).
-        max_input_tokens: the longest accepted source, in tokens including EOS (the model's positions).
-        decoding: the package's decoding defaults.
-        source_vocab_size: source vocabulary size.
-        target_vocab_size: target vocabulary size.
-    """
-
-    name: str
-    version: str
-    runtime: str
-    precision: str
-    source_framework: str
-    max_input_tokens: int
-    decoding: DecodingDefaults
-    source_vocab_size: int
-    target_vocab_size: int
-
-
-@dataclass(frozen=True)
-class Translation:
-    """One translated text.
-
-    Attributes:
-        text: the translation.
-        input_tokens: source tokens, EOS included.
-        output_tokens: generated tokens, EOS excluded (``len(token_ids)``).
-        score: length-normalized log-probability of the hypothesis (see ``serving.decoding.Hypothesis``).
-        token_ids: generated ids, EOS excluded.
-    """
-
-    text: str
-    input_tokens: int
-    output_tokens: int
-    score: float | None
-    token_ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -191,7 +134,7 @@ class Translator:
         return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Source ids of each text, EOS appended."""
+        """Source ids of each text, EOS appended (the tokenizer runs once per text)."""
         eos = self.ids.eos
         return [[*self.tokenizer.encode(text), eos] for text in texts]
 
@@ -199,23 +142,49 @@ class Translator:
         """Source tokens of each text, EOS included."""
         return [len(ids) for ids in self.encode(texts)]
 
-    def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
-        """The search options a request resolves to (defaults overridden by ``options``).
+    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None) -> Prepared:
+        """Tokenize ``texts``, check their lengths and resolve ``options``: what :meth:`run` decodes.
+
+        Arguments:
+            texts: source texts; an empty text is translated as a source of just EOS.
+            options: beam size / max length overrides.
 
         Raises:
-            InvalidInput: a beam size or max length below 1.
+            InputTooLong: a text has more tokens than the model has positions.
         """
+        return self._prepared(self.encode(texts), options)
+
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
+        """:meth:`prepare` for sentences already tokenized with this package's source vocabulary: each sentence's
+        ids as the tokenizer gives them, without EOS (e.g. tensor2tensor records, with their EOS cut off).
+
+        Raises:
+            InvalidInput: an id outside the source vocabulary.
+            InputTooLong: a sentence has more tokens than the model has positions.
+        """
+        size = self.info.source_vocab_size
+        sources: list[list[int]] = []
+        for index, sentence in enumerate(ids):
+            source = [int(i) for i in sentence]
+            bad = next((i for i in source if not 0 <= i < size), None)
+            if bad is not None:
+                raise InvalidInput(f"text {index} holds the id {bad}, outside the source vocabulary of {size}")
+            sources.append([*source, self.ids.eos])
+        return self._prepared(sources, options)
+
+    def _prepared(self, sources: list[list[int]], options: DecodeOptions | None) -> Prepared:
+        lengths = np.array([len(source) for source in sources], dtype=np.int64)
+        check_lengths(lengths, self.info.max_input_tokens)
+        return Prepared(sources, self.max_steps(lengths, options), self.search_options(options))
+
+    def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
+        """The search options a request resolves to (the package's defaults overridden by ``options``)."""
         options = options or DecodeOptions()
         defaults = self.info.decoding
-        beam_size = defaults.beam_size if options.beam_size is None else int(options.beam_size)
-        if beam_size < 1:
-            raise InvalidInput(f"beam_size must be at least 1, got {beam_size}")
-        if options.max_length is not None and options.max_length < 1:
-            raise InvalidInput(f"max_length must be at least 1, got {options.max_length}")
         return SearchOptions(
             eos_id=self.ids.eos,
             decoder_start_id=self.ids.decoder_start,
-            beam_size=beam_size,
+            beam_size=defaults.beam_size if options.beam_size is None else options.beam_size,
             length_penalty=defaults.length_penalty,
             length_penalty_kind=defaults.length_penalty_kind,
             bad_word_ids=tuple(defaults.bad_word_ids),
@@ -236,34 +205,37 @@ class Translator:
             caps = np.full(source_lengths.shape, int(defaults.max_length), dtype=np.int64)
         return np.clip(caps, 1, self.info.max_input_tokens).astype(np.int64)
 
-    def translate(
-        self, texts: Sequence[str], options: DecodeOptions | None = None, on_step: OnStep | None = None
-    ) -> list[Translation]:
-        """Translate texts (any number; sub-batched internally).
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
+        """Decode prepared sentences (any number; sub-batched internally).
 
         Arguments:
-            texts: source texts; an empty text is translated as a source of just EOS.
-            options: beam size / max length overrides.
-            on_step: streaming hook ``on_step(index, partial_text)``, called when a text's partial translation
-                changes: after every step with greedy search, once when the sentence is done with beam search.
+            prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly joined with others of the same options.
+            on_partial: streaming hook ``on_partial(index, partial_text)``, called when a sentence's partial
+                translation changes: after every step with greedy search, once when it is done with beam search.
 
         Returns:
-            One :class:`Translation` per text, in input order.
+            One :class:`Translation` per sentence, in order.
+
+        Raises:
+            InferenceFailed: the runtime failed.
+        """
+        sources = prepared.sources
+        lengths = np.array(prepared.lengths, dtype=np.int64)
+        results: list[Translation | None] = [None] * len(sources)
+        for batch in self._batches(lengths, prepared.search.beam_size):
+            self._translate_batch(batch, sources, lengths, prepared.caps, prepared.search, results, on_partial)
+        return [r for r in results if r is not None]
+
+    def translate(
+        self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None
+    ) -> list[Translation]:
+        """Translate texts: :meth:`run` of :meth:`prepare`.
 
         Raises:
             InputTooLong: a text has more tokens than the model has positions (nothing is translated).
-            InvalidInput: bad options.
             InferenceFailed: the runtime failed.
         """
-        search_options = self.search_options(options)
-        sources = self.encode(texts)
-        lengths = np.array([len(s) for s in sources], dtype=np.int64)
-        self.check_lengths(lengths)
-        caps = self.max_steps(lengths, options)
-        results: list[Translation | None] = [None] * len(sources)
-        for batch in self._batches(lengths, search_options.beam_size):
-            self._translate_batch(batch, sources, lengths, caps, search_options, results, on_step)
-        return [r for r in results if r is not None]
+        return self.run(self.prepare(texts, options), on_partial)
 
     def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
         """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
@@ -285,10 +257,10 @@ class Translator:
         caps: np.ndarray,
         options: SearchOptions,
         results: list[Translation | None],
-        on_step: OnStep | None,
+        on_partial: OnPartial | None,
     ) -> None:
         started = time.perf_counter()
-        hook = None if on_step is None else self._stream_hook(batch, on_step)
+        hook = None if on_partial is None else self._stream_hook(batch, on_partial)
         try:
             encoded = self.encode_batch(sources, batch)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, caps[batch], options, hook)
@@ -316,20 +288,6 @@ class Translator:
         """The text of generated ids, up to the first EOS."""
         return self.tokenizer.decode(_until_eos(token_ids, self.ids.eos))
 
-    def check_lengths(self, lengths: np.ndarray) -> None:
-        """Refuse sources longer than the model's positions.
-
-        Raises:
-            InputTooLong: the first text that is too long (nothing is translated).
-        """
-        limit = self.info.max_input_tokens
-        if lengths.size and lengths.max() > limit:
-            index = int(np.argmax(lengths > limit))
-            raise InputTooLong(
-                f"text {index} has {int(lengths[index])} tokens; the model accepts at most {limit}",
-                index=index, tokens=int(lengths[index]), limit=limit,
-            )
-
     def encode_batch(self, sources: list[list[int]], rows: np.ndarray) -> EncoderOutput:
         """Encode the sources ``rows`` (sorted by decreasing length), right-padded with the pad id."""
         lengths = np.array([len(sources[i]) for i in rows], dtype=np.int64)
@@ -339,17 +297,11 @@ class Translator:
         return self._encode(input_ids, lengths)
 
     def _encode(self, input_ids: np.ndarray, lengths: np.ndarray) -> EncoderOutput:
-        """Encode a batch sorted by decreasing length in groups of similar length (:func:`encoder_groups`), so that
-        short sentences are not padded to the longest; the outputs are joined and padded for the decoder."""
-        groups = encoder_groups(lengths)
-        if len(groups) == 1:
-            return self.backend.encode(input_ids)
-        parts = [self.backend.encode(input_ids[start:end, : int(lengths[start:end].max())]) for start, end in groups]
-        return join_encoder_outputs(parts, [start for start, _ in groups], input_ids.shape)
+        return encode_sorted(self.backend, input_ids, lengths)
 
-    def _stream_hook(self, batch: np.ndarray, on_step: OnStep) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
-        """The search's streaming hook for a batch whose row ``i`` is text ``batch[i]``: calls ``on_step(index,
-        partial_text)`` when a text's partial translation changes."""
+    def _stream_hook(self, batch: np.ndarray, on_partial: OnPartial) -> OnTokens:
+        """The search's streaming hook for a batch whose row ``i`` is sentence ``batch[i]``: calls
+        ``on_partial(index, partial_text)`` when a sentence's partial translation changes."""
         last: dict[int, str] = {}
 
         def hook(rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
@@ -358,51 +310,9 @@ class Translator:
                 text = self.detokenize(row_tokens[:length].tolist())
                 if last.get(index) != text:
                     last[index] = text
-                    on_step(index, text)
+                    on_partial(index, text)
 
         return hook
-
-
-def encoder_groups(lengths: np.ndarray, call_cost: int = ENCODER_CALL_COST) -> list[tuple[int, int]]:
-    """Cut rows sorted by decreasing length into contiguous groups ``[start, end)`` for the encoder.
-
-    The encoder's work for a group is about ``rows x longest`` padded tokens (right padding is computed like any
-    token), plus a fixed cost per call (``call_cost`` tokens: smaller matrix products, one more graph run). The cut
-    minimizes the sum over groups (dynamic programming over the cut points). For the 16-sentence batches of
-    ``mtgate bench`` it removes about half of the padding; identical lengths stay one group.
-    """
-    n = int(lengths.size)
-    best = np.zeros(n + 1, dtype=np.float64)  # best[j]: cost of encoding rows [0, j)
-    cut = np.zeros(n + 1, dtype=np.int64)  # where the last group of rows [0, j) starts
-    longest = np.asarray(lengths, dtype=np.float64)
-    for end in range(1, n + 1):
-        starts = np.arange(end)
-        costs = best[:end] + call_cost + (end - starts) * longest[:end]
-        start = int(np.argmin(costs))  # ties: the earliest start, i.e. fewer groups
-        best[end], cut[end] = costs[start], start
-    groups: list[tuple[int, int]] = []
-    end = n
-    while end > 0:
-        groups.append((int(cut[end]), end))
-        end = int(cut[end])
-    return groups[::-1]
-
-
-def join_encoder_outputs(parts: Sequence[EncoderOutput], starts: Sequence[int], shape: tuple[int, ...]) -> EncoderOutput:
-    """One batch's encoder output ``[B, S]`` from groups encoded at their own (shorter) lengths: rows padded with
-    zeros, and the source bias masks the padding, as the encoder would have."""
-    batch, width = shape
-    first = parts[0]
-    layers, _, _, heads, _, head_dim = first.cross_kv.shape
-    memory = np.zeros((batch, width, first.memory.shape[2]), dtype=np.float32)
-    cross_kv = np.zeros((layers, 2, batch, heads, width, head_dim), dtype=np.float32)
-    src_bias = np.full((batch, 1, 1, width), MASK_VALUE, dtype=np.float32)
-    for part, start in zip(parts, starts, strict=True):
-        rows, length = part.memory.shape[0], part.memory.shape[1]
-        memory[start : start + rows, :length] = part.memory
-        cross_kv[:, :, start : start + rows, :, :length] = part.cross_kv
-        src_bias[start : start + rows, :, :, :length] = part.src_bias
-    return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:

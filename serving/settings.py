@@ -46,7 +46,7 @@ class ServingSettings(BaseSettings):
         port: TCP port to listen on.
         batching: ``request``: queued sentences form a batch that runs to its end before the next one starts;
             ``step``: they join the running decode batch at the next decoder step and leave it when done
-            (``serving.step_batching``).
+            (``serving.batching.step``).
         max_batch_size: most sentences in one engine batch (with ``step`` batching: in flight at once); the old
             ``MTGATE_MAX_BATCH_SENTENCES`` still works.
         max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch (``request`` only).

@@ -1,18 +1,27 @@
 """Fakes shared by unit tests of one layer.
 
-``EchoTranslator`` meets the ``serving.engine.Translator`` interface (``info``, ``count_tokens``, ``translate`` with
-``on_step``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
-so tests can predict every answer. It can be slowed down (``step_delay``) to make batching, overload, deadlines and
-streaming observable, and it records every batch it ran.
+``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``, ``run``,
+``translate``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
+so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
+it meets new words) and checks the lengths with the engine's own check, and ``run`` sees ids only. It can be slowed
+down (``step_delay``) to make batching, overload, deadlines and streaming observable, and it records every batch it
+ran (as the texts its ids stand for).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from serving.decoding import SearchOptions
+from serving.request import DecodeOptions, OnPartial, Prepared, Translation, check_lengths
+
+EOS = 0
 
 
 @dataclass(frozen=True)
@@ -26,28 +35,19 @@ class FakeModelInfo:
     target_language: str = "xx"
 
 
-@dataclass(frozen=True)
-class FakeTranslation:
-    text: str
-    input_tokens: int
-    output_tokens: int
-    score: float | None
-    token_ids: list[int] = field(default_factory=list)
-
-
 def echo(text: str) -> str:
     """What EchoTranslator answers for ``text``."""
     return " ".join(reversed(text.split())).upper()
 
 
 class EchoTranslator:
-    """A Translator fake; see the module docstring.
+    """An engine fake; see the module docstring.
 
     Arguments:
         name: the model name reported in ``info``.
         step_delay: seconds slept per decoding step (one step per output word).
         max_input_tokens: the fake model's position limit (tokens = words + 1 for EOS).
-        fail_on: a word that makes ``translate`` raise RuntimeError (tests engine failures).
+        fail_on: a word that makes ``run`` raise RuntimeError (tests engine failures).
     """
 
     def __init__(
@@ -65,41 +65,57 @@ class EchoTranslator:
         self.options: list[Any] = []
         self.threads: set[str] = set()
         self._lock = threading.Lock()
+        self._words = ["</s>"]  # id -> word; id 0 is EOS
+        self._ids: dict[str, int] = {}
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return [len(t.split()) + 1 for t in texts]
-
-    def translate(
-        self, texts: Sequence[str], options: Any = None, on_step: Callable[[int, str], None] | None = None
-    ) -> list[FakeTranslation]:
+    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None) -> Prepared:
+        options = options or DecodeOptions()
         with self._lock:
-            self.batches.append(list(texts))
-            self.options.append(options)
+            sources = [[*(self._id(word) for word in text.split()), EOS] for text in texts]
+        check_lengths([len(source) for source in sources], self.info.max_input_tokens)
+        cap = self.info.max_input_tokens if options.max_length is None else options.max_length + 1
+        search = SearchOptions(eos_id=EOS, decoder_start_id=EOS, beam_size=options.beam_size or 1,
+                               forced_eos=options.max_length is not None)
+        return Prepared(sources, np.full(len(sources), cap, dtype=np.int64), search)
+
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
+        with self._lock:
+            texts = [" ".join(self._words[i] for i in source[:-1]) for source in prepared.sources]
+            self.batches.append(texts)
+            self.options.append(prepared.search)
             self.threads.add(threading.current_thread().name)
         if self.fail_on is not None and any(self.fail_on in t.split() for t in texts):
             raise RuntimeError(f"fake runtime failure on {self.fail_on!r}")
-        targets = [echo(t).split() for t in texts]
-        max_length = getattr(options, "max_length", None)
-        if max_length:
-            targets = [words[:max_length] for words in targets]
+        targets = [echo(t).split()[: int(cap) - 1] for t, cap in zip(texts, prepared.caps, strict=True)]
         for step in range(max((len(w) for w in targets), default=0)):
             if self.step_delay:
                 time.sleep(self.step_delay)
-            if on_step is not None:
+            if on_partial is not None:
                 for i, words in enumerate(targets):
                     if step < len(words):
-                        on_step(i, " ".join(words[: step + 1]))
+                        on_partial(i, " ".join(words[: step + 1]))
         return [
-            FakeTranslation(
+            Translation(
                 text=" ".join(words),
-                input_tokens=n,
+                input_tokens=len(source),
                 output_tokens=len(words),
                 score=-0.5 * len(words),
                 token_ids=list(range(len(words))),
             )
-            for words, n in zip(targets, self.count_tokens(texts), strict=True)
+            for words, source in zip(targets, prepared.sources, strict=True)
         ]
+
+    def translate(
+        self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None
+    ) -> list[Translation]:
+        return self.run(self.prepare(texts, options), on_partial)
 
     @property
     def batch_sizes(self) -> list[int]:
         return [len(b) for b in self.batches]
+
+    def _id(self, word: str) -> int:
+        if word not in self._ids:
+            self._ids[word] = len(self._words)
+            self._words.append(word)
+        return self._ids[word]

@@ -22,15 +22,16 @@ from serving.api.deps import ServiceDep
 from serving.api.docs import install_docs
 from serving.api.errors import install_error_handlers
 from serving.api.middleware import ServerMiddleware
-from serving.api.service import TranslationService, TranslatorLike
+from serving.api.service import TranslationService
 from serving.metrics import CONTENT_TYPE, ServingMetrics
+from serving.request import Engine
 from serving.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: ServingSettings, translator: TranslatorLike | Sequence[TranslatorLike] | None = None
+    settings: ServingSettings, translator: Engine | Sequence[Engine] | None = None
 ) -> FastAPI:
     """Build the app.
 
@@ -41,7 +42,7 @@ def create_app(
     Returns:
         The FastAPI app; its ``state.service`` is the :class:`TranslationService`.
     """
-    translators: Sequence[TranslatorLike] = (
+    translators: Sequence[Engine] = (
         () if translator is None else [translator] if not isinstance(translator, Sequence) else translator
     )
     metrics = ServingMetrics()

@@ -22,9 +22,10 @@ from starlette.requests import ClientDisconnect
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id
 from serving.api.errors import LimitExceeded
 from serving.api.schemas import BulkLineIn, TranslationOut, error_responses
-from serving.api.service import Options, TranslationService
+from serving.api.service import TranslationService
 from serving.api.streams import DuplexStreamingResponse, error_data
 from serving.errors import InferenceFailed, InvalidInput, ServingError
+from serving.request import DecodeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ async def translate_bulk(
 
 
 async def _bulk(
-    request: Request, service: TranslationService, model: str | None, options: Options
+    request: Request, service: TranslationService, model: str | None, options: DecodeOptions
 ) -> AsyncIterator[bytes]:
     out: asyncio.Queue[bytes | None] = asyncio.Queue()
     window = asyncio.Semaphore(service.settings.bulk_window)

@@ -1,8 +1,9 @@
 """The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
 
 A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
-:meth:`TranslationService.admit` for streaming); the service checks limits, counts tokens, admits the texts into the
-model's :class:`~serving.batching.DynamicBatcher` and returns the engine's translations.
+:meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
+texts (``serving.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
+the model's batcher (``serving.batching``) and returns the engine's translations.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 from serving.api.errors import LimitExceeded, ModelNotFound
-from serving.batching import BatchLimits, DynamicBatcher, Pending, StepCallback
-from serving.errors import InferenceFailed, InputTooLong, InvalidInput, ModelNotReady, ServingError
+from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, Pending, StepBatcher, StepRunner
+from serving.errors import InputTooLong, InvalidInput, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError, read_manifest
+from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, Translation
 from serving.settings import ServingSettings
-from serving.step_batching import StepBatcher, StepRunner
 from serving.tokenizers.base import InvalidText
 
 logger = logging.getLogger(__name__)
@@ -30,63 +30,9 @@ logger = logging.getLogger(__name__)
 WARMUP_TEXTS = ["Hello world.", "This is a warm-up sentence for the translation server."]
 
 
-class ModelInfoLike(Protocol):
-    """What the server reads from ``Translator.info`` (``serving.engine.ModelInfo``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def runtime(self) -> str: ...
-
-    @property
-    def precision(self) -> str: ...
-
-    @property
-    def max_input_tokens(self) -> int: ...
-
-
-class TranslationLike(Protocol):
-    """One result of ``Translator.translate`` (``serving.engine.Translation``)."""
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def input_tokens(self) -> int: ...
-
-    @property
-    def output_tokens(self) -> int: ...
-
-    @property
-    def score(self) -> float | None: ...
-
-
-class TranslatorLike(Protocol):
-    """The engine contract the server needs (``serving.engine.Translator``; ``tests.fakes.EchoTranslator``)."""
-
-    @property
-    def info(self) -> ModelInfoLike: ...
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
-
-    def translate(self, texts: Sequence[str], options: Any, on_step: Any = None) -> Sequence[TranslationLike]: ...
-
-
-@dataclass(frozen=True)
-class Options:
-    """Decoding options of a request, already checked against the server's limits; hashable (a batch key)."""
-
-    beam_size: int | None = None
-    max_length: int | None = None
-
-
 @dataclass(frozen=True)
 class _Key:
-    options: Options
+    options: DecodeOptions
     streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
 
 
@@ -104,10 +50,10 @@ class ModelRunner:
         metrics: ServingMetrics,
         *,
         package_dir: Path | None = None,
-        translator: TranslatorLike | None = None,
+        translator: Engine | None = None,
     ) -> None:
         self.package_dir = package_dir
-        self.translator: TranslatorLike | None = translator
+        self.translator: Engine | None = translator
         if translator is not None:
             self.name = str(translator.info.name)
         else:
@@ -118,10 +64,10 @@ class ModelRunner:
         self.load_error: str | None = None
         self._settings = settings
         self._metrics = metrics
-        self.batcher: DynamicBatcher[str, Any] | None = None
+        self.batcher: Batcher[Prepared, Translation] | None = None
 
     @property
-    def info(self) -> ModelInfoLike:
+    def info(self) -> ModelInfo:
         if self.translator is None:
             raise ModelNotReady(f"model {self.name!r} is still loading")
         return self.translator.info
@@ -137,7 +83,7 @@ class ModelRunner:
         )
         observer = self._metrics.observer(self.name)
         if s.batching == "step":
-            self.batcher = StepBatcher(self._run_batch, self._step_runner, limits, observer, name=self.name)
+            self.batcher = StepBatcher(self._step_runner, limits, observer, name=self.name)
         else:
             self.batcher = DynamicBatcher(self._run_batch, limits, observer, name=self.name)
         self.batcher.start()
@@ -168,64 +114,24 @@ class ModelRunner:
 
     def _warm_up(self) -> None:
         assert self.translator is not None
-        for key in (_Key(Options(), False), _Key(Options(), True)):
-            self._run_batch(key, WARMUP_TEXTS, (lambda i, t: None) if key.streaming else None)
+        for on_partial in (None, lambda i, t: None):  # streamed batches detokenize partial results: warm that too
+            self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
 
-    def _run_batch(self, key: Hashable, texts: list[str], on_step: StepCallback | None) -> Sequence[Any]:
-        assert isinstance(key, _Key) and self.translator is not None
-        from serving.engine import DecodeOptions
-
-        options = DecodeOptions(beam_size=key.options.beam_size, max_length=key.options.max_length)
-        return self.translator.translate(texts, options, on_step=on_step)
+    def _run_batch(self, key: Hashable, payloads: list[Prepared], on_partial: OnPartial | None) -> list[Translation]:
+        assert self.translator is not None
+        return self.translator.run(Prepared.join(payloads), on_partial)
 
     def _step_runner(self) -> StepRunner:
+        from serving.continuous import ContinuousDecoder
         from serving.engine import Translator
 
         if not isinstance(self.translator, Translator):
             raise ModelNotReady(f"model {self.name!r}: step-level batching needs a loaded engine")
-        return EngineStepRunner(self.translator)
+        return DecoderRunner(ContinuousDecoder(self.translator))
 
     async def stop(self) -> None:
         if self.batcher is not None:
             await self.batcher.stop()
-
-
-class EngineStepRunner:
-    """The step batcher's runner over the engine's :class:`serving.continuous.ContinuousDecoder`; a chunk's key
-    (:class:`_Key`) carries its decoding options."""
-
-    def __init__(self, translator: Any) -> None:
-        from serving.continuous import ContinuousDecoder
-
-        self.decoder = ContinuousDecoder(translator)
-
-    @property
-    def idle(self) -> bool:
-        return self.decoder.idle
-
-    @property
-    def sentences(self) -> int:
-        return self.decoder.sentences
-
-    def add(
-        self,
-        key: Hashable,
-        payloads: list[Any],
-        on_result: Callable[[Any], None],
-        on_step: StepCallback | None,
-        alive: Callable[[], bool],
-    ) -> None:
-        from serving.engine import DecodeOptions
-
-        assert isinstance(key, _Key)
-        options = DecodeOptions(beam_size=key.options.beam_size, max_length=key.options.max_length)
-        self.decoder.add(payloads, options, on_result, on_step=on_step, alive=alive)
-
-    def step(self) -> None:
-        self.decoder.step()
-
-    def fail(self, error: BaseException) -> None:
-        self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
 
 
 class TranslationService:
@@ -235,7 +141,7 @@ class TranslationService:
         self,
         settings: ServingSettings,
         metrics: ServingMetrics,
-        translators: Sequence[TranslatorLike] = (),
+        translators: Sequence[Engine] = (),
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -323,11 +229,11 @@ class TranslationService:
             raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
         return runner
 
-    def options(self, beam_size: int | None, max_length: int | None) -> Options:
+    def options(self, beam_size: int | None, max_length: int | None) -> DecodeOptions:
         """Decoding options within the server's limits.
 
         Raises:
-            InvalidInput: a value is below 1 or above its limit (named in the message).
+            InvalidInput: a value is not a positive integer, or above its limit (named in the message).
         """
         s = self.settings
         for name, value, limit, setting in (
@@ -338,7 +244,7 @@ class TranslationService:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
                 raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
-        return Options(beam_size=beam_size, max_length=max_length)
+        return DecodeOptions(beam_size=beam_size, max_length=max_length)
 
     def deadline(self, started: float, timeout_s: float | None) -> float:
         """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
@@ -349,8 +255,8 @@ class TranslationService:
             limit = min(limit, timeout_s)
         return started + limit
 
-    async def check_texts(self, runner: ModelRunner, texts: Sequence[str]) -> list[int]:
-        """Check the request-size limits and return each text's source tokens.
+    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions) -> Prepared:
+        """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
 
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
@@ -380,37 +286,30 @@ class TranslationService:
             total += len(text)
         assert runner.translator is not None
         translator = runner.translator
-        # Tokenizing is cheap but not free: keep big requests off the event loop.
         try:
-            counts = (
-                translator.count_tokens(list(texts))
-                if total <= 4096
-                else await asyncio.to_thread(translator.count_tokens, list(texts))
-            )
+            # Tokenizing is cheap but not free: keep big requests off the event loop.
+            if total <= 4096:
+                return translator.prepare(list(texts), options)
+            return await asyncio.to_thread(translator.prepare, list(texts), options)
         except InvalidText as e:  # the tokenizer does not know which text of the request it was
             raise e.about(f"text[{list(texts).index(e.text)}]") from None
-        limit = runner.info.max_input_tokens
-        for i, n in enumerate(counts):
-            if n > limit:
-                raise InputTooLong(
-                    f"text[{i}] is {n} tokens long; the model takes at most {limit} (max_input_tokens)",
-                    index=i,
-                    tokens=n,
-                    limit=limit,
-                )
-        return counts
+        except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
+            raise InputTooLong(
+                f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
+                index=e.index, tokens=e.tokens, limit=e.limit,
+            ) from None
 
     async def admit(
         self,
         model: str | None,
         texts: Sequence[str],
-        options: Options,
+        options: DecodeOptions,
         deadline: float,
         *,
-        on_step: StepCallback | None = None,
+        on_partial: OnPartial | None = None,
         tag: str = "",
         wait_for_room: bool = False,
-    ) -> tuple[ModelRunner, Pending[Any]]:
+    ) -> tuple[ModelRunner, Pending[Translation]]:
         """Check and admit ``texts``; await ``pending.wait()`` for the translations.
 
         Raises:
@@ -418,26 +317,28 @@ class TranslationService:
             Overloaded: the model's queue is full (not with ``wait_for_room``).
         """
         runner = self.ready_model(model)
-        counts = await self.check_texts(runner, texts)
+        prepared = await self.prepare(runner, texts, options)
         assert runner.batcher is not None
-        key = _Key(options, on_step is not None)
+        key = _Key(options, on_partial is not None)
+        sentences, costs = prepared.split(), prepared.lengths
         if wait_for_room:
             pending = await runner.batcher.enqueue_when_room(
-                list(texts), counts, key=key, deadline=deadline, on_step=on_step, tag=tag
+                sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
             )
         else:
-            pending = runner.batcher.enqueue(list(texts), counts, key=key, deadline=deadline, on_step=on_step, tag=tag)
+            pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
+                                             tag=tag)
         pending.future.add_done_callback(lambda f: self._record(runner.name, f))
         return runner, pending
 
     async def translate(
-        self, model: str | None, texts: Sequence[str], options: Options, deadline: float, *, tag: str = ""
-    ) -> tuple[ModelRunner, list[Any]]:
+        self, model: str | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *, tag: str = ""
+    ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model``: one translation per text, in order."""
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
         return runner, await pending.wait()
 
-    def _record(self, model: str, future: asyncio.Future[list[Any]]) -> None:
+    def _record(self, model: str, future: asyncio.Future[list[Translation]]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         results = future.result()

@@ -108,12 +108,12 @@ async def translate_stream(
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
 
-    def on_step(index: int, partial: Any) -> None:
-        events.put_nowait((index, str(partial)))
+    def on_partial(index: int, partial: str) -> None:
+        events.put_nowait((index, partial))
 
     # Admission happens before the 200 is sent: refusals (limits, 503, 404) keep their status codes.
     runner, pending = await service.admit(
-        body.model, texts, options, deadline, on_step=on_step, tag=request_id(request)
+        body.model, texts, options, deadline, on_partial=on_partial, tag=request_id(request)
     )
     return DuplexStreamingResponse(
         _stream_events(request, runner, pending, events, len(texts)),

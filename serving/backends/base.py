@@ -33,22 +33,12 @@ class EncoderOutput:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Runs the encoder and the decoder-step graphs."""
+    """Runs the encoder and the decoder-step graphs; rows of one decoder call may be at different steps (what
+    step-level batching needs; request-level decoding runs them all at one step)."""
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         """Encode right-padded source ids ``[B, S]`` (int64)."""
         ...
-
-    def decode_step(
-        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Feed one token per row (``[B, 1]``) at position ``step``; return ``(log_probs [B, V], present_kv)``."""
-        ...
-
-
-@runtime_checkable
-class StepBackend(Protocol):
-    """A backend whose rows may be at different steps (both runtimes' backends): step-level batching needs it."""
 
     def decode_step(
         self,

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from serving.batching import BatchLimits, BatchStats, DynamicBatcher, StepCallback
+from serving.batching import BatchLimits, BatchStats, DynamicBatcher
 from serving.errors import DeadlineExceeded, InvalidInput, ModelNotReady, Overloaded
+from serving.request import OnPartial
 
 
 class Recorder:
@@ -23,7 +24,7 @@ class Recorder:
         self.threads: set[str] = set()
         self.gate: threading.Event | None = None
 
-    def __call__(self, key: Hashable, payloads: list[str], on_step: StepCallback | None) -> list[str]:
+    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None) -> list[str]:
         self.threads.add(threading.current_thread().name)
         if self.gate is not None:
             self.gate.wait(5)
@@ -31,9 +32,9 @@ class Recorder:
         if any(p == "boom" for p in payloads):
             raise InvalidInput("boom is not translatable")
         for step in range(3):
-            if on_step is not None:
+            if on_partial is not None:
                 for i, p in enumerate(payloads):
-                    on_step(i, p[: step + 1].upper())
+                    on_partial(i, p[: step + 1].upper())
             time.sleep(self.delay / 3)
         return [p.upper() for p in payloads]
 
@@ -220,11 +221,11 @@ def test_progress_reaches_the_event_loop_per_request() -> None:
         seen: dict[int, list[str]] = {}
         loop_thread = threading.current_thread()
 
-        def on_step(index: int, progress: Any) -> None:
+        def on_partial(index: int, progress: Any) -> None:
             assert threading.current_thread() is loop_thread
             seen.setdefault(index, []).append(progress)
 
-        await asyncio.gather(batcher.submit(["abc", "de"], [3, 2], on_step=on_step), batcher.submit(["zz"], [2]))
+        await asyncio.gather(batcher.submit(["abc", "de"], [3, 2], on_partial=on_partial), batcher.submit(["zz"], [2]))
         await batcher.stop()
         return seen
 

@@ -56,7 +56,7 @@ def test_groups_joining_at_different_steps_translate_as_alone(translator: Transl
     for joins_after, (name, texts, options) in zip([0, 2, 1, 3], GROUPS, strict=True):
         for _ in range(joins_after):
             decoder.step()
-        decoder.add(texts, options, results.sink(name))
+        decoder.add(translator.prepare(texts, options), results.sink(name))
     while not decoder.idle:
         decoder.step()
         for lane in decoder._lanes:
@@ -74,13 +74,13 @@ def test_groups_joining_at_different_steps_translate_as_alone(translator: Transl
 def test_late_sentences_open_a_new_lane_and_still_translate_as_alone(translator: Translator) -> None:
     decoder = ContinuousDecoder(translator, max_join_width=3)
     results = Results()
-    decoder.add(SENTENCES[40:42], DecodeOptions(beam_size=2), results.sink("first"))
+    decoder.add(translator.prepare(SENTENCES[40:42], DecodeOptions(beam_size=2)), results.sink("first"))
     for _ in range(2):
         decoder.step()
-    decoder.add(SENTENCES[42:43], DecodeOptions(beam_size=2), results.sink("joins"))  # width 2 < 3: same lane
+    decoder.add(translator.prepare(SENTENCES[42:43], DecodeOptions(beam_size=2)), results.sink("joins"))  # width 2 < 3
     decoder.step()
     assert decoder.lanes == 1
-    decoder.add(SENTENCES[43:45], DecodeOptions(beam_size=2), results.sink("new lane"))  # width 3: a new lane
+    decoder.add(translator.prepare(SENTENCES[43:45], DecodeOptions(beam_size=2)), results.sink("new lane"))  # width 3
     decoder.step()
     assert decoder.lanes == 2
     while not decoder.idle:
@@ -95,8 +95,9 @@ def test_a_group_that_is_no_longer_wanted_leaves_the_batch(translator: Translato
     decoder = ContinuousDecoder(translator)
     results = Results()
     wanted = {"gone": True}
-    decoder.add(SENTENCES[10:13], DecodeOptions(beam_size=2), results.sink("gone"), alive=lambda: wanted["gone"])
-    decoder.add(SENTENCES[13:15], DecodeOptions(beam_size=1), results.sink("kept"))
+    decoder.add(translator.prepare(SENTENCES[10:13], DecodeOptions(beam_size=2)), results.sink("gone"),
+                alive=lambda: wanted["gone"])
+    decoder.add(translator.prepare(SENTENCES[13:15], DecodeOptions(beam_size=1)), results.sink("kept"))
     decoder.step()
     wanted["gone"] = False
     while not decoder.idle:
@@ -110,10 +111,10 @@ def test_streaming_reports_partial_texts_of_each_group(translator: Translator) -
     decoder = ContinuousDecoder(translator)
     results = Results()
     partial: list[tuple[int, str]] = []
-    decoder.add(SENTENCES[15:17], DecodeOptions(beam_size=1), results.sink("a"),
-                on_step=lambda i, text: partial.append((i, text)))
+    decoder.add(translator.prepare(SENTENCES[15:17], DecodeOptions(beam_size=1)), results.sink("a"),
+                on_partial=lambda i, text: partial.append((i, text)))
     decoder.step()
-    decoder.add(SENTENCES[17:18], DecodeOptions(beam_size=1), results.sink("b"))
+    decoder.add(translator.prepare(SENTENCES[17:18], DecodeOptions(beam_size=1)), results.sink("b"))
     while not decoder.idle:
         decoder.step()
     final = results.values["a"]
@@ -127,10 +128,10 @@ def test_refused_input_joins_nothing_and_runtime_failure_fails_every_group(trans
     decoder = ContinuousDecoder(translator)
     results = Results()
     with pytest.raises(InputTooLong):
-        decoder.add(["word " * 2000], None, results.sink("long"))
+        decoder.add(translator.prepare(["word " * 2000], None), results.sink("long"))
     assert decoder.idle and decoder.rows == 0
-    decoder.add(SENTENCES[20:22], None, results.sink("a"))
-    decoder.add(SENTENCES[22:23], None, results.sink("b"))
+    decoder.add(translator.prepare(SENTENCES[20:22], None), results.sink("a"))
+    decoder.add(translator.prepare(SENTENCES[22:23], None), results.sink("b"))
 
     class Broken:
         def __getattr__(self, name: str) -> Any:

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from converters.spec import MASK_VALUE
-from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator, encoder_groups
+from serving.encoding import encoder_groups
+from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator
 from serving.errors import InferenceFailed, InputTooLong, InvalidInput
 from serving.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
 from tests.utils.marian_factory import corpus, make_marian_dir
@@ -166,7 +167,7 @@ def test_streaming_partial_texts(translator: Translator) -> None:
     texts = texts_of_varied_length()[:8]
     for beam in (1, 4):
         calls: list[tuple[int, str]] = []
-        got = translator.translate(texts, DecodeOptions(beam_size=beam), on_step=_recorder(calls))
+        got = translator.translate(texts, DecodeOptions(beam_size=beam), on_partial=_recorder(calls))
         for index, translation in enumerate(got):
             partials = [text for i, text in calls if i == index]
             assert partials and partials[-1] == translation.text
@@ -178,9 +179,9 @@ def test_streaming_partial_texts(translator: Translator) -> None:
 
 
 def test_bad_options(translator: Translator) -> None:
-    with pytest.raises(InvalidInput, match="beam_size must be at least 1"):
+    with pytest.raises(InvalidInput, match="beam_size must be a positive integer, got 0"):
         translator.translate(["x"], DecodeOptions(beam_size=0))
-    with pytest.raises(InvalidInput, match="max_length must be at least 1"):
+    with pytest.raises(InvalidInput, match="max_length must be a positive integer, got 0"):
         translator.translate(["x"], DecodeOptions(max_length=0))
 
 

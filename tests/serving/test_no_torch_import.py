@@ -26,7 +26,7 @@ from serving.engine import DecodeOptions, Translator
 partials = []
 for runtime in ("onnxruntime", "openvino"):
     translator = Translator.load(package, runtime=runtime, threads=1)
-    translator.translate(["A dog runs.", ""], DecodeOptions(beam_size=1), on_step=lambda i, t: partials.append(t))
+    translator.translate(["A dog runs.", ""], DecodeOptions(beam_size=1), on_partial=lambda i, t: partials.append(t))
     translator.translate(["A dog runs."], DecodeOptions(beam_size=4))
 code = main(["translate", "-m", package, "--threads", "1", "Two men talk."])
 banned = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from serving.batching import BatchLimits, StepCallback
+from serving.batching import BatchLimits, StepBatcher
 from serving.errors import DeadlineExceeded, InferenceFailed, InvalidInput, ModelNotReady, ServingError
-from serving.step_batching import StepBatcher
+from serving.request import OnPartial
 from tests.serving.test_batching import Stats
 
 
@@ -23,7 +23,7 @@ class _Chunk:
     key: Hashable
     payloads: list[str]
     on_result: Callable[[Sequence[Any] | BaseException], None]
-    on_step: StepCallback | None
+    on_partial: OnPartial | None
     alive: Callable[[], bool]
     steps_left: int
     steps: int = 0
@@ -49,12 +49,12 @@ class FakeRunner:
     def sentences(self) -> int:
         return sum(len(c.payloads) for c in self.chunks)
 
-    def add(self, key: Hashable, payloads: list[str], on_result: Any, on_step: StepCallback | None,
+    def add(self, key: Hashable, payloads: list[str], on_result: Any, on_partial: OnPartial | None,
             alive: Callable[[], bool]) -> None:
         if any(p.startswith("refuse") for p in payloads):
             raise InvalidInput("refused")
         need = max(int(p.split(":")[1]) if ":" in p else 1 for p in payloads)
-        self.chunks.append(_Chunk(key, payloads, on_result, on_step, alive, need))
+        self.chunks.append(_Chunk(key, payloads, on_result, on_partial, alive, need))
 
     def step(self) -> None:
         self.threads.add(threading.current_thread().name)
@@ -70,9 +70,9 @@ class FakeRunner:
         time.sleep(self.step_delay)
         for chunk in list(self.chunks):
             chunk.steps += 1
-            if chunk.on_step is not None:
+            if chunk.on_partial is not None:
                 for i, p in enumerate(chunk.payloads):
-                    chunk.on_step(i, f"{p}@{chunk.steps}")
+                    chunk.on_partial(i, f"{p}@{chunk.steps}")
             if chunk.steps >= chunk.steps_left:
                 self.chunks.remove(chunk)
                 chunk.on_result([p.upper() for p in chunk.payloads])
@@ -85,8 +85,7 @@ class FakeRunner:
 
 def make(runner: FakeRunner, **limits: Any) -> tuple[StepBatcher[str, str], Stats]:
     stats = Stats()
-    batcher: StepBatcher[str, str] = StepBatcher(lambda k, p, s: [x.upper() for x in p], lambda: runner,
-                                                 BatchLimits(**limits), stats)
+    batcher: StepBatcher[str, str] = StepBatcher(lambda: runner, BatchLimits(**limits), stats)
     batcher.start()
     return batcher, stats
 
@@ -131,7 +130,7 @@ def test_progress_reaches_each_request() -> None:
         runner = FakeRunner()
         batcher, _ = make(runner)
         seen: list[tuple[int, str]] = []
-        result = await batcher.submit(["a:2", "b:2"], [1, 1], on_step=lambda i, p: seen.append((i, p)))
+        result = await batcher.submit(["a:2", "b:2"], [1, 1], on_partial=lambda i, p: seen.append((i, p)))
         assert result == ["A:2", "B:2"]
         assert (0, "a:2@2") in seen and (1, "b:2@2") in seen
         await batcher.stop()

@@ -53,10 +53,14 @@ class HFMarianBackend:
 
     @torch.no_grad()
     def decode_step(
-        self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray
+        self, input_ids: np.ndarray, step: int | np.ndarray, past_kv: np.ndarray, cross_kv: np.ndarray,
+        src_bias: np.ndarray, self_bias: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``serving.backends.Backend`` step, for rows that are all at one step (what ``search`` runs)."""
         self.steps += 1
-        assert past_kv.shape[4] == step, (past_kv.shape, step)
+        assert np.ndim(step) == 0 or np.all(np.asarray(step) == past_kv.shape[4]), "rows at different steps"
+        assert self_bias is None or not self_bias.any(), "masked cache slots"
+        assert past_kv.shape[4] == int(np.asarray(step).reshape(-1)[0]), (past_kv.shape, step)
         past = torch.from_numpy(np.ascontiguousarray(past_kv))
         cross = torch.from_numpy(np.ascontiguousarray(cross_kv))
         self_cache = DynamicCache(ddp_cache_data=[(past[i, 0], past[i, 1]) for i in range(past.shape[0])])

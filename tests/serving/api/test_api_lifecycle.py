@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.api import create_app
+from serving.request import Translation
 from serving.settings import ServingSettings
-from tests.fakes import EchoTranslator, FakeTranslation, echo
+from tests.fakes import EchoTranslator, echo
 
 
 class GatedTranslator(EchoTranslator):
@@ -25,9 +26,9 @@ class GatedTranslator(EchoTranslator):
         super().__init__()
         self.gate = threading.Event()
 
-    def translate(self, texts: Any, options: Any = None, on_step: Any = None) -> list[FakeTranslation]:
+    def translate(self, texts: Any, options: Any = None, on_partial: Any = None) -> list[Translation]:
         self.gate.wait(10)
-        return super().translate(texts, options, on_step)
+        return super().translate(texts, options, on_partial)
 
 
 def test_not_ready_until_warm_then_ready() -> None:

@@ -1,13 +1,16 @@
-"""Step-level (continuous) batching for the server: queued sentences join the running decode batch at the next
+"""Step-level batching (``mtgate serve --batching step``): queued sentences join the running decode batch at the next
 decoder step instead of waiting for the running batch to finish.
 
-:class:`StepBatcher` keeps :class:`serving.batching.DynamicBatcher`'s admission, queue limits, deadlines and
-cancellation, and replaces how batches run. One *drive* loop on the worker thread calls ``runner.step()`` while
-anything is in flight; at every step boundary it first adds the chunks the collector handed over. The collector (on
-the event loop) hands queued items over, oldest first, while fewer than ``max_items`` sentences are in flight;
-items of different keys (decoding options) share the batch, each chunk keeping its own options. A request whose
-client went away or whose deadline passed leaves the batch at the next step. The batcher knows nothing of models:
-the runner (``serving.continuous.ContinuousDecoder`` behind an adapter) does the decoding.
+:class:`StepBatcher` admits requests through the shared queue (``serving.batching.queue``: limits, deadlines,
+cancellation) and replaces how they run. One *drive* loop on the worker thread calls ``runner.step()`` while anything
+is in flight; at every step boundary it first adds the chunks the collector handed over. The collector (on the event
+loop) hands queued items over, oldest first, while fewer than ``max_items`` sentences are in flight; items of
+different keys (decoding options) share the batch, each chunk keeping its own options. A request whose client went
+away or whose deadline passed leaves the batch at the next step.
+
+The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
+over the engine's ``serving.continuous.ContinuousDecoder``, whose payloads are prepared sentences
+(``serving.request.Prepared``).
 """
 
 from __future__ import annotations
@@ -18,20 +21,22 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from serving.batching import (
+from serving.batching.queue import (
+    Batcher,
     BatchLimits,
     BatchObserver,
     BatchStats,
-    DynamicBatcher,
-    RunBatch,
-    StepCallback,
-    _as_serving_error,
-    _call_if_pending,
-    _Item,
+    Item,
+    as_serving_error,
+    relay_partials,
 )
-from serving.errors import InferenceFailed, ModelNotReady
+from serving.errors import InferenceFailed, ModelNotReady, ServingError
+from serving.request import OnPartial, Prepared
+
+if TYPE_CHECKING:  # the service builds the decoder; this module only drives it
+    from serving.continuous import ContinuousDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +55,11 @@ class StepRunner(Protocol):
         key: Hashable,
         payloads: list[Any],
         on_result: OnChunkResult,
-        on_step: StepCallback | None,
+        on_partial: OnPartial | None,
         alive: Callable[[], bool],
     ) -> None:
-        """Let a chunk join at the next step (``on_step(i, progress)`` for payload ``i``; ``alive()`` False: drop it).
-        Raises for a chunk it refuses (nothing joins)."""
+        """Let a chunk join at the next step (``on_partial(i, partial)`` for payload ``i``; ``alive()`` False: drop
+        it). Raises for a chunk it refuses (nothing joins)."""
         ...
 
     def step(self) -> None:
@@ -76,18 +81,43 @@ class StepRunner(Protocol):
         ...
 
 
+class DecoderRunner:
+    """The step runner over the engine's continuous decoder: a chunk's payloads are prepared sentences, joined into
+    one group (they share their search options when they share a key)."""
+
+    def __init__(self, decoder: ContinuousDecoder) -> None:
+        self.decoder = decoder
+
+    @property
+    def idle(self) -> bool:
+        return self.decoder.idle
+
+    @property
+    def sentences(self) -> int:
+        return self.decoder.sentences
+
+    def add(self, key: Hashable, payloads: list[Any], on_result: OnChunkResult, on_partial: OnPartial | None,
+            alive: Callable[[], bool]) -> None:
+        self.decoder.add(Prepared.join(payloads), on_result, on_partial=on_partial, alive=alive)
+
+    def step(self) -> None:
+        self.decoder.step()
+
+    def fail(self, error: BaseException) -> None:
+        self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
+
+
 @dataclass(eq=False)
 class _Chunk:
     key: Hashable
-    items: list[_Item[Any]]
+    items: list[Item[Any]]
     handed_at: float
 
 
-class StepBatcher(DynamicBatcher[P, R]):
-    """A :class:`DynamicBatcher` whose batches are decoded step by step, joined and left at step boundaries.
+class StepBatcher(Batcher[P, R]):
+    """A batcher whose batches are decoded step by step, joined and left at step boundaries.
 
     Arguments:
-        run_batch: runs a whole batch at once on the worker thread (model warm-up; not used for requests).
         make_runner: builds the step runner, called once on the worker thread when the first chunk arrives (after
             the model is loaded).
         limits: ``max_items`` bounds the sentences in flight; the queue limits are as in DynamicBatcher.
@@ -99,13 +129,12 @@ class StepBatcher(DynamicBatcher[P, R]):
 
     def __init__(
         self,
-        run_batch: RunBatch[P, R],
         make_runner: Callable[[], StepRunner],
         limits: BatchLimits,
         observer: BatchObserver | None = None,
         name: str = "model",
     ) -> None:
-        super().__init__(run_batch, limits, observer, name)
+        super().__init__(limits, observer, name)
         self._make_runner = make_runner
         self._runner: StepRunner | None = None
         self._lock = threading.Lock()
@@ -119,41 +148,29 @@ class StepBatcher(DynamicBatcher[P, R]):
         """Sentences handed to the decode batch and not finished."""
         return sum(len(chunk.items) for chunk in self._chunks)
 
-    async def stop(self) -> None:
-        """Refuse new requests, fail queued and in-flight ones with ModelNotReady and stop the worker thread."""
+    def abort_running(self, error: ServingError) -> None:
         self._stopping = True
         for chunk in list(self._chunks):
             for item in chunk.items:
-                item.request._fail(ModelNotReady("server is shutting down"))
-        await super().stop()
+                item.request.set_error(error)
 
     # -- the collector (event loop) ----------------------------------------------------------------------------------
 
-    async def _collect(self) -> None:
+    async def collect(self) -> None:
         while True:
-            self._arrival.clear()
-            if self._groups:
-                self._drop_expired()
+            if self.groups:
+                self.drop_expired()
                 self._hand_over()
-            await self._arrival.wait()
+            await self.wait_for_arrival()
 
     def _hand_over(self) -> None:
         """Move queued items, oldest first, into the decode batch while it has room."""
         room = self.limits.max_items - self.in_flight
-        if room <= 0 or not self._groups:
+        if room <= 0 or not self.groups:
             return
-        queued = sorted((item for group in self._groups.values() for item in group), key=lambda i: i.enqueued_at)
+        queued = sorted((item for group in self.groups.values() for item in group), key=lambda i: i.enqueued_at)
         chosen = queued[:room]
-        taken = set(map(id, chosen))
-        for key in list(self._groups):
-            rest = [item for item in self._groups[key] if id(item) not in taken]
-            if rest:
-                self._groups[key] = rest
-            else:
-                del self._groups[key]
-        self._queued -= len(chosen)
-        self._report_depth()
-        self._room.set()
+        self.take(chosen)
         now = time.monotonic()
         chunks: list[_Chunk] = []
         for item in chosen:  # consecutive items of one request form one chunk
@@ -168,7 +185,7 @@ class StepBatcher(DynamicBatcher[P, R]):
             self._driving = True
         if start:
             loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(self._executor, self._drive, loop)
+            future = loop.run_in_executor(self.executor, self._drive, loop)
             future.add_done_callback(_log_drive_failure)
 
     def _finish(self, chunk: _Chunk, outcome: Sequence[Any] | BaseException) -> None:
@@ -178,35 +195,25 @@ class StepBatcher(DynamicBatcher[P, R]):
         self._chunks.discard(chunk)
         ok = not isinstance(outcome, BaseException)
         if isinstance(outcome, BaseException) and all(item.request.done for item in chunk.items):
-            if self._observer is not None:  # cancelled or expired while decoding: its rows left the batch
-                self._observer.on_dropped("abandoned", len(chunk.items))
-            self._arrival.set()
+            if self.observer is not None:  # cancelled or expired while decoding: its rows left the batch
+                self.observer.on_dropped("abandoned", len(chunk.items))
+            self.notify()
             return
         if isinstance(outcome, BaseException):
-            error = _as_serving_error(outcome)
+            error = as_serving_error(outcome)
             for request in {id(item.request): item.request for item in chunk.items}.values():
-                self._fail(request, error, "failed")
+                self.fail(request, error, "failed")
         elif len(outcome) != len(chunk.items):
             ok = False
             error = InferenceFailed(f"engine returned {len(outcome)} results for {len(chunk.items)} inputs")
-            self._fail(chunk.items[0].request, error, "failed")
+            self.fail(chunk.items[0].request, error, "failed")
         else:
             for item, result in zip(chunk.items, outcome, strict=True):
-                item.request._deliver(item.index, result)
-        if self._observer is not None:
-            costs = [item.cost for item in chunk.items]
-            self._observer.on_batch(
-                BatchStats(
-                    size=len(chunk.items),
-                    padded_cost=len(costs) * max(costs),
-                    cost=sum(costs),
-                    queue_waits=[chunk.handed_at - item.enqueued_at for item in chunk.items],
-                    compute_s=time.monotonic() - chunk.handed_at,
-                    tags=sorted({item.request.tag for item in chunk.items}),
-                    ok=ok,
-                )
-            )
-        self._arrival.set()  # room for more
+                item.request.set_result(item.index, result)
+        if self.observer is not None:
+            waits = [chunk.handed_at - item.enqueued_at for item in chunk.items]
+            self.observer.on_batch(BatchStats.of(chunk.items, waits, time.monotonic() - chunk.handed_at, ok))
+        self.notify()  # room for more
 
     # -- the drive loop (worker thread) ------------------------------------------------------------------------------
 
@@ -222,7 +229,7 @@ class StepBatcher(DynamicBatcher[P, R]):
                 return
         runner = self._runner
         # Prometheus metrics are thread-safe: the step count goes to the observer without a hop to the event loop.
-        observe_step = getattr(self._observer, "on_step", None)
+        observe_step = getattr(self.observer, "on_step", None)
         while True:
             with self._lock:
                 joining, self._joining = self._joining, []
@@ -244,24 +251,16 @@ class StepBatcher(DynamicBatcher[P, R]):
                     observe_step(sentences)
 
     def _add(self, runner: StepRunner, chunk: _Chunk, loop: asyncio.AbstractEventLoop) -> None:
-        items = chunk.items
-        requests = {id(item.request): item.request for item in items}
+        requests = {id(item.request): item.request for item in chunk.items}
 
         def on_result(outcome: Sequence[Any] | BaseException) -> None:  # worker thread
             loop.call_soon_threadsafe(self._finish, chunk, outcome)
 
-        def on_step(i: int, progress: Any) -> None:  # worker thread
-            item = items[i]
-            callback = item.request.on_step
-            if callback is not None and not item.request.done:
-                loop.call_soon_threadsafe(_call_if_pending, item.request, callback, item.index, progress)
-
         def alive() -> bool:  # worker thread: a plain read of the futures' state
             return not all(request.done for request in requests.values())
 
-        wants_steps = any(item.request.on_step is not None for item in items)
         try:
-            runner.add(chunk.key, [item.payload for item in items], on_result, on_step if wants_steps else None,
+            runner.add(chunk.key, [item.payload for item in chunk.items], on_result, relay_partials(loop, chunk.items),
                        alive)
         except Exception as error:  # refused (e.g. too long): only this chunk fails
             on_result(error)
@@ -270,4 +269,3 @@ class StepBatcher(DynamicBatcher[P, R]):
 def _log_drive_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("step batcher: the drive loop died", exc_info=future.exception())
-

@@ -1,0 +1,142 @@
+"""What a search is: its options, its results, the plan of each step, the ``Search`` protocol, and the logits rules
+(bad words, forced EOS, renormalization) greedy and beam search both apply (``serving.decoding``'s docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+LengthPenaltyKind = Literal["hf", "gnmt"]
+
+NEG_INF = np.float32(-np.inf)
+
+OnTokens = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""``on_tokens(rows, tokens, lengths)``: sentence ``rows[i]`` (an index into the decoded batch) now has the output
+``tokens[i, :lengths[i]]``. Greedy search calls it after every step for the sentences still decoding (including the
+step that emits their EOS); beam search calls it once per sentence, with its final hypothesis, when it is done."""
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, resolved for one batch (see ````serving.package.DecodingDefaults```` for the meaning of each).
+
+    Attributes:
+        eos_id: end-of-sentence id.
+        decoder_start_id: the first decoder input.
+        beam_size: 1 for greedy search.
+        length_penalty: HF exponent, or T2T's alpha.
+        length_penalty_kind: ``"hf"`` or ``"gnmt"``; also selects the beam rules (module docstring).
+        bad_word_ids: ids that are never generated.
+        forced_eos: at each sentence's last allowed step, only EOS may be chosen.
+        early_stopping: HF ``early_stopping=True``: a sentence stops once it has ``beam_size`` finished hypotheses.
+        renormalize_logits: log-softmax again after the rules above (HF ``renormalize_logits``).
+    """
+
+    eos_id: int
+    decoder_start_id: int
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    length_penalty_kind: LengthPenaltyKind = "hf"
+    bad_word_ids: tuple[int, ...] = ()
+    forced_eos: bool = False
+    early_stopping: bool = False
+    renormalize_logits: bool = False
+
+
+@dataclass
+class Hypothesis:
+    """One decoded sentence.
+
+    Attributes:
+        token_ids: generated ids (no start token); ends with EOS unless the length cap cut it.
+        score: length-normalized log-probability (HF: ``/ len ** lp``; gnmt: ``/ ((5 + len) / 6) ** alpha``), or, for
+            a T2T beam that never finished, its raw log-probability.
+    """
+
+    token_ids: list[int]
+    score: float
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the next decoder step runs on, as decided by one search step.
+
+    Attributes:
+        tokens: ``[M, 1]`` the next step's inputs, one per row.
+        rows: ``[M]`` for each next row, the row of this step whose cache it continues (beam reorder, finished
+            sentences dropped).
+        encoder_rows: ``[M]`` for each next row, the row of this step's encoder outputs (``cross_kv``, ``src_bias``)
+            it attends to; None when they stay as they are.
+    """
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    encoder_rows: np.ndarray | None
+
+
+class Search(Protocol):
+    """A search over encoded sentences, driven one decoder step at a time: feed ``tokens`` (an empty cache) to the
+    decoder, pass its log-probs to :meth:`advance`, and continue with the plan it returns until it returns None.
+    ``results`` collects each finished sentence's hypothesis under its id as soon as it is done.
+
+    Sentences may join a running search (:meth:`join`, for step-level batching): their rows come after the running
+    ones, and each sentence counts its own steps."""
+
+    tokens: np.ndarray
+    results: dict[int, Hypothesis]
+
+    def advance(self, log_probs: np.ndarray) -> StepPlan | None: ...
+
+    def join(self, other: Search) -> None: ...
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None: ...
+
+
+def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """Length-normalize summed log-probs the way ``options.length_penalty_kind`` does."""
+    length = np.maximum(length, 1).astype(np.float64)
+    if options.length_penalty_kind == "gnmt":
+        return np.asarray(log_prob / ((5.0 + length) / 6.0) ** options.length_penalty)
+    return np.asarray(log_prob / length**options.length_penalty)
+
+
+def bad_word_index(options: SearchOptions, vocab: int) -> np.ndarray:
+    ids = np.asarray(options.bad_word_ids, dtype=np.int64)
+    return ids[(ids >= 0) & (ids < vocab)]
+
+
+def writable(log_probs: np.ndarray) -> np.ndarray:
+    """The backend's float32 log-probs, modified in place when its buffer allows (it is ours until the next step)."""
+    if log_probs.dtype == np.float32 and log_probs.flags.writeable and log_probs.flags.c_contiguous:
+        return log_probs
+    return np.array(log_probs, dtype=np.float32)
+
+
+def apply_rules(
+    log_probs: np.ndarray, bad: np.ndarray, forced: np.ndarray | None, options: SearchOptions
+) -> np.ndarray:
+    """transformers' logits processors, in its order: bad words -> -inf; forced EOS rows -> -inf but EOS 0;
+    then, with ``renormalize_logits``, log-softmax again."""
+    if not (bad.size or forced is not None or options.renormalize_logits):
+        return log_probs
+    log_probs = writable(log_probs)
+    if bad.size:
+        log_probs[:, bad] = NEG_INF
+    if forced is not None:
+        log_probs[forced] = NEG_INF
+        log_probs[forced, options.eos_id] = 0.0
+    if options.renormalize_logits:
+        log_probs -= log_probs.max(axis=1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(axis=1, keepdims=True))
+    return log_probs
+
+
+def pad_width(seqs: np.ndarray, width: int, fill: int) -> np.ndarray:
+    """``seqs [n, ..., w]`` padded with ``fill`` to ``width`` on the last axis."""
+    pad = width - seqs.shape[-1]
+    if pad == 0:
+        return seqs
+    return np.pad(seqs, [(0, 0)] * (seqs.ndim - 1) + [(0, pad)], constant_values=fill)

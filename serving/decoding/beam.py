@@ -1,0 +1,328 @@
+"""Beam search, both rule sets (``serving.decoding``'s docstring): transformers' (``HFBeamSearch``) and
+tensor2tensor's (``T2TBeamSearch``), over shared state and cache handling (``BeamSearchBase``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from serving.decoding.base import (
+    NEG_INF,
+    Hypothesis,
+    OnTokens,
+    Search,
+    SearchOptions,
+    StepPlan,
+    apply_rules,
+    bad_word_index,
+    pad_width,
+    writable,
+)
+
+# transformers masks with -1e9 (float32); tensor2tensor's INF is 1e7.
+_HF_MASK = np.float32(-1.0e9)
+_T2T_INF = np.float32(1.0e7)
+
+_CHUNK = 64  # top-k over wide rows: chunk maxima first (see top_k_sorted)
+
+
+def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of each row, best first; equal scores in ascending index order.
+
+    Narrow rows are sorted. Wide rows (beam candidates are ``K x V``: 232k for opus-mt and 4 beams) are first
+    reduced to the maxima of chunks of 64 entries: the k best entries lie in the k chunks with the best maxima, so only
+    those ``k x 64`` entries are ranked (about 8x faster than a selection over the whole row). A row where another
+    entry ties with the k-th best is re-ranked by a full stable sort, so the result is exact in every case.
+    """
+    n, width = scores.shape
+    if width <= 256:
+        return np.asarray(np.argsort(-scores, axis=1, kind="stable")[:, :k])
+    if width > 16 * k * _CHUNK:
+        maxima = np.maximum.reduceat(scores, np.arange(0, width, _CHUNK), axis=1)
+        chunks = np.argpartition(maxima, maxima.shape[1] - k, axis=1)[:, maxima.shape[1] - k :]
+        part = (chunks[:, :, None] * _CHUNK + np.arange(_CHUNK)).reshape(n, k * _CHUNK)
+        inside = part < width
+        values = np.where(inside, np.take_along_axis(scores, np.minimum(part, width - 1), axis=1), NEG_INF)
+        part = np.where(inside, part, width)  # past the end: ranked after every real entry
+        order = np.lexsort((part, -values), axis=1)[:, :k]
+        kth = np.take_along_axis(values, order[:, -1:], axis=1)
+        # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k, or more such
+        # entries in the k ranked chunks, is a tie (found without another pass over the whole row).
+        tied = np.flatnonzero(((values >= kth).sum(axis=1) > k) | ((maxima >= kth).sum(axis=1) > k))
+    else:
+        part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
+        values = np.take_along_axis(scores, part, axis=1)
+        order = np.lexsort((part, -values), axis=1)[:, :k]
+        kth = np.take_along_axis(values, order[:, -1:], axis=1)
+        tied = np.flatnonzero((scores >= kth).sum(axis=1) > k)
+    top = np.take_along_axis(part, order, axis=1)
+    for row in tied:  # rare: exact ties at the k-th place
+        top[row] = np.argsort(-scores[row], kind="stable")[:k]
+    return np.asarray(top)
+
+
+class BeamSearchBase:
+    """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``. Each sentence counts
+    its own steps (``steps``), so that sentences that joined later share the search."""
+
+    def __init__(self, caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,
+                 joinable: bool) -> None:
+        self.options = options
+        self.on_tokens = on_tokens
+        self.k = options.beam_size
+        n, k, w = caps.shape[0], self.k, int(caps.max())
+        # Not joinable: at the first step every beam of a sentence has the same prefix, so one row per sentence is
+        # decoded; its log-probs are shared by the K beams, and the first plan repeats each row K times.
+        self.expanded = joinable
+        self.tokens = np.full((n * k if joinable else n, 1), options.decoder_start_id, dtype=np.int64)
+        self.ids = ids  # of the sentences still decoding
+        self.caps = caps
+        self.steps = np.zeros(n, dtype=np.int64)  # tokens each sentence has generated
+        self.alive_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
+        self.finished_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
+        self.finished_len = np.zeros((n, k), dtype=np.int64)
+        self.finished_flag = np.zeros((n, k), dtype=bool)
+        self.results: dict[int, Hypothesis] = {}
+        self.bad: np.ndarray | None = None
+        self._init_state(n)
+
+    def advance(self, log_probs: np.ndarray) -> StepPlan | None:
+        k = self.k
+        if self.bad is None:
+            self.vocab = log_probs.shape[1]
+            self.bad = bad_word_index(self.options, self.vocab)
+        first = not self.expanded
+        if first:
+            log_probs = np.repeat(log_probs, k, axis=0)
+            self.expanded = True
+        candidates = self._candidates(log_probs)
+        select = self._advance(candidates)  # rows (sentence * K + beam) to continue, in their new order
+        if select is None:
+            return None
+        tokens = self.alive_seq[np.arange(self.ids.size), :, self.steps].reshape(-1, 1)
+        self.steps = self.steps + 1
+        if first:  # this step had one row per sentence
+            rows = select // k
+            return StepPlan(tokens=tokens, rows=rows, encoder_rows=rows)
+        return StepPlan(tokens=tokens, rows=select, encoder_rows=self.encoder_rows)
+
+    def join(self, other: Search) -> None:
+        assert isinstance(other, type(self)) and other.options == self.options
+        assert self.expanded and other.expanded, "only joinable searches join"
+        width = max(self.alive_seq.shape[2], other.alive_seq.shape[2])
+        eos = self.options.eos_id
+        for name in ("alive_seq", "finished_seq"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, np.concatenate([pad_width(mine, width, eos), pad_width(theirs, width, eos)]))
+        for name in self._per_sentence():
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None:
+        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
+        keep = np.flatnonzero(~np.isin(self.ids, ids))
+        if keep.size == 0:
+            return None
+        self._keep(keep)
+        rows_per_sentence = self.k if self.expanded else 1
+        return np.asarray((keep[:, None] * rows_per_sentence + np.arange(rows_per_sentence)).reshape(-1))
+
+    def _candidates(self, log_probs: np.ndarray) -> np.ndarray:
+        """``[n, K * V]`` float32 candidate log-probs: alive log-prob + next-token log-prob after the rules."""
+        n, k, v = self.ids.size, self.k, self.vocab
+        forced = None
+        if self.options.forced_eos:
+            last = self.caps == self.steps + 1
+            forced = np.repeat(last, k) if last.any() else None
+        assert self.bad is not None
+        log_probs = writable(apply_rules(log_probs, self.bad, forced, self.options))
+        scores = log_probs.reshape(n, k, v)
+        scores += self.alive_scores[:, :, None]
+        return scores.reshape(n, k * v)
+
+    def _gather(self, array: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """array [n, M, ...] gathered along axis 1 with index [n, J]."""
+        return np.asarray(np.take_along_axis(array, index.reshape(index.shape + (1,) * (array.ndim - 2)), axis=1))
+
+    def _extend(self, beam: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """The 2K candidates' sequences ``[n, 2K, w]``: the parent's prefix plus the token at each sentence's step."""
+        cand_seq = self._gather(self.alive_seq, beam)
+        cand_seq[np.arange(self.ids.size)[:, None], np.arange(beam.shape[1])[None, :], self.steps[:, None]] = token
+        return cand_seq
+
+    def _retire(self, done: np.ndarray) -> np.ndarray | None:
+        """Record the results of the sentences marked done, drop them; return the cache rows to keep."""
+        k = self.k
+        if done.any():
+            idx = np.flatnonzero(done)
+            seqs, lens, scores = self._final(idx)
+            for j, i in enumerate(idx.tolist()):
+                self.results[int(self.ids[i])] = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
+            if self.on_tokens is not None:
+                self.on_tokens(self.ids[idx], seqs, lens)
+            keep = np.flatnonzero(~done)
+            if keep.size == 0:
+                return None
+            self._keep(keep)
+            self.encoder_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+            parents = self.parents[keep]
+        else:
+            keep = np.arange(self.ids.size)
+            parents = self.parents
+            self.encoder_rows = None
+        return np.asarray((keep[:, None] * k + parents).reshape(-1))
+
+    def _per_sentence(self) -> tuple[str, ...]:
+        """The state arrays indexed by sentence (first axis), besides the sequences."""
+        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores")
+
+    def _keep(self, keep: np.ndarray) -> None:
+        for name in ("alive_seq", "finished_seq", *self._per_sentence()):
+            setattr(self, name, getattr(self, name)[keep])
+
+    # Implemented by each rule set.
+    encoder_rows: np.ndarray | None
+    alive_scores: np.ndarray
+    finished_scores: np.ndarray
+    parents: np.ndarray
+    vocab: int
+
+    def _init_state(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class HFBeamSearch(BeamSearchBase):
+    """transformers 4.57 ``_beam_search`` rules (module docstring)."""
+
+    def _init_state(self, n: int) -> None:
+        k = self.k
+        self.alive_scores = np.zeros((n, k), dtype=np.float32)
+        self.alive_scores[:, 1:] = _HF_MASK
+        self.finished_scores = np.full((n, k), _HF_MASK, dtype=np.float32)
+        self.improvable = np.ones(n, dtype=bool)
+        self.top_k_mask = np.arange(2 * k) < k
+
+    def _per_sentence(self) -> tuple[str, ...]:
+        return (*super()._per_sentence(), "improvable")
+
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+        k, v, opts = self.k, self.vocab, self.options
+        n = self.ids.size
+        lengths = self.steps + 1  # of the candidates, EOS included
+        # transformers divides by float(length) ** lp, rounded to float32.
+        penalty = (lengths.astype(np.float64) ** opts.length_penalty).astype(np.float32)[:, None]
+        top = top_k_sorted(candidates, 2 * k)  # [n, 2K] flat indices
+        top_scores = np.take_along_axis(candidates, top, axis=1)
+        beam, token = top // v, top % v
+        at_cap = (self.caps <= lengths)[:, None]
+        hits = (token == opts.eos_id) | at_cap  # [n, 2K]
+        cand_seq = self._extend(beam, token)
+
+        # Alive beams for the next step: the best K candidates that did not finish.
+        alive_candidates = top_scores + hits.astype(np.float32) * _HF_MASK
+        pick = top_k_sorted(alive_candidates, k)
+        self.alive_seq = self._gather(cand_seq, pick)
+        self.alive_scores = np.take_along_axis(alive_candidates, pick, axis=1)
+        self.parents = np.take_along_axis(beam, pick, axis=1)
+
+        # Finished hypotheses: only candidates among the first K of the 2K count.
+        just_finished = hits & self.top_k_mask[None, :]
+        finished_candidates = top_scores / penalty
+        if opts.early_stopping:
+            full = self.finished_flag.all(axis=1, keepdims=True)
+            finished_candidates = finished_candidates + full.astype(np.float32) * _HF_MASK
+        finished_candidates = finished_candidates + (~self.improvable[:, None]).astype(np.float32) * _HF_MASK
+        finished_candidates = finished_candidates + (~just_finished).astype(np.float32) * _HF_MASK
+        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
+        best = top_k_sorted(merged_scores, k)
+        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
+        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
+        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
+        self.finished_flag = np.take_along_axis(
+            np.concatenate([self.finished_flag, just_finished], axis=1), best, axis=1
+        )
+
+        # Can the best alive beam still beat the worst finished one? (early_stopping=False heuristic; it also keeps
+        # the sentence going while any of its K finished slots is empty.)
+        best_alive = self.alive_scores[:, :1] / penalty
+        worst_finished = np.where(
+            self.finished_flag, self.finished_scores.min(axis=1, keepdims=True), _HF_MASK
+        )
+        self.improvable &= (best_alive > worst_finished).any(axis=1)
+        done = ~self.improvable | at_cap[:, 0]
+        if opts.early_stopping:
+            done |= self.finished_flag.all(axis=1)
+        return self._retire(done)
+
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        seqs = self.finished_seq[idx, 0]
+        lens = self.finished_len[idx, 0]
+        scores = self.finished_scores[idx, 0].astype(np.float64)
+        missing = ~self.finished_flag[idx, 0]
+        if missing.any():  # cannot happen with transformers' rules; kept as a guard
+            seqs = seqs.copy()
+            seqs[missing] = self.alive_seq[idx[missing], 0]
+            lens = np.where(missing, self.steps[idx] + 1, lens)
+            scores = np.where(missing, self.alive_scores[idx, 0], scores)
+        return seqs, lens, scores
+
+
+class T2TBeamSearch(BeamSearchBase):
+    """tensor2tensor ``beam_search`` rules (module docstring)."""
+
+    def _init_state(self, n: int) -> None:
+        k = self.k
+        self.alive_scores = np.zeros((n, k), dtype=np.float32)  # raw log-probs
+        self.alive_scores[:, 1:] = -_T2T_INF
+        self.finished_scores = np.full((n, k), -_T2T_INF, dtype=np.float32)  # penalized
+
+    def _penalty(self, length: np.ndarray | int) -> np.ndarray:
+        alpha = np.float32(self.options.length_penalty)
+        return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
+
+    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+        k, v, opts = self.k, self.vocab, self.options
+        n = self.ids.size
+        lengths = self.steps + 1
+        penalty = self._penalty(lengths)[:, None]
+        penalized = candidates / penalty
+        top = top_k_sorted(penalized, 2 * k)
+        top_scores = np.take_along_axis(penalized, top, axis=1)
+        top_log_probs = top_scores * penalty  # T2T recovers the log-probs this way
+        beam, token = top // v, top % v
+        finished_now = token == opts.eos_id
+        cand_seq = self._extend(beam, token)
+
+        alive_candidates = top_scores + finished_now.astype(np.float32) * -_T2T_INF
+        pick = top_k_sorted(alive_candidates, k)
+        self.alive_seq = self._gather(cand_seq, pick)
+        self.alive_scores = np.take_along_axis(top_log_probs, pick, axis=1)
+        self.parents = np.take_along_axis(beam, pick, axis=1)
+
+        finished_candidates = top_scores + (~finished_now).astype(np.float32) * -_T2T_INF
+        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
+        best = top_k_sorted(merged_scores, k)
+        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
+        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
+        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
+        self.finished_flag = np.take_along_axis(
+            np.concatenate([self.finished_flag, finished_now], axis=1), best, axis=1
+        )
+
+        # Stop once no alive beam, even at the longest allowed length, can beat the best finished one.
+        bound = self.alive_scores[:, 0] / self._penalty(self.caps)
+        done = (self.finished_scores.max(axis=1) > bound) | (self.caps <= lengths)
+        return self._retire(done)
+
+    def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        has_finished = self.finished_flag[idx].any(axis=1)
+        seqs = np.where(has_finished[:, None], self.finished_seq[idx, 0], self.alive_seq[idx, 0])
+        lens = np.where(has_finished, self.finished_len[idx, 0], self.steps[idx] + 1)
+        scores = np.where(has_finished, self.finished_scores[idx, 0], self.alive_scores[idx, 0]).astype(np.float64)
+        return seqs, lens, scores

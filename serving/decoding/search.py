@@ -1,0 +1,105 @@
+"""``start_search`` picks the search for a set of options; ``search`` drives one over a backend to the end."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from serving.backends.base import Backend
+from serving.decoding.base import Hypothesis, OnTokens, Search, SearchOptions
+from serving.decoding.beam import HFBeamSearch, T2TBeamSearch
+from serving.decoding.greedy import GreedySearch
+
+
+def start_search(
+    max_steps: np.ndarray,
+    options: SearchOptions,
+    on_tokens: OnTokens | None = None,
+    *,
+    ids: np.ndarray | None = None,
+    joinable: bool = False,
+) -> Search:
+    """A step-wise search for sentences with the per-sentence caps ``max_steps`` (``[B]``, EOS included, >= 1).
+
+    Arguments:
+        max_steps: per-sentence caps.
+        options: search options.
+        on_tokens: streaming hook; its ``rows`` are sentence ids.
+        ids: the sentences' ids in ``results`` and ``on_tokens`` (default ``0..B-1``).
+        joinable: beam search starts with ``beam_size`` rows per sentence (identical; beams 1..K-1 masked), so that
+            it can join or be joined at any step; otherwise its first step runs one row per sentence.
+
+    Raises:
+        ValueError: an empty batch, a cap below 1, or a beam size below 1.
+    """
+    caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
+    if caps.size == 0:
+        raise ValueError("a search needs at least one sentence")
+    if caps.min() < 1:
+        raise ValueError("max_steps must be at least 1")
+    if options.beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {options.beam_size}")
+    sentence_ids = np.arange(caps.size) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+    if options.beam_size == 1:
+        return GreedySearch(caps, options, on_tokens, sentence_ids)
+    if options.length_penalty_kind == "gnmt":
+        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, joinable)
+    return HFBeamSearch(caps, options, on_tokens, sentence_ids, joinable)
+
+
+def search(
+    decoder: Backend,
+    cross_kv: np.ndarray,
+    src_bias: np.ndarray,
+    max_steps: np.ndarray,
+    options: SearchOptions,
+    on_tokens: OnTokens | None = None,
+) -> list[Hypothesis]:
+    """Decode a batch of encoded sentences.
+
+    Arguments:
+        decoder: the backend (``decode_step``).
+        cross_kv: the encoder's cross-attention keys/values ``[L, 2, B, H, S, Dh]``.
+        src_bias: the encoder's source mask bias ``[B, 1, 1, S]``.
+        max_steps: ``[B]`` per-sentence cap on generated tokens, EOS included (>= 1).
+        options: search options.
+        on_tokens: optional streaming hook (:data:`OnTokens`).
+
+    Returns:
+        One :class:`Hypothesis` per sentence, in batch order.
+    """
+    caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
+    if caps.shape[0] != cross_kv.shape[2] or caps.shape[0] != src_bias.shape[0]:
+        raise ValueError(f"max_steps has {caps.shape[0]} entries for a batch of {cross_kv.shape[2]}")
+    if caps.size == 0:
+        return []
+    state = start_search(caps, options, on_tokens)
+    tokens, past, step = state.tokens, _empty_cache(cross_kv, caps.size), 0
+    while True:
+        log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
+        plan = state.advance(log_probs)
+        if plan is None:
+            break
+        if not is_identity(plan.rows, past.shape[2]):
+            past = take_rows(decoder, past, plan.rows)
+        if plan.encoder_rows is not None:
+            cross_kv = np.take(cross_kv, plan.encoder_rows, axis=2)
+            src_bias = np.take(src_bias, plan.encoder_rows, axis=0)
+        tokens, step = plan.tokens, step + 1
+    return [state.results.get(i, Hypothesis([], 0.0)) for i in range(caps.size)]
+
+
+def is_identity(rows: np.ndarray, size: int) -> bool:
+    """``rows`` is ``0..size-1`` in order: taking them would copy the array unchanged."""
+    return rows.size == size and bool((rows == np.arange(size)).all())
+
+
+def take_rows(decoder: Backend, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The cache rows ``rows`` (axis 2), in that order: the backend's ``take_rows`` when it has one (it may write
+    into a buffer it reuses), else ``np.take``."""
+    backend_take = getattr(decoder, "take_rows", None)
+    return np.asarray(backend_take(cache, rows)) if backend_take is not None else np.take(cache, rows, axis=2)
+
+
+def _empty_cache(cross_kv: np.ndarray, rows: int) -> np.ndarray:
+    layers, _, _, heads, _, head_dim = cross_kv.shape
+    return np.zeros((layers, 2, rows, heads, 0, head_dim), dtype=np.float32)
