@@ -6,7 +6,9 @@ model is written in the Hugging Face opus-mt layout to ``WORK/export`` (config.j
 generation_config.json, model.safetensors, source.spm, target.spm, vocab.json), which
 ``mtgate convert`` turns into a model package.
 
-    python models/recipe/train_demo.py --data ../shared/data/multi30k --work build/demo-train
+    python models/recipe/train_demo.py --data MULTI30K --work build/demo-train
+
+``MULTI30K``: a folder with Multi30k task 1's ``train.{en,de}.gz`` and ``val.{en,de}.gz``.
 
 Data: Multi30k task 1 (Elliott et al., 2016, W16-3210), research and education use only.
 Needs the ``train`` extra (torch, transformers, sentencepiece, sacrebleu); never imported

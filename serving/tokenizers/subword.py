@@ -102,13 +102,6 @@ class SubwordTextEncoder:
             raise ValueError(f"{path}: not a UTF-8 subword vocabulary ({e})") from e
         self._init_subtokens([_parse_line(line) for line in lines], source=str(path))
 
-    @classmethod
-    def from_subtokens(cls, subtokens: Sequence[str]) -> SubwordTextEncoder:
-        """Build from subtoken strings already parsed (id = position)."""
-        encoder = cls.__new__(cls)
-        encoder._init_subtokens(list(subtokens), source="<list>")
-        return encoder
-
     def _init_subtokens(self, subtokens: list[str], source: str) -> None:
         if not any(subtokens):
             raise ValueError(f"{source}: empty subword vocabulary")

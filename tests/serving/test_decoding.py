@@ -4,8 +4,8 @@
    forward, cache rebuilt from our [L, 2, B, H, T, Dh] arrays) gives exactly the tokens and scores of
    ``MarianMTModel.generate`` on 20 inputs of varied lengths: greedy, beam 4, length penalties, early stopping,
    forced EOS and bad words as opus-mt sets them.
-2. tensor2tensor beam rules against a plain per-sentence reimplementation of ``beam_search`` written here from the
-   reference (t2t-transformer.md section 3), over a fake backend whose next-token distribution depends on the whole
+2. tensor2tensor beam rules against a plain per-sentence reimplementation of ``beam_search`` written here from
+   tensor2tensor's ``utils/beam_search.py``, over a fake backend whose next-token distribution depends on the whole
    prefix (kept in the fake's KV cache, so any wrong cache reorder or batch shrink changes the result).
 3. Unit behaviour: per-sentence caps, forced EOS, bad words, the streaming hook, finished sentences leaving the batch.
 """

@@ -1,6 +1,7 @@
 """An independent numpy implementation of tensor2tensor's ``transformer`` inference, for parity tests.
 
-Written from ``../shared/reference/t2t-transformer.md`` (sections 1 and 2) and deliberately sharing no code with
+Written from tensor2tensor's own code (``models/transformer.py``, ``layers/common_attention.py``,
+``layers/modalities.py``: the forward pass and the checkpoint's variables) and deliberately sharing no code with
 ``converters/``: it reads the checkpoint with its own byte-level reader of TF's tensor-bundle format (not
 ``tf.train.load_checkpoint``, which the converter uses), works on the raw T2T variable names, and recomputes the
 timing signal itself. The forward pass follows T2T's order of operations in float32.
