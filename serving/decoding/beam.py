@@ -148,6 +148,18 @@ class BeamSearchBase:
         cand_seq[np.arange(self.ids.size)[:, None], np.arange(beam.shape[1])[None, :], self.steps[:, None]] = token
         return cand_seq
 
+    def _merge_finished(self, scores: np.ndarray, cand_seq: np.ndarray, lengths: np.ndarray,
+                        finished: np.ndarray) -> None:
+        """Keep the K best of the finished hypotheses so far and the 2K candidates (``scores``, ``-inf``-like where a
+        candidate did not finish; ``finished`` marks those that did; ``lengths`` [n]: their length, EOS included)."""
+        merged_scores = np.concatenate([self.finished_scores, scores], axis=1)
+        best = top_k_sorted(merged_scores, self.k)
+        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
+        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
+        cand_len = np.broadcast_to(lengths[:, None], scores.shape)
+        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
+        self.finished_flag = np.take_along_axis(np.concatenate([self.finished_flag, finished], axis=1), best, axis=1)
+
     def _retire(self, done: np.ndarray) -> np.ndarray | None:
         """Record the results of the sentences marked done, drop them; return the cache rows to keep."""
         k = self.k
@@ -211,7 +223,6 @@ class HFBeamSearch(BeamSearchBase):
 
     def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
-        n = self.ids.size
         lengths = self.steps + 1  # of the candidates, EOS included
         # transformers divides by float(length) ** lp, rounded to float32.
         penalty = (lengths.astype(np.float64) ** opts.length_penalty).astype(np.float32)[:, None]
@@ -237,15 +248,7 @@ class HFBeamSearch(BeamSearchBase):
             finished_candidates = finished_candidates + full.astype(np.float32) * _HF_MASK
         finished_candidates = finished_candidates + (~self.improvable[:, None]).astype(np.float32) * _HF_MASK
         finished_candidates = finished_candidates + (~just_finished).astype(np.float32) * _HF_MASK
-        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
-        best = top_k_sorted(merged_scores, k)
-        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
-        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
-        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
-        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
-        self.finished_flag = np.take_along_axis(
-            np.concatenate([self.finished_flag, just_finished], axis=1), best, axis=1
-        )
+        self._merge_finished(finished_candidates, cand_seq, lengths, just_finished)
 
         # Can the best alive beam still beat the worst finished one? (early_stopping=False heuristic; it also keeps
         # the sentence going while any of its K finished slots is empty.)
@@ -287,7 +290,6 @@ class T2TBeamSearch(BeamSearchBase):
 
     def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
-        n = self.ids.size
         lengths = self.steps + 1
         penalty = self._penalty(lengths)[:, None]
         penalized = candidates / penalty
@@ -305,15 +307,7 @@ class T2TBeamSearch(BeamSearchBase):
         self.parents = np.take_along_axis(beam, pick, axis=1)
 
         finished_candidates = top_scores + (~finished_now).astype(np.float32) * -_T2T_INF
-        merged_scores = np.concatenate([self.finished_scores, finished_candidates], axis=1)
-        best = top_k_sorted(merged_scores, k)
-        self.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
-        self.finished_seq = self._gather(np.concatenate([self.finished_seq, cand_seq], axis=1), best)
-        cand_len = np.broadcast_to(lengths[:, None], (n, 2 * k))
-        self.finished_len = np.take_along_axis(np.concatenate([self.finished_len, cand_len], axis=1), best, axis=1)
-        self.finished_flag = np.take_along_axis(
-            np.concatenate([self.finished_flag, finished_now], axis=1), best, axis=1
-        )
+        self._merge_finished(finished_candidates, cand_seq, lengths, finished_now)
 
         # Stop once no alive beam, even at the longest allowed length, can beat the best finished one.
         bound = self.alive_scores[:, 0] / self._penalty(self.caps)
