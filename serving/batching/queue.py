@@ -210,16 +210,8 @@ class Batcher(Generic[P, R]):
         """Items waiting (not yet running)."""
         return self._queued
 
-    def enqueue(
-        self,
-        payloads: Sequence[P],
-        costs: Sequence[int],
-        *,
-        key: Hashable = None,
-        deadline: float | None = None,
-        on_partial: OnPartial | None = None,
-        tag: str = "",
-    ) -> Pending[R]:
+    def enqueue(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
+                deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> Pending[R]:
         """Admit a request now or refuse it.
 
         Arguments:
@@ -261,14 +253,8 @@ class Batcher(Generic[P, R]):
         return pending
 
     async def enqueue_when_room(
-        self,
-        payloads: Sequence[P],
-        costs: Sequence[int],
-        *,
-        key: Hashable = None,
-        deadline: float | None = None,
-        on_partial: OnPartial | None = None,
-        tag: str = "",
+        self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None, deadline: float | None = None,
+        on_partial: OnPartial | None = None, tag: str = "",
     ) -> Pending[R]:
         """Like :meth:`enqueue` but wait for room instead of refusing (bulk requests).
 
@@ -289,16 +275,8 @@ class Batcher(Generic[P, R]):
                 raise DeadlineExceeded("request deadline passed while waiting for room in the queue") from None
         return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
 
-    async def submit(
-        self,
-        payloads: Sequence[P],
-        costs: Sequence[int],
-        *,
-        key: Hashable = None,
-        deadline: float | None = None,
-        on_partial: OnPartial | None = None,
-        tag: str = "",
-    ) -> list[R]:
+    async def submit(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
+                     deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> list[R]:
         """Enqueue and wait: ``await batcher.submit(...)`` returns one result per payload, in order.
 
         Raises:
