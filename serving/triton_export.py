@@ -299,41 +299,32 @@ class TritonPythonModel:
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """One response per request, in order."""
-        from serving.errors import InputTooLong, ServingError
+        from serving.errors import ServingError
+        from serving.request import Prepared
 
         responses: list[Any] = [None] * len(requests)
-        groups: dict[Any, list[tuple[int, list[str], tuple[int, ...]]]] = {}
+        groups: dict[Any, list[tuple[int, Prepared, tuple[int, ...]]]] = {}
         for i, request in enumerate(requests):
             try:
                 texts, shape = self._texts(request)
                 options = self._options(request)
+                prepared = self.translator.prepare(texts, options)  # a text too long fails only its request
             except ServingError as e:
                 responses[i] = self._error(e)
                 continue
-            groups.setdefault(options, []).append((i, texts, shape))
-        for options, members in groups.items():
-            while members:
-                texts = [text for _, member_texts, _ in members for text in member_texts]
-                try:
-                    translations = self.translator.translate(texts, options)
-                except InputTooLong as e:  # only the request holding that text fails; the others are retried
-                    culprit = _member_of(members, e.index)
-                    i, member_texts, _ = members.pop(culprit)
-                    offset = e.index - sum(len(m[1]) for m in members[:culprit])
-                    responses[i] = self._error(InputTooLong(
-                        f"text {offset} has {e.tokens} tokens; the model accepts at most {e.limit}",
-                        index=offset, tokens=e.tokens, limit=e.limit))
-                    continue
-                except ServingError as e:
-                    for i, _, _ in members:
-                        responses[i] = self._error(e)
-                    break
-                start = 0
-                for i, member_texts, shape in members:
-                    part = translations[start : start + len(member_texts)]
-                    start += len(member_texts)
-                    responses[i] = self._pb.InferenceResponse(output_tensors=self._outputs(part, shape))
-                break
+            groups.setdefault(options, []).append((i, prepared, shape))
+        for members in groups.values():
+            try:
+                translations = self.translator.run(Prepared.join([prepared for _, prepared, _ in members]))
+            except ServingError as e:
+                for i, _, _ in members:
+                    responses[i] = self._error(e)
+                continue
+            start = 0
+            for i, prepared, shape in members:
+                part = translations[start : start + len(prepared)]
+                start += len(prepared)
+                responses[i] = self._pb.InferenceResponse(output_tensors=self._outputs(part, shape))
         return responses
 
     def finalize(self) -> None:
@@ -356,8 +347,8 @@ class TritonPythonModel:
         return texts, tuple(int(d) for d in array.shape)
 
     def _options(self, request: Any) -> Any:
-        from serving.engine import DecodeOptions
         from serving.errors import InvalidInput
+        from serving.request import DecodeOptions
 
         parameters = getattr(request, "parameters", None)
         raw = parameters() if callable(parameters) else "{}"
@@ -365,13 +356,9 @@ class TritonPythonModel:
             params = json.loads(raw or "{}")
         except ValueError:
             raise InvalidInput("request parameters are not valid JSON") from None
-        values: dict[str, int | None] = {}
-        for key in ("beam_size", "max_length"):
-            value = params.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidInput(f"parameter {key!r} must be a positive integer, got {value!r}")
-            values[key] = value
-        return DecodeOptions(beam_size=values["beam_size"], max_length=values["max_length"])
+        if not isinstance(params, dict):
+            raise InvalidInput("request parameters must be a JSON object")
+        return DecodeOptions.from_parameters(params)
 
     def _error(self, error: Any) -> Any:
         return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(error.message))
@@ -388,12 +375,3 @@ class TritonPythonModel:
                    .reshape(shape)),
             tensor("SCORE", np.array(scores, dtype=np.float32).reshape(shape)),
         ]
-
-
-def _member_of(members: Sequence[tuple[int, list[str], tuple[int, ...]]], index: int) -> int:
-    """Position in ``members`` of the request that holds text ``index`` of their concatenation."""
-    for position, (_, texts, _) in enumerate(members):
-        if index < len(texts):
-            return position
-        index -= len(texts)
-    return len(members) - 1
