@@ -22,6 +22,7 @@ from converters.spec import MASK_VALUE
 from serving.encoding import encoder_groups
 from serving.engine import DecodeOptions, ModelInfo, TokenIds, Translator
 from serving.errors import InferenceFailed, InputTooLong, InvalidInput
+from serving.request import Prepared
 from serving.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
 from tests.utils.marian_factory import corpus, make_marian_dir
 
@@ -183,6 +184,25 @@ def test_bad_options(translator: Translator) -> None:
         translator.translate(["x"], DecodeOptions(beam_size=0))
     with pytest.raises(InvalidInput, match="max_length must be a positive integer, got 0"):
         translator.translate(["x"], DecodeOptions(max_length=0))
+
+
+def test_prepare_ids_and_split_join_are_the_same_request(translator: Translator) -> None:
+    """Prepared sentences are what ``translate`` decodes: from ids of the package's vocabulary too, and after a
+    batcher split them and joined them with others."""
+    texts = texts_of_varied_length()[:6]
+    options = DecodeOptions(beam_size=2, max_length=6)
+    prepared = translator.prepare(texts, options)
+    from_ids = translator.prepare_ids([translator.tokenizer.encode(t) for t in texts], options)
+    assert from_ids.sources == prepared.sources and from_ids.search == prepared.search
+    assert from_ids.caps.tolist() == prepared.caps.tolist()
+    expected = [t.token_ids for t in translator.translate(texts, options)]
+    assert [t.token_ids for t in translator.run(from_ids)] == expected
+    rejoined = Prepared.join([*prepared.take([3, 4, 5]).split(), *prepared.take([0, 1, 2]).split()])
+    assert [t.token_ids for t in translator.run(rejoined)] == expected[3:] + expected[:3]
+    with pytest.raises(ValueError, match="different search options"):
+        Prepared.join([prepared, translator.prepare(texts[:1], DecodeOptions(beam_size=1))])
+    with pytest.raises(InvalidInput, match="outside the source vocabulary"):
+        translator.prepare_ids([[1, 2], [0, translator.info.source_vocab_size]])
 
 
 def test_runtime_failure_is_inference_failed(translator: Translator) -> None:
