@@ -46,10 +46,6 @@ class Entry:
     def is_first_event(self) -> bool:
         return self.type == TTFE
 
-    @property
-    def error_rate(self) -> float | None:
-        return self.failures / self.requests if self.requests else None
-
     def percentile(self, p: str) -> float | None:
         return self.percentiles.get(p)
 

@@ -175,8 +175,9 @@ def translate_testset(package: Path, sources: list[str], args: argparse.Namespac
     hypotheses: list[str] = []
     tokens = 0
     start = time.perf_counter()
+    prepared = translator.prepare(sources, options)  # tokenized and length-checked once, before any decoding
     for i in range(0, len(sources), args.batch_size):
-        for t in translator.translate(sources[i : i + args.batch_size], options):
+        for t in translator.run(prepared.take(range(i, min(i + args.batch_size, len(sources))))):
             hypotheses.append(t.text)
             tokens += int(t.output_tokens)
     return hypotheses, tokens, time.perf_counter() - start
