@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from batch.job import EngineConfig
 from batch.records import Translated
+from serving.errors import InputTooLong, ServingError
+from serving.request import DecodeOptions, Engine, Prepared, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -63,25 +65,16 @@ class ChunkWorker(Protocol):
     def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]: ...
 
 
-class TranslatorLike(Protocol):
-    """What the runner needs from ``serving.engine.Translator``."""
-
-    @property
-    def info(self) -> Any: ...
-
-    def count_tokens(self, texts: list[str]) -> list[int]: ...
-
-    def translate(self, texts: list[str], options: Any = None) -> list[Any]: ...
-
-
 class LocalChunkWorker:
-    """Runs a chunk through an in-process Translator in length-bucketed batches.
+    """Runs a chunk through an in-process engine (``serving.request.Engine``: a Translator) in length-bucketed
+    batches. Each source is prepared once (tokenized, length-checked); the batches run the prepared ids.
 
     A source the engine refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other
     exception aborts the run (the chunk is not committed, so a rerun retries it).
     """
 
-    def __init__(self, translator: TranslatorLike, options: Any, max_tokens: int, max_batch_size: int) -> None:
+    def __init__(self, translator: Engine, options: DecodeOptions | None, max_tokens: int,
+                 max_batch_size: int) -> None:
         self.translator = translator
         self.options = options
         self.max_tokens = max_tokens
@@ -90,7 +83,7 @@ class LocalChunkWorker:
     @classmethod
     def load(cls, config: EngineConfig) -> LocalChunkWorker:
         """Load the package's Translator with ``config.threads`` runtime threads."""
-        from serving.engine import DecodeOptions, Translator
+        from serving.engine import Translator
 
         assert config.model_dir is not None
         translator = Translator.load(config.model_dir, runtime=config.runtime, precision=config.precision,
@@ -99,47 +92,44 @@ class LocalChunkWorker:
         return cls(translator, options, config.max_tokens, config.max_batch_size)
 
     def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]:
-        lengths = self.translator.count_tokens(sources)
-        limit = getattr(self.translator.info, "max_input_tokens", None)
         outcomes: list[Outcome | None] = [None] * len(sources)
-        fits = []
-        for i, n in enumerate(lengths):
-            if limit and n > limit:
-                outcomes[i] = f"source has {n} tokens; the model accepts at most {limit}"
-            else:
-                fits.append(i)
-        if len(fits) < len(sources):
-            progress(len(sources) - len(fits))
-        for batch in make_batches([lengths[i] for i in fits], self.max_tokens, self.max_batch_size):
+        prepared: dict[int, Prepared] = {}
+        for i, source in enumerate(sources):
+            try:
+                prepared[i] = self.translator.prepare([source], self.options)
+            except InputTooLong as e:
+                outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
+            except ServingError as e:
+                outcomes[i] = f"translation refused: {e}"
+        if len(prepared) < len(sources):
+            progress(len(sources) - len(prepared))
+        fits = list(prepared)
+        for batch in make_batches([prepared[i].lengths[0] for i in fits], self.max_tokens, self.max_batch_size):
             positions = [fits[j] for j in batch]
-            for i, outcome in zip(positions, self._translate([sources[i] for i in positions]), strict=True):
+            for i, outcome in zip(positions, self._run([prepared[i] for i in positions]), strict=True):
                 outcomes[i] = outcome
             progress(len(positions))
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
 
-    def _translate(self, texts: list[str]) -> list[Outcome]:
-        from serving.errors import ServingError
-
+    def _run(self, sentences: list[Prepared]) -> list[Outcome]:
         try:
-            return [_translated(t) for t in self.translator.translate(texts, self.options)]
+            return [_translated(t) for t in self.translator.run(Prepared.join(sentences))]
         except ServingError as e:
-            if len(texts) == 1:
+            if len(sentences) == 1:
                 return [f"translation refused: {e}"]
-        # Some source of the batch is refused: translate one by one so that only that one is rejected.
+        # Some source of the batch is refused: run them one by one so that only that one is rejected.
         out: list[Outcome] = []
-        for text in texts:
+        for sentence in sentences:
             try:
-                out.append(_translated(self.translator.translate([text], self.options)[0]))
+                out.append(_translated(self.translator.run(sentence)[0]))
             except ServingError as e:
                 out.append(f"translation refused: {e}")
         return out
 
 
-def _translated(t: Any) -> Translated:
-    score = getattr(t, "score", None)
-    return Translated(str(t.text), None if score is None else float(score), getattr(t, "input_tokens", None),
-                      getattr(t, "output_tokens", None))
+def _translated(t: Translation) -> Translated:
+    return Translated(t.text, None if t.score is None else float(t.score), t.input_tokens, t.output_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------------

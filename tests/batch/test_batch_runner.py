@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -21,7 +22,9 @@ from batch.runner import run_job  # noqa: E402
 from batch.schema import detect_schema  # noqa: E402
 from batch.state import StateDir  # noqa: E402
 from batch.workers import LocalChunkWorker, ThreadExecutor, make_batches  # noqa: E402
+from serving.decoding import SearchOptions  # noqa: E402
 from serving.errors import InputTooLong  # noqa: E402
+from serving.request import Prepared, Translation, check_lengths  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -29,33 +32,31 @@ class _Info:
     max_input_tokens: int = 12
 
 
-@dataclass(frozen=True)
-class _Translation:
-    text: str
-    input_tokens: int
-    output_tokens: int
-    score: float
-
-
 class FakeTranslator:
-    """Upper-cases; one token per word plus EOS; refuses sentences containing 'refuse'; can fail after N batches."""
+    """Upper-cases; one token per word plus EOS (``prepare`` maps words to ids and checks the length as the engine
+    does); ``run`` refuses sentences containing 'refuse' and can fail after N batches."""
 
     info = _Info()
 
     def __init__(self, fail_after_batches: int | None = None) -> None:
         self.fail_after = fail_after_batches
         self.batches: list[list[str]] = []
+        self.words: dict[str, int] = {}
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return [len(t.split()) + 1 for t in texts]
+    def prepare(self, texts: Sequence[str], options: Any = None) -> Prepared:
+        sources = [[self.words.setdefault(w, len(self.words) + 1) for w in t.split()] + [0] for t in texts]
+        check_lengths([len(s) for s in sources], self.info.max_input_tokens)
+        return Prepared(sources, np.full(len(sources), 32), SearchOptions(eos_id=0, decoder_start_id=0))
 
-    def translate(self, texts: Sequence[str], options: Any = None) -> list[_Translation]:
+    def run(self, prepared: Prepared, on_partial: Any = None) -> list[Translation]:
+        names = {i: w for w, i in self.words.items()}
+        texts = [" ".join(names[i] for i in source[:-1]) for source in prepared.sources]
         if self.fail_after is not None and len(self.batches) >= self.fail_after:
             raise RuntimeError("worker crashed")
         if any("refuse" in t for t in texts):
             raise InputTooLong("refused")
         self.batches.append(list(texts))
-        return [_Translation(t.upper(), len(t.split()) + 1, len(t.split()) + 1, -0.25 * len(t)) for t in texts]
+        return [Translation(t.upper(), len(t.split()) + 1, len(t.split()) + 1, -0.25 * len(t), []) for t in texts]
 
 
 def write_input(path: Path, n: int, refuse: Sequence[int] = ()) -> list[str]:
