@@ -211,9 +211,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{output}: the output would overwrite an input; choose another -o")
     rejects = args.rejects or side_file(output, ".rejects.jsonl")
     summary = args.summary or side_file(output, ".summary.json")
+    # Ids written with the package's own vocabulary go to the engine as they are (no decode + re-encode).
+    source_ids = (schema.input_kind == "ids" and package_vocab is not None and vocab_path is not None
+                  and (vocab_path == package_vocab or vocab_path.read_bytes() == package_vocab.read_bytes()))
     job = Job(inputs=inputs, schema=schema, vocab=vocab_path, output=output, output_format=output_format,
               rejects=rejects, summary=summary, chunk_size=args.chunk_size, num_shards=num_shards,
-              shard_index=shard_index)
+              shard_index=shard_index, source_ids=source_ids)
 
     if args.dry_run:
         try:

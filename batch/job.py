@@ -83,6 +83,8 @@ class Job:
         chunk_size: records per chunk (the unit of commit and resume).
         num_shards: how many shards the inputs are split into.
         shard_index: which shard this run handles.
+        source_ids: int64 id sources go to the engine as ids (``Record.source_ids``), not as decoded text: the
+            records' vocabulary is the model package's own (local engine only).
     """
 
     inputs: list[InputFile]
@@ -95,6 +97,7 @@ class Job:
     chunk_size: int = 1000
     num_shards: int = 1
     shard_index: int = 0
+    source_ids: bool = False
 
     @property
     def state_dir(self) -> Path:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch.records import Translated
-from batch.workers import Outcome
+from batch.workers import Outcome, Source
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,9 @@ class RemoteChunkWorker:
         self.parameters = {k: v for k, v in (("beam_size", beam_size), ("max_length", max_length)) if v is not None}
         self._client = _client(target.url, target.ssl)
 
-    def translate_chunk(self, sources: list[str], progress: Any) -> list[Outcome]:
+    def translate_chunk(self, chunk: list[Source], progress: Any) -> list[Outcome]:
+        sources = [s for s in chunk if isinstance(s, str)]  # a server gets text (Job.source_ids is local only)
+        assert len(sources) == len(chunk), "token ids cannot go to a server"
         order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), i))
         outcomes: list[Outcome | None] = [None] * len(sources)
         for start in range(0, len(order), self.max_batch_size):

@@ -28,7 +28,7 @@ from batch.job import EngineConfig, Job
 from batch.outputs import OutputEncoder
 from batch.records import Record, RecordParser, Reject, load_vocab
 from batch.state import ChunkMeta, StateDir, chunk_digest, verify_committed
-from batch.workers import Executor, Outcome
+from batch.workers import Executor, Outcome, Source
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,9 @@ def _run(job: Job, state: StateDir, done: dict[int, ChunkMeta], stats: RunStats,
                 stats.startup = time.monotonic() - t0
             while len(pending) >= executor.capacity:
                 collect(0.2)
-            pending[executor.submit(chunk, [r.source for r in records])] = item
+            sources: list[Source] = [r.source_ids if job.source_ids and r.source_ids is not None else r.source
+                                     for r in records]
+            pending[executor.submit(chunk, sources)] = item
         while pending:
             collect(0.2)
     finally:

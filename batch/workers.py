@@ -32,6 +32,9 @@ from serving.request import DecodeOptions, Engine, Prepared, Translation
 logger = logging.getLogger(__name__)
 
 Outcome = Translated | str  # a translation, or why the record was rejected
+Source = str | tuple[int, ...]
+"""A record's source as a chunk carries it: its text, or its token ids when the engine shares the vocabulary the
+records were written with (``Job.source_ids``; the local worker only)."""
 
 
 def make_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -> list[list[int]]:
@@ -62,15 +65,16 @@ Progress = Callable[[int], None]
 class ChunkWorker(Protocol):
     """Translates the sources of one chunk; an outcome per source, in order."""
 
-    def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]: ...
+    def translate_chunk(self, sources: list[Source], progress: Progress) -> list[Outcome]: ...
 
 
 class LocalChunkWorker:
     """Runs a chunk through an in-process engine (``serving.request.Engine``: a Translator) in length-bucketed
     batches. Each source is prepared once (tokenized, length-checked); the batches run the prepared ids.
 
-    A source the engine refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other
-    exception aborts the run (the chunk is not committed, so a rerun retries it).
+    A source given as ids (:data:`Source`) goes to the engine as they are (``prepare_ids``). A source the engine
+    refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other exception aborts the run
+    (the chunk is not committed, so a rerun retries it).
     """
 
     def __init__(self, translator: Engine, options: DecodeOptions | None, max_tokens: int,
@@ -91,12 +95,13 @@ class LocalChunkWorker:
         options = DecodeOptions(beam_size=config.beam_size, max_length=config.max_length)
         return cls(translator, options, config.max_tokens, config.max_batch_size)
 
-    def translate_chunk(self, sources: list[str], progress: Progress) -> list[Outcome]:
+    def translate_chunk(self, sources: list[Source], progress: Progress) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(sources)
         prepared: dict[int, Prepared] = {}
         for i, source in enumerate(sources):
             try:
-                prepared[i] = self.translator.prepare([source], self.options)
+                prepared[i] = (self.translator.prepare([source], self.options) if isinstance(source, str)
+                               else self.translator.prepare_ids([source], self.options))
             except InputTooLong as e:
                 outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
             except ServingError as e:
@@ -141,7 +146,7 @@ class Executor(Protocol):
 
     capacity: int
 
-    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]: ...
+    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]: ...
 
     def drain_progress(self) -> int: ...
 
@@ -170,7 +175,7 @@ class ThreadExecutor:
             self._local.worker = worker
         return worker
 
-    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]:
+    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]:
         return self._pool.submit(lambda: self._worker().translate_chunk(sources, self._progress.put))
 
     def drain_progress(self) -> int:
@@ -209,7 +214,7 @@ def _init_process(config: EngineConfig, progress: Any, parent_pid: int) -> None:
     _PROCESS_WORKER = LocalChunkWorker.load(config)
 
 
-def _process_chunk(chunk_id: int, sources: list[str]) -> list[Outcome]:
+def _process_chunk(chunk_id: int, sources: list[Source]) -> list[Outcome]:
     assert _PROCESS_WORKER is not None
     progress = _PROCESS_PROGRESS
     return _PROCESS_WORKER.translate_chunk(sources, lambda n: progress.put(n))
@@ -225,7 +230,7 @@ class ProcessExecutor:
                                             initargs=(config, self._progress, os.getpid()))
         self.capacity = 2 * config.workers
 
-    def submit(self, chunk_id: int, sources: list[str]) -> cf.Future[list[Outcome]]:
+    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]:
         return self._pool.submit(_process_chunk, chunk_id, sources)
 
     def drain_progress(self) -> int:

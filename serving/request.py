@@ -191,6 +191,15 @@ class Engine(Protocol):
         """
         ...
 
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
+        """:meth:`prepare` for sentences already tokenized with the package's source vocabulary (without EOS).
+
+        Raises:
+            InvalidInput: an id outside the source vocabulary.
+            InputTooLong: a sentence has more tokens than the model has positions.
+        """
+        ...
+
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
         """Decode and detokenize prepared sentences: one translation each, in order.
 

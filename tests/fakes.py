@@ -1,7 +1,7 @@
 """Fakes shared by unit tests of one layer.
 
-``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``, ``run``,
-``translate``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
+``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``,
+``prepare_ids``, ``run``, ``translate``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
 so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
 it meets new words) and checks the lengths with the engine's own check, and ``run`` sees ids only. It can be slowed
 down (``step_delay``) to make batching, overload, deadlines and streaming observable, and it records every batch it
@@ -77,6 +77,11 @@ class EchoTranslator:
         search = SearchOptions(eos_id=EOS, decoder_start_id=EOS, beam_size=options.beam_size or 1,
                                forced_eos=options.max_length is not None)
         return Prepared(sources, np.full(len(sources), cap, dtype=np.int64), search)
+
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
+        with self._lock:
+            texts = [" ".join(self._words[i] for i in sentence) for sentence in ids]
+        return self.prepare(texts, options)
 
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
         with self._lock:

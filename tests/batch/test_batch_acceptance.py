@@ -191,6 +191,35 @@ def test_t2t_datagen_records_with_a_t2t_package_use_its_vocab(tmp_path: Path, t2
     assert_scores_equal_sacrebleu(summary, hyps, [encoder.decode(encoder.encode(r)) for r in references])
 
 
+def test_t2t_ids_written_with_the_packages_vocab_reach_the_engine_as_ids(
+    tmp_path: Path, t2t_package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records' ids are the package's own: they are decoded for the output's text fields, but the engine gets
+    the ids themselves (``Translator.prepare_ids``): the tokenizer never encodes a source."""
+    from serving.engine import DecodeOptions, Translator
+    from serving.tokenizers.subword import SubwordTextEncoder
+
+    encoder = SubwordTextEncoder(VOCAB_8K)
+    ids = [encoder.encode(s) for s in SOURCES[:6]]
+    records = []
+    for sentence in ids:
+        ex = tf.train.Example()
+        ex.features.feature["inputs"].int64_list.value.extend(sentence + [EOS_ID])
+        records.append(ex.SerializeToString())
+    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001", records)
+    out = tmp_path / "scored.tfrecord"
+    encoded: list[str] = []
+    original = SubwordTextEncoder.encode
+    monkeypatch.setattr(SubwordTextEncoder, "encode", lambda self, text: encoded.append(text) or original(self, text))
+    assert main([str(source), "-m", str(t2t_package), "-o", str(out), "--beam-size", "1", "--max-length", "6",
+                 *FAST]) == 0
+    assert encoded == []
+    monkeypatch.undo()
+    translator = Translator.load(t2t_package, threads=1)
+    want = translator.run(translator.prepare_ids(ids, DecodeOptions(1, 6)))
+    assert [feature_text(e, "outputs") for e in read_examples(out)] == [t.text for t in want]
+
+
 def test_jsonl_and_text_inputs(tmp_path: Path, package: Path, expected: list[Any]) -> None:
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("".join(json.dumps({"src": s, "tgt": r, "n": i}) + "\n"
