@@ -41,6 +41,26 @@ class InputTooLong(InvalidInput):
         self.limit = limit
 
 
+class ModelNotFound(ServingError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+    code = "model_not_found"
+
+
+class LimitExceeded(InvalidInput):
+    """A request exceeds one of the server's size limits (HTTP 413); the message names the limit.
+
+    Attributes:
+        limit: the setting's name (e.g. ``max_sentences_per_request``).
+    """
+
+    code = "limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class ModelNotReady(ServingError):
     """The model is not loaded or warmed up yet, or the server is draining (HTTP 503)."""
 

@@ -33,23 +33,22 @@ from typing import Any
 import numpy as np
 
 from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
+from serving.oip import INPUT_NAME, OUTPUT_DATATYPES, output_values
 from serving.package import Manifest, PackageError, open_package, staging_dir, verify_checksums
 
 logger = logging.getLogger(__name__)
 
-INPUT_NAME = "INPUT_TEXT"
-# output name -> (Triton config data type, numpy dtype of the tensor model.py returns)
-OUTPUTS: dict[str, tuple[str, Any]] = {
-    "OUTPUT_TEXT": ("TYPE_STRING", np.object_),
-    "INPUT_TOKENS": ("TYPE_INT32", np.int32),
-    "OUTPUT_TOKENS": ("TYPE_INT32", np.int32),
-    "SCORE": ("TYPE_FP32", np.float32),
+# The tensors are the Open Inference Protocol contract of serving.oip; their Triton config type and numpy dtype:
+_TRITON_TYPES: dict[str, tuple[str, Any]] = {
+    "BYTES": ("TYPE_STRING", np.object_),
+    "INT32": ("TYPE_INT32", np.int32),
+    "FP32": ("TYPE_FP32", np.float32),
 }
+OUTPUTS: dict[str, tuple[str, Any]] = {name: _TRITON_TYPES[datatype] for name, datatype in OUTPUT_DATATYPES.items()}
 PACKAGE_DIR = "package"
 ENGINE_DIR = "mtgate"
 _ENGINE_PACKAGES = ("serving",)  # serving imports nothing of converters, batch or loadtest (tests/test_import_contract.py)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_MAX_INT32 = 2**31 - 1
 
 MODEL_PY = '''\
 """Triton Python backend entry point for an mtgate model package (written by `mtgate export-triton`).
@@ -364,14 +363,7 @@ class TritonPythonModel:
         return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(error.message))
 
     def _outputs(self, translations: Sequence[Any], shape: tuple[int, ...]) -> list[Any]:
-        tensor = self._pb.Tensor
-        scores = [float("nan") if t.score is None else float(t.score) for t in translations]
-        return [
-            tensor("OUTPUT_TEXT", np.array([t.text.encode("utf-8") for t in translations], dtype=np.object_)
-                   .reshape(shape)),
-            tensor("INPUT_TOKENS", np.array([min(t.input_tokens, _MAX_INT32) for t in translations], dtype=np.int32)
-                   .reshape(shape)),
-            tensor("OUTPUT_TOKENS", np.array([min(t.output_tokens, _MAX_INT32) for t in translations], dtype=np.int32)
-                   .reshape(shape)),
-            tensor("SCORE", np.array(scores, dtype=np.float32).reshape(shape)),
-        ]
+        values = output_values(translations)
+        values["OUTPUT_TEXT"] = [text.encode("utf-8") for text in values["OUTPUT_TEXT"]]
+        return [self._pb.Tensor(name, np.array(values[name], dtype=dtype).reshape(shape))
+                for name, (_, dtype) in OUTPUTS.items()]

@@ -22,9 +22,9 @@ from serving.api.deps import ServiceDep
 from serving.api.docs import install_docs
 from serving.api.errors import install_error_handlers
 from serving.api.middleware import ServerMiddleware
-from serving.api.service import TranslationService
 from serving.metrics import CONTENT_TYPE, ServingMetrics
 from serving.request import Engine
+from serving.service import TranslationService
 from serving.settings import ServingSettings
 
 logger = logging.getLogger(__name__)

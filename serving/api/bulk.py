@@ -20,12 +20,11 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id
-from serving.api.errors import LimitExceeded
 from serving.api.schemas import BulkLineIn, TranslationOut, error_responses
-from serving.api.service import TranslationService
 from serving.api.streams import DuplexStreamingResponse, error_data
-from serving.errors import InferenceFailed, InvalidInput, ServingError
+from serving.errors import InferenceFailed, InvalidInput, LimitExceeded, ServingError
 from serving.request import DecodeOptions
+from serving.service import TranslationService
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from pydantic import SecretStr
 
 from serving.api.errors import ClientDisconnected, Unauthorized
-from serving.api.service import TranslationService
+from serving.service import TranslationService
 
 T = TypeVar("T")
 

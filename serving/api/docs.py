@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from serving.api.schemas import NOT_SPACE
-from serving.api.service import TranslationService
+from serving.service import TranslationService
 
 ASSETS = "/docs/assets"
 
@@ -57,7 +57,7 @@ def install_docs(app: FastAPI, service: TranslationService) -> None:
 
 
 def with_limits(document: dict[str, Any], service: TranslationService) -> dict[str, Any]:
-    """The OpenAPI document with what the service enforces (``serving.api.service``) written into it: the ranges
+    """The OpenAPI document with what the service enforces (``serving.service``) written into it: the ranges
     of the decoding options and of the texts, and the names (and, once loaded, versions) of the served models."""
     settings = service.settings
     maxima = {"beam_size": settings.max_beam_size, "max_length": settings.max_output_tokens}

@@ -19,32 +19,14 @@ from serving.errors import (
     InferenceFailed,
     InputTooLong,
     InvalidInput,
+    LimitExceeded,
+    ModelNotFound,
     ModelNotReady,
     Overloaded,
     ServingError,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ModelNotFound(ServingError):
-    """The request names a model this server does not serve (HTTP 404)."""
-
-    code = "model_not_found"
-
-
-class LimitExceeded(InvalidInput):
-    """A request exceeds one of the server's size limits (HTTP 413); the message names the limit.
-
-    Attributes:
-        limit: the setting's name (e.g. ``max_sentences_per_request``).
-    """
-
-    code = "limit_exceeded"
-
-    def __init__(self, message: str, *, limit: str) -> None:
-        super().__init__(message)
-        self.limit = limit
 
 
 class Unauthorized(ServingError):

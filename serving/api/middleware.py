@@ -19,9 +19,9 @@ from collections.abc import Awaitable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.deps import api_key_problem
-from serving.api.errors import LimitExceeded, RequestTimeout, Unauthorized, error_response, headers_of, status_of
-from serving.api.service import TranslationService
-from serving.errors import ServingError
+from serving.api.errors import RequestTimeout, Unauthorized, error_response, headers_of, status_of
+from serving.errors import LimitExceeded, ServingError
+from serving.service import TranslationService
 
 INFERENCE_PATH = re.compile(r"^/v1/translate(/stream|/bulk)?/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$")
 BULK_PATH = "/v1/translate/bulk"

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
-
-from serving.api.service import finite_score
 
 # A character Python's str.strip() keeps (the service refuses a text with none: "is empty"). JSON Schema's \S is
 # ECMA-262's, which differs (it counts U+FEFF as space and U+001C..U+001F, U+0085 as text), so the class is
@@ -27,6 +26,12 @@ def _json_integer(value: Any) -> Any:
 
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
+
+def finite_score(score: float | None) -> float | None:
+    """A score JSON can carry (NaN and infinities become None)."""
+    return score if score is not None and math.isfinite(score) else None
 
 
 class TranslateRequest(BaseModel):

@@ -23,7 +23,6 @@ from serving.api.deps import (
     unless_disconnected,
     wait_disconnect,
 )
-from serving.api.errors import ModelNotFound
 from serving.api.schemas import (
     STREAM_ERROR_SCHEMA,
     Limits,
@@ -35,9 +34,9 @@ from serving.api.schemas import (
     TranslationOut,
     error_responses,
 )
-from serving.api.service import ModelRunner, TranslationService
 from serving.api.streams import DuplexStreamingResponse, error_data
-from serving.errors import ServingError
+from serving.errors import ModelNotFound, ServingError
+from serving.service import ModelRunner, TranslationService
 
 logger = logging.getLogger(__name__)
 

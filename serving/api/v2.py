@@ -15,14 +15,6 @@ from fastapi.responses import JSONResponse
 
 from serving import __version__
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
-from serving.api.errors import LimitExceeded, ModelNotFound
-from serving.api.oip import (
-    INPUT_NAME,
-    OUTPUT_DATATYPES,
-    encode_infer_response,
-    model_metadata,
-    parse_infer_request,
-)
 from serving.api.schemas import (
     NOT_SPACE,
     InferResponse,
@@ -33,8 +25,15 @@ from serving.api.schemas import (
     ServerMetadata,
     error_responses,
 )
-from serving.api.service import ModelRunner, TranslationService
-from serving.errors import InvalidInput
+from serving.errors import InvalidInput, LimitExceeded, ModelNotFound
+from serving.oip import (
+    INPUT_NAME,
+    OUTPUT_DATATYPES,
+    encode_infer_response,
+    model_metadata,
+    parse_infer_request,
+)
+from serving.service import ModelRunner, TranslationService
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 

@@ -17,9 +17,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from serving.api.oip import INPUT_NAME, OUTPUT_DATATYPES
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
+from serving.oip import INPUT_NAME, OUTPUT_DATATYPES
 
 DRIVER = Path(__file__).resolve().parent / "triton_driver.py"
 SENTENCES = ["A man is walking down the street.", "Two dogs play in the snow.", "Hello!"]

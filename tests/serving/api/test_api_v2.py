@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.api.oip import encode_bytes_tensor
+from serving.oip import encode_bytes_tensor
 
 
 def binary_request(

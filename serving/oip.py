@@ -1,4 +1,6 @@
-"""Open Inference Protocol (KServe v2) infer bodies, JSON and Triton's binary tensor extension; no HTTP, no numpy.
+"""Open Inference Protocol (KServe v2): the tensor contract of a translation model and its infer bodies (JSON and
+Triton's binary tensor extension); no HTTP, no numpy. The server's ``/v2`` routes (``serving.api.v2``) and the
+Triton model (``serving.triton_export``) both speak it from here.
 
 A translation model takes one BYTES input ``INPUT_TEXT`` of any shape (each element one UTF-8 sentence; tritonclient
 users typically send ``[N, 1]``) and returns outputs of the same shape: ``OUTPUT_TEXT`` (BYTES), ``INPUT_TOKENS`` and
@@ -17,9 +19,12 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.errors import InvalidInput
+
+if TYPE_CHECKING:  # the codec reads translations' fields; it needs nothing of the engine at run time
+    from serving.request import Translation
 
 INPUT_NAME = "INPUT_TEXT"
 OUTPUT_DATATYPES: dict[str, str] = {
@@ -29,6 +34,16 @@ OUTPUT_DATATYPES: dict[str, str] = {
     "SCORE": "FP32",
 }
 _MAX_INT32 = 2**31 - 1
+
+
+def output_values(translations: Sequence[Translation]) -> dict[str, list[Any]]:
+    """Each output's elements for ``translations`` (row-major): token counts clipped to INT32, a missing score NaN."""
+    return {
+        "OUTPUT_TEXT": [t.text for t in translations],
+        "INPUT_TOKENS": [min(int(t.input_tokens), _MAX_INT32) for t in translations],
+        "OUTPUT_TOKENS": [min(int(t.output_tokens), _MAX_INT32) for t in translations],
+        "SCORE": [float("nan") if t.score is None else float(t.score) for t in translations],
+    }
 
 
 @dataclass
@@ -185,15 +200,10 @@ def encode_bytes_tensor(values: Sequence[str]) -> bytes:
 
 
 def encode_infer_response(
-    request: InferRequest, model: str, version: str, translations: Sequence[Any]
+    request: InferRequest, model: str, version: str, translations: Sequence[Translation]
 ) -> tuple[bytes, dict[str, str]]:
     """The response body and headers; binary outputs follow the JSON header in the order it lists them."""
-    values: dict[str, list[Any]] = {
-        "OUTPUT_TEXT": [t.text for t in translations],
-        "INPUT_TOKENS": [min(int(t.input_tokens), _MAX_INT32) for t in translations],
-        "OUTPUT_TOKENS": [min(int(t.output_tokens), _MAX_INT32) for t in translations],
-        "SCORE": [_float_or_nan(t.score) for t in translations],
-    }
+    values = output_values(translations)
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, binary in request.outputs:
@@ -226,10 +236,6 @@ def _encode_binary(datatype: str, data: list[Any]) -> bytes:
     if datatype == "INT32":
         return struct.pack(f"<{len(data)}i", *data)
     return struct.pack(f"<{len(data)}f", *data)
-
-
-def _float_or_nan(value: float | None) -> float:
-    return float("nan") if value is None else float(value)
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:

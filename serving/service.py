@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.api.errors import LimitExceeded, ModelNotFound
 from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, Pending, StepBatcher, StepRunner
-from serving.errors import InputTooLong, InvalidInput, ModelNotReady, ServingError
+from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError, read_manifest
 from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, Translation
@@ -34,11 +32,6 @@ WARMUP_TEXTS = ["Hello world.", "This is a warm-up sentence for the translation 
 class _Key:
     options: DecodeOptions
     streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
-
-
-def finite_score(score: float | None) -> float | None:
-    """A score JSON can carry (NaN and infinities become None)."""
-    return score if score is not None and math.isfinite(score) else None
 
 
 class ModelRunner:
