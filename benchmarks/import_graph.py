@@ -6,8 +6,8 @@
 
 One line per arrow, ``a -> b  (n names: m imported at module level, k inside functions)``, sorted; then every cycle (a
 strongly connected group of more than one node), or ``no cycles``. An import inside a function (a lazy import) is
-an arrow too: it runs when the function does. ``from __future__`` and imports of anything outside the roots are
-left out.
+an arrow too: it runs when the function does. ``from __future__``, imports under ``if TYPE_CHECKING:`` (they never
+run) and imports of anything outside the roots are left out.
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
 
 
 def imports(name: str, path: Path) -> Iterator[tuple[str, bool]]:
-    """``(imported module, lazy)`` for each import statement of a module (relative imports resolved)."""
+    """``(imported module, lazy)`` for each import of a module that runs (relative imports resolved)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     top_level = {id(node) for node in tree.body}
     for node in ast.walk(tree):
-        lazy = id(node) not in top_level and not _under_type_checking(tree, node)
+        if not isinstance(node, ast.Import | ast.ImportFrom) or _under_type_checking(tree, node):
+            continue
+        lazy = id(node) not in top_level
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, lazy
