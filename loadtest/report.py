@@ -20,6 +20,7 @@ from loadtest.gate import Check
 from loadtest.scrape import ServerMetrics
 from loadtest.stats import AGGREGATED, TTFE, Entry, RunStats
 from loadtest.targets import Scenario, Targets
+from loadtest.tensorboard import markdown_table
 
 _NUMERIC = re.compile(r"^[-+]?[\d.,]+( ?(%|ms|req/s|tok/s|s))?$|^–$")
 _CSS = """
@@ -214,15 +215,6 @@ def check_rows(checks: list[Check]) -> list[list[str]]:
     rows = [["target", "measured", "result", "note"]]
     rows += [[c.target, c.measured_text, "pass" if c.passed else "FAIL", c.detail] for c in checks]
     return rows
-
-
-def markdown_table(rows: list[list[str]]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows[1:]]
-    return "\n".join(lines) + "\n"
 
 
 def html_table(rows: list[list[str]]) -> str:
