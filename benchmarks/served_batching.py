@@ -31,7 +31,6 @@ import platform
 import re
 import shlex
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +48,7 @@ from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, 
 from loadtest.corpus import default_corpus  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
+from serving.files import atomic_write_text  # noqa: E402
 
 MODES = ("request", "step")
 DEFAULT_RATES = "2,4,6,8,10,12,14,16,20,24"
@@ -481,14 +481,6 @@ def to_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _say(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
@@ -514,8 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def write(complete: bool) -> str:
         data = to_json(config, host, modes, started, complete)
         markdown = to_markdown(data)
-        _write_atomically(json_path, json.dumps(data, indent=2) + "\n")
-        _write_atomically(md_path, markdown)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")
+        atomic_write_text(md_path, markdown)
         return markdown
 
     try:

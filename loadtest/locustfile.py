@@ -32,10 +32,8 @@ import csv
 import json
 import logging
 import math
-import os
 import random
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,15 +51,13 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.pacing import Pacer, arrival_interval
+from loadtest.responses import WrongAnswer, check_bulk_lines, check_translations, error_message, parse_sse
 from loadtest.stats import TTFE
+from serving.files import atomic_write_text, atomic_writer
 
 logger = logging.getLogger(__name__)
 
 TOKENS_SAMPLE_S = 1.0
-
-
-class WrongAnswer(Exception):
-    """The server answered, but not with one non-empty translation per input."""
 
 
 @dataclass
@@ -193,14 +189,15 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     state.stopped = time.time()
     state.history.append((state.stopped, state.output_tokens))
     if state.tokens_file is not None:
-        _write_json_atomically(state.tokens_file, {
+        state.tokens_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(state.tokens_file, json.dumps({
             "started": state.started,
             "stopped": state.stopped,
             "translated": state.translated,
             "input_tokens": state.input_tokens,
             "output_tokens": state.output_tokens,
             "history": state.history,
-        })
+        }))
 
 
 def _on_quitting(environment: Environment, **_: Any) -> None:
@@ -215,47 +212,14 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
         return
     writer = StatsCSV(environment, PERCENTILES_TO_REPORT)
     for suffix, write in (("_stats.csv", writer.requests_csv), ("_failures.csv", writer.failures_csv)):
-        path = Path(prefix + suffix)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+        with atomic_writer(Path(prefix + suffix), newline="") as f:
             write(csv.writer(f))
-        os.replace(tmp, path)
 
 
 for _hook, _listener in ((events.init_command_line_parser, _add_options), (events.init, _init),
                          (events.test_start, _on_test_start), (events.test_stop, _on_test_stop),
                          (events.quitting, _on_quitting)):
     _hook.add_listener(_listener)  # type: ignore[no-untyped-call]  # Locust's EventHook is untyped
-
-
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
-def check_translations(body: Any, expected: int) -> list[dict[str, Any]]:
-    """The ``translations`` of a /v1 response, or WrongAnswer unless there is one non-empty text per input."""
-    translations = body.get("translations") if isinstance(body, dict) else None
-    if not isinstance(translations, list):
-        raise WrongAnswer("response has no 'translations' list")
-    if len(translations) != expected:
-        raise WrongAnswer(f"{len(translations)} translations for {expected} inputs")
-    for i, t in enumerate(translations):
-        if not isinstance(t, dict) or not isinstance(t.get("text"), str) or not t["text"].strip():
-            raise WrongAnswer(f"translation {i} is empty")
-    return translations
-
-
-def _error_message(status: int, text: str) -> str:
-    try:
-        error = json.loads(text).get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
-        message = None
-    return f"HTTP {status}: {message or text[:200]}"
 
 
 class _RestUser(FastHttpUser):
@@ -283,7 +247,7 @@ class _RestUser(FastHttpUser):
         with self.client.post("/v1/translate", json=self._payload(text), name=name, headers=state.headers,
                               catch_response=True) as resp:
             if resp.status_code != 200:
-                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                resp.failure(error_message(resp.status_code or 0, resp.text or ""))
                 return
             try:
                 state.count(check_translations(resp.json(), len(texts)))
@@ -322,44 +286,12 @@ class BulkUser(_RestUser):
         with self.client.post(path, data=body, name="/v1/translate/bulk", headers=headers,
                               catch_response=True) as resp:
             if resp.status_code != 200:
-                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                resp.failure(error_message(resp.status_code or 0, resp.text or ""))
                 return
             try:
                 state.count(check_bulk_lines((resp.text or "").splitlines(), len(texts)))
             except (WrongAnswer, ValueError) as e:
                 resp.failure(f"wrong answer: {e}")
-
-
-def check_bulk_lines(lines: list[str], expected: int) -> list[dict[str, Any]]:
-    """The results of a bulk response, in input order, or WrongAnswer unless every input has a non-empty text."""
-    results: dict[int, dict[str, Any]] = {}
-    for line in filter(None, (raw.strip() for raw in lines)):
-        item = json.loads(line)
-        if not isinstance(item, dict) or not isinstance(item.get("index"), int):
-            raise WrongAnswer(f"bulk line without an index: {line[:200]}")
-        if "error" in item:
-            error = item["error"]
-            raise WrongAnswer(f"line {item['index']}: {error.get('message') if isinstance(error, dict) else error}")
-        results[item["index"]] = item
-    if sorted(results) != list(range(expected)):
-        raise WrongAnswer(f"{len(results)} results for {expected} lines")
-    return check_translations({"translations": [results[i] for i in range(expected)]}, expected)
-
-
-def parse_sse(lines: list[str]) -> list[tuple[str, str]]:
-    """Complete Server-Sent Events in ``lines`` as (event, data) pairs; the event name defaults to ``message``."""
-    out: list[tuple[str, str]] = []
-    event, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data:
-                out.append((event, "\n".join(data)))
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    return out
 
 
 class StreamUser(_RestUser):
@@ -376,7 +308,7 @@ class StreamUser(_RestUser):
         with self.client.post(name, json=self._payload(sentence), name=name, stream=True, headers=headers,
                               catch_response=True) as resp:
             if resp.status_code != 200:
-                resp.failure(_error_message(resp.status_code or 0, resp.text or ""))
+                resp.failure(error_message(resp.status_code or 0, resp.text or ""))
                 return
             try:
                 # Byte by byte until the first event is complete (a server may send it in several writes), then
