@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.spec import MASK_VALUE, TransformerSpec, cross_names, past_names, present_names
+from converters.spec import MASK_VALUE, Stack, TransformerSpec, cross_names, past_names, present_names
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +85,17 @@ class _Graph:
 
 
 class _Emitter:
-    """Shared sub-layers over one spec."""
+    """Shared sub-layers over one spec, shaped as one of its stacks (heads, activation, norm placement)."""
 
-    def __init__(self, spec: TransformerSpec, g: _Graph) -> None:
+    def __init__(self, spec: TransformerSpec, g: _Graph, stack: Stack) -> None:
         self.spec = spec
         self.c = spec.config
+        self.stack = stack
         self.w = spec.weights
         self.g = g
         self.d = self.c.d_model
-        self.h = self.c.num_heads
-        self.dh = self.c.head_dim
+        self.h = stack.heads
+        self.dh = stack.head_dim
 
     def linear(self, x: str, prefix: str, kernel: np.ndarray | None = None, bias: np.ndarray | None = None) -> str:
         kernel = self.w[f"{prefix}.weight"] if kernel is None else kernel
@@ -112,22 +113,31 @@ class _Emitter:
                          epsilon=float(self.c.norm_epsilon))
 
     def activation(self, x: str) -> str:
-        kind = self.c.activation
+        kind, g = self.stack.activation, self.g
         if kind == "relu":
-            return self.g.op("Relu", [x])
+            return g.op("Relu", [x])
         if kind == "swish":
-            return self.g.op("Mul", [x, self.g.op("Sigmoid", [x])], hint="swish")
+            return g.op("Mul", [x, g.op("Sigmoid", [x])], hint="swish")
+        if kind == "gelu_sigmoid":
+            return g.op("Mul", [x, g.op("Sigmoid", [g.op("Mul", [x, g.const([1.702], np.float32)])])], hint="gelu_sig")
+        if kind == "gelu_tanh":
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); ONNX Runtime fuses this pattern into FastGelu.
+            cube = g.op("Mul", [g.op("Mul", [x, x]), x])
+            inner = g.op("Add", [x, g.op("Mul", [cube, g.const([0.044715], np.float32)])])
+            tanh = g.op("Tanh", [g.op("Mul", [inner, g.const([math.sqrt(2.0 / math.pi)], np.float32)])])
+            one_plus = g.op("Add", [tanh, g.const([1.0], np.float32)])
+            return g.op("Mul", [g.op("Mul", [x, g.const([0.5], np.float32)]), one_plus], hint="gelu_tanh")
         # Exact (erf) GELU; ONNX Runtime fuses this pattern into its Gelu kernel.
-        erf = self.g.op("Erf", [self.g.op("Mul", [x, self.g.const([1.0 / math.sqrt(2.0)], np.float32)])])
-        one_plus = self.g.op("Add", [erf, self.g.const([1.0], np.float32)])
-        return self.g.op("Mul", [self.g.op("Mul", [x, self.g.const([0.5], np.float32)]), one_plus], hint="gelu")
+        erf = g.op("Erf", [g.op("Mul", [x, g.const([1.0 / math.sqrt(2.0)], np.float32)])])
+        one_plus = g.op("Add", [erf, g.const([1.0], np.float32)])
+        return g.op("Mul", [g.op("Mul", [x, g.const([0.5], np.float32)]), one_plus], hint="gelu")
 
     def ffn(self, x: str, prefix: str) -> str:
         return self.linear(self.activation(self.linear(x, f"{prefix}.fc1")), f"{prefix}.fc2")
 
     def sublayer(self, x: str, prefix: str, body: str, fn: Callable[[str], str]) -> str:
         """Residual + norm around ``fn``: pre-norm ``x + f(LN(x))`` or post-norm ``LN(x + f(x))``."""
-        if self.c.pre_norm:
+        if self.stack.pre_norm:
             return self.g.op("Add", [x, fn(self.norm(x, f"{prefix}.{body}_norm"))], hint=f"{prefix}.{body}_res")
         return self.norm(self.g.op("Add", [x, fn(x)], hint=f"{prefix}.{body}_res"), f"{prefix}.{body}_norm")
 
@@ -151,6 +161,15 @@ class _Emitter:
     def output_projection(self, ctx: str, prefix: str) -> str:
         return self.linear(ctx, f"{prefix}.o")
 
+    def positions(self, side: str) -> str:
+        """The position table of ``side`` (``encoder``/``decoder``): the shared one, or the stack's own."""
+        name = "positions" if self.c.shared_positions else f"{side}.positions"
+        return self.g.weight(name, self.w[name])
+
+    def embed_norm(self, x: str, side: str) -> str:
+        """The layer norm after the embedding, when the stack has one."""
+        return self.norm(x, f"{side}.embed_norm") if self.stack.embed_norm else x
+
     def input_embedding_table(self, table: np.ndarray, fold_zero_row: bool) -> np.ndarray:
         """Embedding with the scale folded in (and the zero-embedding row zeroed when allowed)."""
         out = table * np.float32(self.c.embedding_scale)
@@ -163,8 +182,8 @@ class _Emitter:
 def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
     c = spec.config
     g = _Graph("mtgate_encoder")
-    e = _Emitter(spec, g)
-    d, h, dh = c.d_model, c.num_heads, c.head_dim
+    e = _Emitter(spec, g, c.encoder)
+    d, h, dh = c.d_model, c.encoder.heads, c.encoder.head_dim
 
     ids = "input_ids"
     table = g.weight("encoder.embed_tokens", e.input_embedding_table(spec.weights["encoder.embed_tokens"], True))
@@ -172,15 +191,16 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
     if c.encoder_embed_bias:
         x = g.op("Add", [x, g.weight("encoder.embed_bias", spec.weights["encoder.embed_bias"])], hint="embed_bias")
     seq_len = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])], hint="src_len")
-    positions = g.op("Slice", [g.weight("positions", spec.weights["positions"]), g.const([0]), seq_len,
-                               g.const([0])], hint="positions")
-    x = g.op("Add", [x, positions], hint="embed_pos")
+    positions = g.op("Slice", [e.positions("encoder"), g.const([0]), seq_len, g.const([0])], hint="positions")
+    x = e.embed_norm(g.op("Add", [x, positions], hint="embed_pos"), "encoder")
 
-    is_pad = g.op("Cast", [g.op("Equal", [ids, g.const([spec.special_ids.pad])])], to=TensorProto.FLOAT)
-    bias = g.op("Mul", [is_pad, g.const([MASK_VALUE], np.float32)])
+    masked = g.op("Equal", [ids, g.const([spec.special_ids.pad])])
+    if c.mask_source_eos:  # the model never saw a source EOS: attend as if it were padding
+        masked = g.op("Or", [masked, g.op("Equal", [ids, g.const([spec.special_ids.eos])])])
+    bias = g.op("Mul", [g.op("Cast", [masked], to=TensorProto.FLOAT), g.const([MASK_VALUE], np.float32)])
     g.rename_output(g.op("Unsqueeze", [bias, g.const([1, 2])]), "src_bias")
 
-    for i in range(c.encoder_layers):
+    for i in range(c.encoder.layers):
         p = f"encoder.layers.{i}"
 
         def self_attention(y: str, p: str = p) -> str:
@@ -196,27 +216,29 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
 
         x = e.sublayer(x, p, "self_attn", self_attention)
         x = e.sublayer(x, p, "ffn", functools.partial(e.ffn, prefix=f"{p}.ffn"))
-    if c.encoder_final_norm:
+    if c.encoder.final_norm:
         x = e.norm(x, "encoder.final_norm")
     g.rename_output(x, "memory")
 
-    # Every decoder layer's cross-attention K and V from one [D, L*2*D] matmul.
+    # Every decoder layer's cross-attention K and V from one [D, L*2*D] matmul, split into the decoder's heads.
+    dec = c.decoder
     kernels, biases = [], []
-    for i in range(c.decoder_layers):
+    for i in range(dec.layers):
         for proj in ("k", "v"):
             kernels.append(spec.weights[f"decoder.layers.{i}.cross_attn.{proj}.weight"])
             if c.attention_bias:
                 biases.append(spec.weights[f"decoder.layers.{i}.cross_attn.{proj}.bias"])
     kv = e.linear(x, "decoder.cross_kv", kernel=np.concatenate(kernels, axis=1),
                   bias=np.concatenate(biases) if biases else None)
-    kv = g.op("Reshape", [kv, g.const([0, 0, c.decoder_layers, 2, h, dh])])
+    kv = g.op("Reshape", [kv, g.const([0, 0, dec.layers, 2, dec.heads, dec.head_dim])])
     g.rename_output(g.op("Transpose", [kv], perm=[2, 3, 0, 4, 1, 5]), "cross_kv")
 
     float_t = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "src_len"])]
     outputs = [
         helper.make_tensor_value_info("memory", float_t, ["batch", "src_len", d]),
-        helper.make_tensor_value_info("cross_kv", float_t, [c.decoder_layers, 2, "batch", h, "src_len", dh]),
+        helper.make_tensor_value_info("cross_kv", float_t,
+                                      [dec.layers, 2, "batch", dec.heads, "src_len", dec.head_dim]),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
     ]
     return g.model(inputs, outputs, "mtgate encoder: input_ids -> memory, cross_kv, src_bias")
@@ -225,8 +247,8 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
 def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
     c = spec.config
     g = _Graph("mtgate_decoder")
-    e = _Emitter(spec, g)
-    d, h, dh, n_layers = c.d_model, c.num_heads, c.head_dim, c.decoder_layers
+    e = _Emitter(spec, g, c.decoder)
+    d, h, dh, n_layers = c.d_model, c.decoder.heads, c.decoder.head_dim, c.decoder.layers
     zero_id = spec.special_ids.zero_embedding_id
 
     embed_name = "encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"
@@ -245,9 +267,11 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
     else:
         table = g.weight(embed_name, e.input_embedding_table(embed, True))
         x = g.op("Gather", [table, "input_ids"], hint="embed", axis=0)
-    position = g.op("Gather", [g.weight("positions", spec.weights["positions"]), "position_ids"], hint="position",
-                    axis=0)  # [B,1,D]
-    x = g.op("Add", [x, position], hint="embed_pos")
+    if c.decoder_start_zero:  # the first step embeds to zeros, whatever its id (Marian NMT)
+        started = g.op("Cast", [g.op("Not", [g.op("Equal", ["position_ids", g.const([0])])])], to=TensorProto.FLOAT)
+        x = g.op("Mul", [x, g.op("Unsqueeze", [started, g.const([2])])], hint="zero_start")
+    position = g.op("Gather", [e.positions("decoder"), "position_ids"], hint="position", axis=0)  # [B,1,D]
+    x = e.embed_norm(g.op("Add", [x, position], hint="embed_pos"), "decoder")
 
     # The caches come and go one tensor per layer and kind ([B,H,T,Dh] each): the runtime reads them where the
     # caller keeps them, with no Gather copying a layer out of a stacked cache.
@@ -286,7 +310,7 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
         x = e.sublayer(x, p, "self_attn", self_attention)
         x = e.sublayer(x, p, "cross_attn", cross_attention)
         x = e.sublayer(x, p, "ffn", functools.partial(e.ffn, prefix=f"{p}.ffn"))
-    if c.decoder_final_norm:
+    if c.decoder.final_norm:
         x = e.norm(x, "decoder.final_norm")
 
     hidden = g.op("Reshape", [x, g.const([0, d])], hint="last_hidden")  # [B,D]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from converters.spec import MASK_VALUE, TransformerSpec
+from converters.spec import MASK_VALUE, Stack, TransformerSpec
 from serving.backends.base import EncoderOutput
 
 
@@ -60,30 +60,37 @@ class ReferenceModel:
     def _norm(self, x: np.ndarray, prefix: str) -> np.ndarray:
         return _layer_norm(x, self.w[f"{prefix}.scale"], self.w[f"{prefix}.bias"], self.c.norm_epsilon)
 
-    def _act(self, x: np.ndarray) -> np.ndarray:
-        if self.c.activation == "relu":
+    @staticmethod
+    def _act(x: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "relu":
             return np.asarray(np.maximum(x, 0.0))
-        if self.c.activation == "swish":
+        if kind == "swish":
             return np.asarray(x / (1.0 + np.exp(-x)))
+        if kind == "gelu_sigmoid":
+            return np.asarray(x / (1.0 + np.exp(-1.702 * x)))
+        if kind == "gelu_tanh":
+            return np.asarray(0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))))
         return np.asarray(0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))))
 
-    def _ffn(self, x: np.ndarray, prefix: str) -> np.ndarray:
-        return self._linear(self._act(self._linear(x, f"{prefix}.fc1")), f"{prefix}.fc2")
+    def _ffn(self, x: np.ndarray, prefix: str, stack: Stack) -> np.ndarray:
+        return self._linear(self._act(self._linear(x, f"{prefix}.fc1"), stack.activation), f"{prefix}.fc2")
 
-    def _split(self, x: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _split(x: np.ndarray, stack: Stack) -> np.ndarray:
         b, t, _ = x.shape
-        return x.reshape(b, t, self.c.num_heads, self.c.head_dim).transpose(0, 2, 1, 3)
+        return x.reshape(b, t, stack.heads, stack.head_dim).transpose(0, 2, 1, 3)
 
     def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(self.c.head_dim)
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
         if bias is not None:
             scores = scores + bias
         ctx = _softmax(scores) @ v  # [B,H,Tq,Dh]
         b, _, t, _ = ctx.shape
         return np.asarray(ctx.transpose(0, 2, 1, 3).reshape(b, t, self.c.d_model))
 
-    def _sublayer(self, x: np.ndarray, prefix: str, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        if self.c.pre_norm:
+    def _sublayer(self, x: np.ndarray, prefix: str, stack: Stack,
+                  fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        if stack.pre_norm:
             return np.asarray(x + fn(self._norm(x, f"{prefix}_norm")))
         return self._norm(x + fn(x), f"{prefix}_norm")
 
@@ -93,6 +100,12 @@ class ReferenceModel:
         if zero_id is not None:
             x = x * (ids != zero_id)[..., None]
         return np.asarray(x)
+
+    def _positions(self, side: str) -> np.ndarray:
+        return self.w["positions" if self.c.shared_positions else f"{side}.positions"]
+
+    def _embed_norm(self, x: np.ndarray, side: str, stack: Stack) -> np.ndarray:
+        return self._norm(x, f"{side}.embed_norm") if stack.embed_norm else x
 
     # --- the contract -----------------------------------------------------------------------------------------
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
@@ -108,38 +121,44 @@ class ReferenceModel:
             return self._decode_step(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
 
     def _encode(self, input_ids: np.ndarray) -> EncoderOutput:
-        c = self.c
+        c, enc, dec = self.c, self.c.encoder, self.c.decoder
         s = input_ids.shape[1]
         x = self._embed(self.w["encoder.embed_tokens"], input_ids)
         if c.encoder_embed_bias:
             x = x + self.w["encoder.embed_bias"]
-        x = x + self.w["positions"][:s]
-        bias = np.where(input_ids == self.spec.special_ids.pad, MASK_VALUE, 0.0)[:, None, None, :]
-        for i in range(c.encoder_layers):
+        x = self._embed_norm(x + self._positions("encoder")[:s], "encoder", enc)
+        masked = input_ids == self.spec.special_ids.pad
+        if c.mask_source_eos:
+            masked |= input_ids == self.spec.special_ids.eos
+        bias = np.where(masked, MASK_VALUE, 0.0)[:, None, None, :]
+        for i in range(enc.layers):
             p = f"encoder.layers.{i}"
 
             def attn(y: np.ndarray, p: str = p) -> np.ndarray:
-                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}")) for n in "qkv")
+                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}"), enc) for n in "qkv")
                 return self._linear(self._attend(q, k, v, bias), f"{p}.self_attn.o")
 
-            x = self._sublayer(x, f"{p}.self_attn", attn)
-            x = self._sublayer(x, f"{p}.ffn", functools.partial(self._ffn, prefix=f"{p}.ffn"))
-        if c.encoder_final_norm:
+            x = self._sublayer(x, f"{p}.self_attn", enc, attn)
+            x = self._sublayer(x, f"{p}.ffn", enc, functools.partial(self._ffn, prefix=f"{p}.ffn", stack=enc))
+        if enc.final_norm:
             x = self._norm(x, "encoder.final_norm")
         cross = np.stack([
-            np.stack([self._split(self._linear(x, f"decoder.layers.{i}.cross_attn.{n}")) for n in "kv"])
-            for i in range(c.decoder_layers)
+            np.stack([self._split(self._linear(x, f"decoder.layers.{i}.cross_attn.{n}"), dec) for n in "kv"])
+            for i in range(dec.layers)
         ])
         return EncoderOutput(memory=x.astype(np.float32), cross_kv=cross.astype(np.float32),
                              src_bias=bias.astype(np.float32))
 
     def _decode_step(self, input_ids: np.ndarray, step: int | np.ndarray, past_kv: np.ndarray, cross_kv: np.ndarray,
                      src_bias: np.ndarray, self_bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        c = self.c
+        c, dec = self.c, self.c.decoder
         table = self.w["encoder.embed_tokens" if c.shared_embeddings else "decoder.embed_tokens"]
         positions = np.asarray(step, dtype=np.int64)
-        position = self.w["positions"][positions] if positions.ndim == 0 else self.w["positions"][positions.reshape(-1, 1)]
-        x = self._embed(table, input_ids) + position
+        rows = positions if positions.ndim == 0 else positions.reshape(-1, 1)
+        x = self._embed(table, input_ids)
+        if c.decoder_start_zero:  # a row's first step embeds to zeros (Marian NMT)
+            x = x * (np.broadcast_to(rows, input_ids.shape) != 0)[..., None]
+        x = self._embed_norm(x + self._positions("decoder")[rows], "decoder", dec)
         mask = None
         if self_bias is not None:  # the new token's own slot is never masked
             mask = np.concatenate([self_bias, np.zeros(self_bias.shape[:3] + (1,))], axis=3).astype(np.float64)
@@ -147,24 +166,24 @@ class ReferenceModel:
         cross = cross_kv.astype(np.float64)
         bias = src_bias.astype(np.float64)
         present = []
-        for i in range(c.decoder_layers):
+        for i in range(dec.layers):
             p = f"decoder.layers.{i}"
 
             def self_attn(y: np.ndarray, p: str = p, i: int = i) -> np.ndarray:
-                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}")) for n in "qkv")
+                q, k, v = (self._split(self._linear(y, f"{p}.self_attn.{n}"), dec) for n in "qkv")
                 k = np.concatenate([past[i, 0], k], axis=2)
                 v = np.concatenate([past[i, 1], v], axis=2)
                 present.append(np.stack([k, v]))
                 return self._linear(self._attend(q, k, v, mask), f"{p}.self_attn.o")
 
             def cross_attn(y: np.ndarray, p: str = p, i: int = i) -> np.ndarray:
-                q = self._split(self._linear(y, f"{p}.cross_attn.q"))
+                q = self._split(self._linear(y, f"{p}.cross_attn.q"), dec)
                 return self._linear(self._attend(q, cross[i, 0], cross[i, 1], bias), f"{p}.cross_attn.o")
 
-            x = self._sublayer(x, f"{p}.self_attn", self_attn)
-            x = self._sublayer(x, f"{p}.cross_attn", cross_attn)
-            x = self._sublayer(x, f"{p}.ffn", functools.partial(self._ffn, prefix=f"{p}.ffn"))
-        if c.decoder_final_norm:
+            x = self._sublayer(x, f"{p}.self_attn", dec, self_attn)
+            x = self._sublayer(x, f"{p}.cross_attn", dec, cross_attn)
+            x = self._sublayer(x, f"{p}.ffn", dec, functools.partial(self._ffn, prefix=f"{p}.ffn", stack=dec))
+        if dec.final_norm:
             x = self._norm(x, "decoder.final_norm")
         out = self.w["decoder.output_proj"] if not c.tied_output else table
         logits = x[:, 0] @ out.T

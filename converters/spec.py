@@ -7,13 +7,17 @@ Conventions (every reader converts to these):
 - Dense kernels are stored ``[in, out]`` and applied as ``y = x @ W + b`` (TF layout; HF ``nn.Linear`` is transposed).
 - Embedding and output-projection matrices are ``[vocab, d_model]``; logits are ``h @ E.T (+ bias)``.
 - ``positions`` is a ``[max_positions, d_model]`` table added after the scaled token embedding; position p is row p,
-  in the encoder (source position) and the decoder (step index, the start token is step 0).
+  in the encoder (source position) and the decoder (step index, the start token is step 0). Without
+  ``shared_positions`` each stack has its own table, ``encoder.positions`` and ``decoder.positions``.
 - Norm names are the same for pre-norm and post-norm layers: ``self_attn_norm`` is the norm that belongs to the
   self-attention sub-layer, applied before it (pre-norm) or after its residual add (post-norm).
+- Each stack has its own shape (``config.encoder`` / ``config.decoder``: layers, heads, FFN width, activation, norm
+  placement, final norm, embedding norm); ``d_model``, the norm epsilon and the embedding scale are shared.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,14 +26,14 @@ import numpy as np
 # The package format owns these (serving reads them); readers and the emitter use them under their usual names.
 from serving.package import MASK_VALUE, DecodingDefaults, SpecialIds, cross_names, past_names, present_names, stacked
 from serving.package import Architecture as TransformerConfig
-from serving.package.manifest import Activation, LengthPenaltyKind
+from serving.package.manifest import Activation, LengthPenaltyKind, Stack
 
 __all__ = [
-    "MASK_VALUE", "Activation", "DecodingDefaults", "LengthPenaltyKind", "SpecialIds", "TransformerConfig",
+    "MASK_VALUE", "Activation", "DecodingDefaults", "LengthPenaltyKind", "SpecialIds", "Stack", "TransformerConfig",
     "TransformerSpec", "config_problems", "cross_names", "expected_weights", "past_names", "present_names", "stacked",
 ]
 
-_SUPPORTED_ACTIVATIONS: tuple[str, ...] = ("relu", "swish", "gelu")
+_SUPPORTED_ACTIVATIONS: tuple[str, ...] = typing.get_args(Activation)
 
 
 def _attention(prefix: str, d: int, bias: bool) -> dict[str, tuple[int, ...]]:
@@ -55,11 +59,12 @@ def _ffn(prefix: str, d: int, f: int, bias: bool) -> dict[str, tuple[int, ...]]:
 
 def expected_weights(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical weight name this config needs, with its shape."""
-    d, f = config.d_model, config.ffn_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "encoder.embed_tokens": (config.source_vocab_size, d),
-        "positions": (config.max_positions, d),
-    }
+    d = config.d_model
+    shapes: dict[str, tuple[int, ...]] = {"encoder.embed_tokens": (config.source_vocab_size, d)}
+    if config.shared_positions:
+        shapes["positions"] = (config.max_positions, d)
+    else:
+        shapes["encoder.positions"] = shapes["decoder.positions"] = (config.max_positions, d)
     if config.encoder_embed_bias:
         shapes["encoder.embed_bias"] = (d,)
     if not config.shared_embeddings:
@@ -68,19 +73,17 @@ def expected_weights(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
         shapes["decoder.output_proj"] = (config.target_vocab_size, d)
     if config.logits_bias:
         shapes["decoder.output_bias"] = (config.target_vocab_size,)
-    for i in range(config.encoder_layers):
-        p = f"encoder.layers.{i}"
-        shapes |= _attention(f"{p}.self_attn", d, config.attention_bias) | _norm(f"{p}.self_attn_norm", d)
-        shapes |= _ffn(f"{p}.ffn", d, f, config.ffn_bias) | _norm(f"{p}.ffn_norm", d)
-    for i in range(config.decoder_layers):
-        p = f"decoder.layers.{i}"
-        shapes |= _attention(f"{p}.self_attn", d, config.attention_bias) | _norm(f"{p}.self_attn_norm", d)
-        shapes |= _attention(f"{p}.cross_attn", d, config.attention_bias) | _norm(f"{p}.cross_attn_norm", d)
-        shapes |= _ffn(f"{p}.ffn", d, f, config.ffn_bias) | _norm(f"{p}.ffn_norm", d)
-    if config.encoder_final_norm:
-        shapes |= _norm("encoder.final_norm", d)
-    if config.decoder_final_norm:
-        shapes |= _norm("decoder.final_norm", d)
+    for side, stack in (("encoder", config.encoder), ("decoder", config.decoder)):
+        if stack.embed_norm:
+            shapes |= _norm(f"{side}.embed_norm", d)
+        for i in range(stack.layers):
+            p = f"{side}.layers.{i}"
+            shapes |= _attention(f"{p}.self_attn", d, config.attention_bias) | _norm(f"{p}.self_attn_norm", d)
+            if side == "decoder":
+                shapes |= _attention(f"{p}.cross_attn", d, config.attention_bias) | _norm(f"{p}.cross_attn_norm", d)
+            shapes |= _ffn(f"{p}.ffn", d, stack.ffn_dim, config.ffn_bias) | _norm(f"{p}.ffn_norm", d)
+        if stack.final_norm:
+            shapes |= _norm(f"{side}.final_norm", d)
     return shapes
 
 
@@ -133,17 +136,18 @@ class TransformerSpec:
 def config_problems(config: TransformerConfig) -> list[str]:
     """Reasons this config cannot be emitted (empty when it can)."""
     problems: list[str] = []
-    if config.activation not in _SUPPORTED_ACTIVATIONS:
-        problems.append(
-            f"activation {config.activation!r} (supported activations are: {', '.join(_SUPPORTED_ACTIVATIONS)})"
-        )
-    if config.num_heads <= 0 or config.d_model % config.num_heads:
-        problems.append(f"d_model {config.d_model} is not divisible by num_heads {config.num_heads}")
-    for name in ("encoder_layers", "decoder_layers", "ffn_dim", "max_positions", "source_vocab_size",
-                 "target_vocab_size"):
+    for side, stack in (("encoder", config.encoder), ("decoder", config.decoder)):
+        if stack.activation not in _SUPPORTED_ACTIVATIONS:
+            problems.append(f"{side} activation {stack.activation!r} (supported activations are: "
+                            f"{', '.join(_SUPPORTED_ACTIVATIONS)})")
+        if stack.heads <= 0 or config.d_model % stack.heads:
+            problems.append(f"d_model {config.d_model} is not divisible by the {side}'s {stack.heads} heads")
+        for name in ("layers", "ffn_dim"):
+            if getattr(stack, name) <= 0:
+                problems.append(f"{side} {name} must be positive, got {getattr(stack, name)}")
+    for name in ("max_positions", "source_vocab_size", "target_vocab_size"):
         if getattr(config, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
     if config.shared_embeddings and config.source_vocab_size != config.target_vocab_size:
         problems.append("shared_embeddings needs equal source and target vocabulary sizes")
     return problems
-

@@ -15,7 +15,9 @@ RUNTIMES = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")
 DEFAULT_REFERENCE = {"encoder": "onnx/encoder.onnx", "decoder": "onnx/decoder.onnx"}
 
-Activation = Literal["relu", "swish", "gelu"]
+Activation = Literal["relu", "swish", "gelu", "gelu_tanh", "gelu_sigmoid"]
+"""``gelu``: exact (erf); ``gelu_tanh``: the tanh approximation (HF ``gelu_new``, fairseq ``gelu_accurate``);
+``gelu_sigmoid``: ``x * sigmoid(1.702 x)`` (Marian NMT's ``gelu``, HF ``quick_gelu``); ``swish``: ``x * sigmoid(x)``."""
 LengthPenaltyKind = Literal["hf", "gnmt"]
 
 
@@ -24,9 +26,50 @@ class PackageError(Exception):
 
 
 @dataclass(frozen=True)
+class Stack:
+    """The shape of one stack (:attr:`Architecture.encoder`, :attr:`Architecture.decoder`).
+
+    Attributes:
+        layers: number of layers.
+        heads: attention heads (the decoder's for its self- and cross-attention, and for the caches).
+        head_dim: ``d_model // heads``.
+        ffn_dim: width of the feed-forward layers.
+        activation: the feed-forward activation.
+        pre_norm: each sub-layer normalizes its input (``x + f(LN(x))``) instead of its output (``LN(x + f(x))``).
+        final_norm: a layer norm after the last layer.
+        embed_norm: a layer norm after the embedding (token + position), before the first layer.
+    """
+
+    layers: int
+    heads: int
+    head_dim: int
+    ffn_dim: int
+    activation: Activation
+    pre_norm: bool
+    final_norm: bool
+    embed_norm: bool
+
+
+@dataclass(frozen=True)
 class Architecture:
     """The model's hyperparameters (``converters.spec.TransformerConfig`` is this class). Booleans say which
-    optional weights exist and where norms go."""
+    optional weights exist and where norms go.
+
+    ``num_heads``, ``ffn_dim``, ``activation`` and ``pre_norm`` are the encoder's, and the decoder's unless a
+    ``decoder_*`` field says otherwise (``None``: as the encoder; packages written before these fields existed had
+    equal stacks). Read a stack's shape through :attr:`encoder` and :attr:`decoder`.
+
+    The fields with defaults describe what packages written before them were:
+
+    - ``encoder_embed_norm`` / ``decoder_embed_norm``: a layer norm right after the embedding (fairseq
+      ``layernorm_embedding``, Marian ``--transformer-postprocess-emb n``).
+    - ``shared_positions``: one ``positions`` table for both stacks; False: ``encoder.positions`` and
+      ``decoder.positions`` (fairseq's learned positions).
+    - ``decoder_start_zero``: the decoder's first step (position 0) embeds to a zero vector whatever the start id
+      (Marian NMT starts from an all-zero embedding).
+    - ``mask_source_eos``: the source EOS the engine appends is masked out of attention, as if absent (OpenNMT-py
+      sources have no EOS).
+    """
 
     source_vocab_size: int
     target_vocab_size: int
@@ -48,10 +91,32 @@ class Architecture:
     ffn_bias: bool
     logits_bias: bool
     encoder_embed_bias: bool = False
+    decoder_num_heads: int | None = None
+    decoder_ffn_dim: int | None = None
+    decoder_activation: Activation | None = None
+    decoder_pre_norm: bool | None = None
+    encoder_embed_norm: bool = False
+    decoder_embed_norm: bool = False
+    shared_positions: bool = True
+    decoder_start_zero: bool = False
+    mask_source_eos: bool = False
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def encoder(self) -> Stack:
+        """The encoder stack's shape."""
+        return Stack(layers=self.encoder_layers, heads=self.num_heads, head_dim=self.d_model // max(1, self.num_heads),
+                     ffn_dim=self.ffn_dim, activation=self.activation, pre_norm=self.pre_norm,
+                     final_norm=self.encoder_final_norm, embed_norm=self.encoder_embed_norm)
+
+    @property
+    def decoder(self) -> Stack:
+        """The decoder stack's shape (``decoder_*`` fields, the encoder's values where they are None)."""
+        heads = self.num_heads if self.decoder_num_heads is None else self.decoder_num_heads
+        return Stack(layers=self.decoder_layers, heads=heads, head_dim=self.d_model // max(1, heads),
+                     ffn_dim=self.ffn_dim if self.decoder_ffn_dim is None else self.decoder_ffn_dim,
+                     activation=self.activation if self.decoder_activation is None else self.decoder_activation,
+                     pre_norm=self.pre_norm if self.decoder_pre_norm is None else self.decoder_pre_norm,
+                     final_norm=self.decoder_final_norm, embed_norm=self.decoder_embed_norm)
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,24 @@ CONFIGS: dict[str, dict[str, object]] = {
         "pre_norm": True, "encoder_final_norm": True, "decoder_final_norm": True, "attention_bias": False,
         "logits_bias": False, "encoder_embed_bias": True, "zero_embedding_id": 0},
     "zero embedding with an untied output": {"tied_output": False, "zero_embedding_id": 0},
+    "unequal stacks: depth, heads, FFN, activation, norm placement": {
+        "encoder_layers": 3, "decoder_layers": 1, "num_heads": 4, "decoder_num_heads": 2, "ffn_dim": 40,
+        "decoder_ffn_dim": 12, "activation": "gelu_tanh", "decoder_activation": "gelu_sigmoid",
+        "decoder_pre_norm": True, "decoder_final_norm": True},
+    "embedding norms, separate learned positions, gelu_sigmoid": {
+        "encoder_embed_norm": True, "decoder_embed_norm": True, "shared_positions": False, "activation": "gelu_sigmoid",
+        "shared_embeddings": False, "target_vocab_size": 30, "pre_norm": True, "encoder_final_norm": True},
+    "Marian NMT-like: zero start embedding, output bias": {"decoder_start_zero": True, "tied_output": False},
+    "OpenNMT-py-like: masked source EOS, pre-norm, final norms": {
+        "mask_source_eos": True, "pre_norm": True, "encoder_final_norm": True, "decoder_final_norm": True},
 }
 
 
-def _source() -> np.ndarray:
-    # Varied lengths, EOS-terminated, right-padded; one sentence of length 1 (just EOS).
-    return padded_batch([[5, 6, 7, 8, 9, 10, EOS], [11, 12, EOS], [EOS], [13, 14, 15, 16, EOS]])
+def _source(lone_eos: bool = True) -> np.ndarray:
+    # Varied lengths, EOS-terminated, right-padded; one sentence of length 1 (just EOS) unless the model masks the
+    # source EOS (then that sentence has nothing to attend to: undefined, and never translated).
+    rows = [[5, 6, 7, 8, 9, 10, EOS], [11, 12, EOS], [13, 14, 15, 16, EOS]]
+    return padded_batch(rows[:2] + [[EOS]] + rows[2:] if lone_eos else rows)
 
 
 def _targets(batch: int, steps: int, vocab: int) -> np.ndarray:
@@ -73,15 +85,19 @@ def _compare(backend: object, ref: ReferenceModel, source: np.ndarray) -> None:
 def test_onnxruntime_matches_reference(tmp_path: Path, options: dict[str, object]) -> None:
     spec = random_spec(**options)  # type: ignore[arg-type]
     encoder, decoder = emit_onnx(spec, tmp_path)
-    _compare(create_backend("onnxruntime", encoder, decoder, threads=1), ReferenceModel(spec), _source())
+    _compare(create_backend("onnxruntime", encoder, decoder, threads=1), ReferenceModel(spec),
+             _source(lone_eos=not spec.config.mask_source_eos))
 
 
-def test_openvino_matches_reference(tmp_path: Path) -> None:
-    """One config for OpenVINO (conversion is slow): pre-norm, final norms, zero embedding (Not/Equal/Cast), bias."""
+@pytest.mark.parametrize("config", ["T2T-like: zero PAD embedding, target-space bias",
+                                    "unequal stacks: depth, heads, FFN, activation, norm placement"])
+def test_openvino_matches_reference(tmp_path: Path, config: str) -> None:
+    """Two configs for OpenVINO (conversion is slow): pre-norm, final norms, zero embedding (Not/Equal/Cast), bias;
+    stacks of different shapes with the tanh and sigmoid GELUs."""
     pytest.importorskip("openvino")
     from converters.openvino import onnx_to_openvino
 
-    spec = random_spec(**CONFIGS["T2T-like: zero PAD embedding, target-space bias"])  # type: ignore[arg-type]
+    spec = random_spec(**CONFIGS[config])  # type: ignore[arg-type]
     encoder, decoder = emit_onnx(spec, tmp_path / "onnx")
     backend = create_backend("openvino", onnx_to_openvino(encoder, tmp_path / "ov" / "encoder.xml"),
                              onnx_to_openvino(decoder, tmp_path / "ov" / "decoder.xml"), threads=1)
@@ -141,3 +157,16 @@ def test_batch_of_one_and_long_cache(tmp_path: Path) -> None:
         np.testing.assert_allclose(log_probs, ref_log_probs, atol=TOL, rtol=0)
         token = ref_log_probs.argmax(axis=-1)[:, None].astype(np.int64)
     assert past.shape[4] == 39
+
+
+def test_masked_source_eos_and_zero_start(tmp_path: Path) -> None:
+    """``mask_source_eos``: src_bias masks the EOS too; ``decoder_start_zero``: step 0 ignores the start id."""
+    spec = random_spec(mask_source_eos=True, decoder_start_zero=True)
+    encoder, decoder = emit_onnx(spec, tmp_path)
+    backend = create_backend("onnxruntime", encoder, decoder, threads=1)
+    out = backend.encode(padded_batch([[5, 6, EOS], [7, EOS]]))
+    np.testing.assert_array_equal(out.src_bias[:, 0, 0], [[0.0, 0.0, MASK_VALUE], [0.0, MASK_VALUE, MASK_VALUE]])
+    past = empty_past(out.cross_kv)
+    first, _ = backend.decode_step(np.array([[START], [START]]), 0, past, out.cross_kv, out.src_bias)
+    other, _ = backend.decode_step(np.array([[9], [17]]), 0, past, out.cross_kv, out.src_bias)
+    np.testing.assert_array_equal(first, other)

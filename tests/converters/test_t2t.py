@@ -162,7 +162,7 @@ def _onnx_greedy(loaded: LoadedModel, src: np.ndarray, steps: int, out_dir: Path
     graphs = _OrtGraphs(loaded, out_dir)
     enc = graphs.encode(src)
     c = loaded.spec.config
-    past = np.zeros((c.decoder_layers, 2, src.shape[0], c.num_heads, 0, c.head_dim), dtype=np.float32)
+    past = np.zeros((c.decoder.layers, 2, src.shape[0], c.decoder.heads, 0, c.decoder.head_dim), dtype=np.float32)
     ids = np.zeros((src.shape[0], 1), dtype=np.int64)
     out: list[list[int]] = [[] for _ in range(src.shape[0])]
     done = np.zeros(src.shape[0], dtype=bool)

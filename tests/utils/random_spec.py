@@ -49,6 +49,8 @@ def random_spec(seed: int = 0, zero_embedding_id: int | None = None, **options: 
     for name, shape in expected_weights(config).items():
         if name == "positions":
             weights[name] = sinusoidal_positions(shape[0], shape[1])
+        elif name.endswith(".positions"):  # a stack's own table: learned-like values
+            weights[name] = (0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith(".scale"):
             weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
