@@ -6,7 +6,9 @@ optionally ``generation_config.json``. No hub access.
 
 The math is transformers' ``MarianMTModel``: post-norm layers, no final norms, token embedding times
 ``sqrt(d_model)`` when ``scale_embedding``, a sinusoidal position table (sines in the first half, cosines in the
-second, not interleaved), ``lm_head`` tied to the embedding and ``final_logits_bias`` added to the logits.
+second, not interleaved), ``lm_head`` tied to the embedding and ``final_logits_bias`` added to the logits. Encoder and
+decoder each have their own depth, heads and FFN width; the vocabularies and embeddings are shared or separate
+(``share_encoder_decoder_embeddings``), the output projection tied or not (``tie_word_embeddings``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ import numpy as np
 
 from converters.base import Converter, LoadedModel, cannot_convert, read_json
 from converters.hf_weights import WEIGHT_FILES, load_hf_weights
-from converters.spec import DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
+from converters.spec import Activation, DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 
 logger = logging.getLogger(__name__)
 
-# HF activation names -> ours. HF "gelu" is the exact erf form; the tanh approximations are not supported.
-_SUPPORTED_ACTIVATIONS: dict[str, str] = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# HF activation names (transformers' ACT2FN) -> ours. "gelu" is the exact erf form, "gelu_new" and its twins the
+# tanh approximation, "quick_gelu" x * sigmoid(1.702 x).
+HF_ACTIVATIONS: dict[str, Activation] = {
+    "relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu", "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+    "quick_gelu": "gelu_sigmoid",
+}
 
 # MarianConfig defaults (transformers 4.x), used when config.json omits a key.
 _CONFIG_DEFAULTS: dict[str, Any] = {
@@ -136,6 +143,7 @@ class MarianConverter(Converter):
         vocab_size = int(hf["vocab_size"])
         target_vocab_size = vocab_size if shared else int(hf["decoder_vocab_size"] or vocab_size)
         d_model = int(hf["d_model"])
+        activation = HF_ACTIVATIONS[hf["activation_function"]]
         config = TransformerConfig(
             source_vocab_size=vocab_size,
             target_vocab_size=target_vocab_size,
@@ -144,7 +152,7 @@ class MarianConverter(Converter):
             encoder_layers=int(hf["encoder_layers"]),
             decoder_layers=int(hf["decoder_layers"]),
             ffn_dim=int(hf["encoder_ffn_dim"]),
-            activation=_SUPPORTED_ACTIVATIONS[hf["activation_function"]],  # type: ignore[arg-type]
+            activation=activation,
             pre_norm=False,
             encoder_final_norm=False,
             decoder_final_norm=False,
@@ -156,6 +164,10 @@ class MarianConverter(Converter):
             attention_bias=True,
             ffn_bias=True,
             logits_bias=False,  # set below when final_logits_bias is present and non-zero
+            decoder_num_heads=int(hf["decoder_attention_heads"]),
+            decoder_ffn_dim=int(hf["decoder_ffn_dim"]),
+            decoder_activation=activation,
+            decoder_pre_norm=False,
         )
         vocab = read_json(src / "vocab.json")
         unk = vocab.get("<unk>")
@@ -191,23 +203,18 @@ class MarianConverter(Converter):
 def _config_problems(hf: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     activation = hf["activation_function"]
-    if activation not in _SUPPORTED_ACTIVATIONS:
-        problems.append(f"activation_function {activation!r} (supported: {', '.join(_SUPPORTED_ACTIVATIONS)})")
+    if activation not in HF_ACTIVATIONS:
+        problems.append(f"activation_function {activation!r} (supported: {', '.join(HF_ACTIVATIONS)})")
     for name, supported in _FIXED_OPTIONS.items():
         if name in hf and hf[name] != supported:
             problems.append(f"{name}={json.dumps(hf[name])} (only {json.dumps(supported)} is supported)")
-    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if hf[enc] != hf[dec]:
-            problems.append(f"{enc}={hf[enc]} differs from {dec}={hf[dec]} (must be equal)")
     architectures = hf.get("architectures")
     if isinstance(architectures, list) and architectures and "MarianMTModel" not in architectures:
         problems.append(f"architectures {architectures} (only MarianMTModel is supported)")
-    shared = hf["share_encoder_decoder_embeddings"]
-    if shared and hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
-        problems.append(f"decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']} "
-                        "while share_encoder_decoder_embeddings is true")
+    # With shared embeddings transformers ignores decoder_vocab_size (the output has vocab_size ids); so do we.
     for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                 "encoder_ffn_dim", "max_position_embeddings", "pad_token_id", "eos_token_id"):
+                 "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                 "pad_token_id", "eos_token_id"):
         if not isinstance(hf[name], int) or isinstance(hf[name], bool):
             problems.append(f"{name}={json.dumps(hf[name])} is not an integer")
     return problems
@@ -245,11 +252,7 @@ def _generation_settings(src: Path, hf: dict[str, Any]) -> tuple[DecodingDefault
         ignored["early_stopping"] = "never"
         logger.warning("%s: early_stopping='never' is decoded as early_stopping=false", src)
         early = False
-    # HF counts the decoder start token in max_length; max_new_tokens, when set, wins and counts generated tokens.
-    if gen.get("max_new_tokens") is not None:
-        max_length = int(gen["max_new_tokens"])
-    else:
-        max_length = int(gen.get("max_length") or 20) - 1
+    max_length = hf_max_new_tokens(gen, int(hf["max_position_embeddings"]))
     defaults = DecodingDefaults(
         beam_size=int(gen.get("num_beams") or 1),
         length_penalty=float(gen.get("length_penalty", 1.0)),
@@ -263,6 +266,21 @@ def _generation_settings(src: Path, hf: dict[str, Any]) -> tuple[DecodingDefault
     if defaults.max_length < 1:
         problems.append(f"max_length {max_length + 1} leaves no room for a generated token")
     return defaults, ignored, problems
+
+
+def hf_max_new_tokens(gen: dict[str, Any], max_position_embeddings: int) -> int:
+    """How many tokens (EOS included) transformers' ``generate`` produces at most with this generation config.
+
+    ``max_new_tokens`` wins; otherwise ``max_length`` counts the decoder start token too, except that the default
+    (20, also what a config without ``max_length`` means: ``save_pretrained`` drops defaults) is taken as 20 *new*
+    tokens, within ``max_position_embeddings`` (``GenerationMixin._prepare_generated_length``).
+    """
+    if gen.get("max_new_tokens") is not None:
+        return int(gen["max_new_tokens"])
+    max_length = int(gen.get("max_length") or 20)
+    if max_length == 20:
+        return min(max_length + 1, max_position_embeddings) - 1
+    return max_length - 1
 
 
 def _linear(w: np.ndarray) -> np.ndarray:
@@ -304,7 +322,11 @@ def _map_weights(
             weights["encoder.embed_tokens"] = enc_embed
         if dec_embed is None:
             problems.append("missing tensor model.decoder.embed_tokens.weight")
-        else:
+        elif dec_embed.ndim == 2 and dec_embed.shape[0] > config.target_vocab_size:
+            # transformers gives the decoder input embedding vocab_size rows, also when decoder_vocab_size (the
+            # output) is smaller; the rows past the output vocabulary are never fed back.
+            dec_embed = np.ascontiguousarray(dec_embed[: config.target_vocab_size])
+        if dec_embed is not None:
             weights["decoder.embed_tokens"] = dec_embed
         decoder_embed = dec_embed
     if not config.tied_output:

@@ -198,21 +198,24 @@ def test_without_generation_config_uses_transformers_defaults(tmp_path: Path, ti
     gen = transformers.MarianMTModel.from_pretrained(source).generation_config
     decoding = MarianConverter(source).load().spec.decoding
     assert decoding.beam_size == gen.num_beams
-    assert decoding.max_length == gen.max_length - 1
+    # max_length 20 is transformers' default, which generate() takes as 20 *new* tokens (not 20 - 1 as for any other
+    # max_length, which counts the start token): test_marian_shapes.py decodes such a package as generate() does.
+    assert gen.max_length == 20 and decoding.max_length == 20
     assert decoding.forced_eos == (gen.forced_eos_token_id is not None)
 
 
 def test_unsupported_options_are_listed_at_once(tmp_path: Path, tiny_source: Path) -> None:
     source = shutil.copytree(tiny_source, tmp_path / "src")
     config = json.loads((source / "config.json").read_text())
-    config |= {"normalize_before": True, "activation_function": "gelu_new", "add_bias_logits": True,
-               "decoder_attention_heads": 2}
+    # (Unequal encoder/decoder heads and FFN widths, once refused here, convert now: test_marian_shapes.py.)
+    config |= {"normalize_before": True, "activation_function": "relu6", "add_bias_logits": True,
+               "architectures": ["MarianForCausalLM"]}
     (source / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConversionError) as info:
         load_source(source)
     message = str(info.value)
-    for reason in ("normalize_before=true", "activation_function 'gelu_new'", "add_bias_logits=true",
-                   "encoder_attention_heads=4 differs from decoder_attention_heads=2"):
+    for reason in ("normalize_before=true", "activation_function 'relu6'", "add_bias_logits=true",
+                   "architectures ['MarianForCausalLM'] (only MarianMTModel is supported)"):
         assert reason in message
     assert len(message.splitlines()) == 5  # header + one line per reason
 

@@ -4,7 +4,9 @@
 vocab.json and tokenizer_config.json: a directory ``MarianMTModel.from_pretrained`` and ``MarianTokenizer``
 load, and ``mtgate convert`` converts. The SentencePiece models are trained on the fly (well under a second) on
 300 Multi30k validation lines per language (tests/data/marian/corpus.{en,de}); one joint vocab.json maps the pieces
-of both to ids (``</s>`` 0, ``<unk>`` 1, pieces, fillers, ``<pad>`` last), as opus-mt does.
+of both to ids (``</s>`` 0, ``<unk>`` 1, pieces, fillers, ``<pad>`` last), as opus-mt does. With
+``separate_vocabs=True``, vocab.json holds the source pieces and target_vocab.json the target pieces (``<pad>`` at
+the same id in both), and the model has separate embeddings (``share_encoder_decoder_embeddings: false``).
 
 ``convert_tiny_package(tmp_path)`` converts such a directory into a model package (for engine, server and batch
 tests). Needs the ``test`` extra (torch, transformers, sentencepiece).
@@ -78,6 +80,33 @@ def write_tokenizer_files(path: Path, *, spm_pieces: int = 200, vocab_size: int 
     return vocab
 
 
+def write_separate_tokenizer_files(path: Path, *, spm_pieces: int = 200, source_extra: int = 0) -> tuple[int, int]:
+    """Write source.spm, target.spm, vocab.json (source pieces) and target_vocab.json (target pieces), ``<pad>`` at
+    the same id ``P`` in both; the source vocabulary has ``source_extra`` more fillers after it. Returns
+    (source vocabulary size, target vocabulary size)."""
+    import sentencepiece as spm
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocabs: list[dict[str, int]] = []
+    for name, lang in (("source.spm", "en"), ("target.spm", "de")):
+        model = _spm_bytes(lang, spm_pieces)
+        (path / name).write_bytes(model)
+        sp = spm.SentencePieceProcessor(model_proto=model)
+        vocabs.append({sp.id_to_piece(i): i for i in range(sp.get_piece_size())})
+    pad = max(len(v) for v in vocabs)
+    for vocab in vocabs:
+        for i in range(pad - len(vocab)):
+            vocab[f"<extra_{i}>"] = len(vocab)
+        vocab["<pad>"] = pad
+    for i in range(source_extra):
+        vocabs[0][f"<more_{i}>"] = len(vocabs[0])
+    for name, vocab in zip(("vocab.json", "target_vocab.json"), vocabs, strict=True):
+        (path / name).write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"source_lang": "en", "target_lang": "de", "model_max_length": 512, "separate_vocabs": True}), encoding="utf-8")
+    return len(vocabs[0]), len(vocabs[1])
+
+
 def make_marian_dir(
     path: Path,
     *,
@@ -85,6 +114,11 @@ def make_marian_dir(
     layers: int = 2,
     heads: int = 4,
     ffn: int = 64,
+    decoder_layers: int | None = None,
+    decoder_heads: int | None = None,
+    decoder_ffn: int | None = None,
+    separate_vocabs: bool = False,
+    source_extra: int = 0,
     activation: str = "swish",
     vocab_size: int | None = None,
     spm_pieces: int = 200,
@@ -105,6 +139,10 @@ def make_marian_dir(
 
     Arguments:
         path: output directory (created).
+        layers, heads, ffn: the encoder's shape, and the decoder's unless ``decoder_*`` says otherwise.
+        separate_vocabs: separate source/target vocabularies and embeddings (``source_extra``: that many more
+            source ids than target ids; needs an untied output, as transformers ties lm_head to the decoder input
+            embedding, which has the source vocabulary's size).
         vocab_size: model vocabulary; default the number of pieces + 1 (pad); larger pads vocab.json with fillers.
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"`` for the saved safetensors.
         generation: generation_config.json keys overriding the opus-mt-like defaults (num_beams 4, max_length 64,
@@ -118,23 +156,27 @@ def make_marian_dir(
     from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
     path.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer_files(path, spm_pieces=spm_pieces, vocab_size=vocab_size)
-    n_vocab = len(vocab)
-    pad_id = vocab["<pad>"]
+    if separate_vocabs:
+        n_vocab, n_target = write_separate_tokenizer_files(path, spm_pieces=spm_pieces, source_extra=source_extra)
+        pad_id = n_target - 1
+    else:
+        vocab = write_tokenizer_files(path, spm_pieces=spm_pieces, vocab_size=vocab_size)
+        n_vocab = n_target = len(vocab)
+        pad_id = vocab["<pad>"]
     config = MarianConfig(
         vocab_size=n_vocab,
-        decoder_vocab_size=n_vocab,
+        decoder_vocab_size=n_target,
         d_model=d_model,
         encoder_layers=layers,
-        decoder_layers=layers,
+        decoder_layers=layers if decoder_layers is None else decoder_layers,
         encoder_attention_heads=heads,
-        decoder_attention_heads=heads,
+        decoder_attention_heads=heads if decoder_heads is None else decoder_heads,
         encoder_ffn_dim=ffn,
-        decoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn if decoder_ffn is None else decoder_ffn,
         activation_function=activation,
         max_position_embeddings=max_positions,
         scale_embedding=scale_embedding,
-        share_encoder_decoder_embeddings=True,
+        share_encoder_decoder_embeddings=not separate_vocabs,
         tie_word_embeddings=tie_word_embeddings,
         pad_token_id=pad_id,
         eos_token_id=EOS_ID,

@@ -1,0 +1,66 @@
+"""Decode the same inputs two ways and compare: transformers' ``generate`` and mtgate's search over a backend.
+
+``CASES`` are the decoding settings the converter tests check (greedy, beam 4, a length penalty, forced EOS and bad
+words as opus-mt sets them); ``generate_tokens`` runs ``model.generate`` with them, ``search_tokens`` runs
+``serving.decoding.search`` with the same settings over any backend (ONNX Runtime, OpenVINO, a numpy reference).
+Both return each hypothesis' generated ids up to and including EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serving.decoding import SearchOptions, search
+
+
+@dataclass(frozen=True)
+class Case:
+    beam: int
+    length_penalty: float = 1.0
+    forced_eos: bool = False
+    bad_pad: bool = False
+    early_stopping: bool = False
+
+
+CASES: dict[str, Case] = {
+    "greedy": Case(1),
+    "beam4": Case(4),
+    "beam4-lp0.6-forced-eos-bad-words": Case(4, length_penalty=0.6, forced_eos=True, bad_pad=True),
+    "beam4-lp2-early-stopping": Case(4, length_penalty=2.0, early_stopping=True),
+}
+
+
+def generate_tokens(model: Any, input_ids: np.ndarray, pad: int, eos: int, case: Case,
+                    max_length: int) -> tuple[list[list[int]], list[float] | None]:
+    """``model.generate`` (``max_length`` counts the start token, as in transformers): tokens and beam scores."""
+    import torch
+
+    kwargs: dict[str, Any] = {
+        "num_beams": case.beam, "max_length": max_length, "length_penalty": case.length_penalty,
+        "early_stopping": case.early_stopping, "forced_eos_token_id": eos if case.forced_eos else None,
+        "bad_words_ids": [[pad]] if case.bad_pad else None, "do_sample": False, "num_return_sequences": 1,
+        "renormalize_logits": False, "min_length": 0, "no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+    }
+    with torch.no_grad():
+        out = model.generate(torch.from_numpy(input_ids), attention_mask=torch.from_numpy(input_ids != pad).long(),
+                             output_scores=True, return_dict_in_generate=True, **kwargs)
+    tokens = []
+    for row in out.sequences[:, 1:].tolist():
+        tokens.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad])
+    scores = out.sequences_scores.tolist() if case.beam > 1 else None
+    return tokens, scores
+
+
+def search_tokens(backend: Any, input_ids: np.ndarray, start: int, eos: int, pad: int, case: Case,
+                  max_steps: int) -> tuple[list[list[int]], list[float]]:
+    """mtgate's search over ``backend`` with the case's settings, at most ``max_steps`` generated tokens."""
+    encoded = backend.encode(input_ids)
+    options = SearchOptions(eos_id=eos, decoder_start_id=start, beam_size=case.beam,
+                            length_penalty=case.length_penalty, bad_word_ids=(pad,) if case.bad_pad else (),
+                            forced_eos=case.forced_eos, early_stopping=case.early_stopping)
+    caps = np.full(input_ids.shape[0], max_steps, dtype=np.int64)
+    hypotheses = search(backend, encoded.cross_kv, encoded.src_bias, caps, options)
+    return [list(h.token_ids) for h in hypotheses], [float(h.score or 0.0) for h in hypotheses]
