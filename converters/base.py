@@ -45,6 +45,9 @@ class Converter(ABC):
     """Reads one framework's checkpoint directory."""
 
     framework: ClassVar[str]
+    """The ``--format`` name and the manifest's ``source.framework``."""
+    layout: ClassVar[str]
+    """What a directory of this format holds, in a few words (for errors and ``mtgate convert --help``)."""
 
     def __init__(self, source_dir: Path, **options: Any) -> None:
         """Remember the checkpoint directory and the reader options.

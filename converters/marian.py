@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from converters.base import Converter, LoadedModel, cannot_convert, read_json
+from converters.fairseq_layers import map_layers
+from converters.hf_generation import generation_defaults
 from converters.hf_weights import WEIGHT_FILES, load_hf_weights
-from converters.spec import Activation, DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
+from converters.spec import Activation, SpecialIds, TransformerConfig, TransformerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -68,21 +70,6 @@ _FIXED_OPTIONS: dict[str, Any] = {
     "is_encoder_decoder": True,
 }
 
-# Generation options we cannot honour; a non-default value is logged and recorded in the manifest's source entry.
-_IGNORED_GENERATION: dict[str, Any] = {
-    "do_sample": False,
-    "min_length": 0,
-    "min_new_tokens": None,
-    "no_repeat_ngram_size": 0,
-    "repetition_penalty": 1.0,
-    "num_beam_groups": 1,
-    "diversity_penalty": 0.0,
-    "encoder_no_repeat_ngram_size": 0,
-    "forced_bos_token_id": None,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-}
-
 _TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 
 
@@ -102,6 +89,8 @@ class MarianConverter(Converter):
     """Reads a Hugging Face Marian directory (opus-mt layout) into a TransformerSpec."""
 
     framework = "marian"
+    layout = ("a Hugging Face Marian directory (opus-mt): config.json of model_type marian, model.safetensors, "
+              "source.spm, target.spm, vocab.json")
 
     @classmethod
     def detect(cls, source_dir: Path) -> bool:
@@ -135,7 +124,7 @@ class MarianConverter(Converter):
             problems.append(f"missing vocab/tokenizer file(s): {', '.join(missing)}")
         if not any((src / name).is_file() for name in WEIGHT_FILES):
             problems.append(f"no weights (expected one of: {', '.join(WEIGHT_FILES)})")
-        gen, ignored, gen_problems = _generation_settings(src, hf)
+        gen, ignored, gen_problems = generation_defaults(src, hf)
         problems += gen_problems
         if problems:
             raise cannot_convert(src, "Marian", problems)
@@ -220,74 +209,6 @@ def _config_problems(hf: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _generation_settings(src: Path, hf: dict[str, Any]) -> tuple[DecodingDefaults, dict[str, Any], list[str]]:
-    """Decoding defaults as transformers' ``generate`` would use them.
-
-    generation_config.json wins; without it transformers builds one from config.json's generation keys.
-    """
-    path = src / "generation_config.json"
-    gen = read_json(path) if path.is_file() else hf
-    problems: list[str] = []
-    ignored = {k: gen[k] for k, default in _IGNORED_GENERATION.items() if k in gen and gen[k] not in (default, None)}
-    if ignored:
-        logger.warning("%s: generation options not supported by mtgate decoding, ignored: %s", src, ignored)
-    eos = gen.get("eos_token_id", hf["eos_token_id"])
-    if isinstance(eos, list):
-        eos = eos[0] if len(eos) == 1 else eos
-    if eos != hf["eos_token_id"]:
-        problems.append(f"generation eos_token_id={json.dumps(eos)} differs from the model's {hf['eos_token_id']}")
-    if gen.get("decoder_start_token_id", hf["decoder_start_token_id"]) != hf["decoder_start_token_id"]:
-        problems.append("generation decoder_start_token_id differs from the model's")
-    forced = gen.get("forced_eos_token_id", hf["forced_eos_token_id"] if gen is hf else None)
-    if forced is not None and forced != hf["eos_token_id"]:
-        problems.append(f"forced_eos_token_id={forced} is not the EOS id {hf['eos_token_id']}")
-    bad: list[int] = []
-    for seq in gen.get("bad_words_ids") or []:
-        if isinstance(seq, list) and len(seq) == 1 and isinstance(seq[0], int):
-            bad.append(seq[0])
-        else:
-            problems.append(f"bad_words_ids entry {json.dumps(seq)} (only single-token entries are supported)")
-    early = gen.get("early_stopping", False)
-    if early == "never":
-        ignored["early_stopping"] = "never"
-        logger.warning("%s: early_stopping='never' is decoded as early_stopping=false", src)
-        early = False
-    max_length = hf_max_new_tokens(gen, int(hf["max_position_embeddings"]))
-    defaults = DecodingDefaults(
-        beam_size=int(gen.get("num_beams") or 1),
-        length_penalty=float(gen.get("length_penalty", 1.0)),
-        length_penalty_kind="hf",
-        max_length=max_length,
-        bad_word_ids=tuple(bad),
-        forced_eos=forced is not None,
-        early_stopping=bool(early),
-        renormalize_logits=bool(gen.get("renormalize_logits", False)),
-    )
-    if defaults.max_length < 1:
-        problems.append(f"max_length {max_length + 1} leaves no room for a generated token")
-    return defaults, ignored, problems
-
-
-def hf_max_new_tokens(gen: dict[str, Any], max_position_embeddings: int) -> int:
-    """How many tokens (EOS included) transformers' ``generate`` produces at most with this generation config.
-
-    ``max_new_tokens`` wins; otherwise ``max_length`` counts the decoder start token too, except that the default
-    (20, also what a config without ``max_length`` means: ``save_pretrained`` drops defaults) is taken as 20 *new*
-    tokens, within ``max_position_embeddings`` (``GenerationMixin._prepare_generated_length``).
-    """
-    if gen.get("max_new_tokens") is not None:
-        return int(gen["max_new_tokens"])
-    max_length = int(gen.get("max_length") or 20)
-    if max_length == 20:
-        return min(max_length + 1, max_position_embeddings) - 1
-    return max_length - 1
-
-
-def _linear(w: np.ndarray) -> np.ndarray:
-    # nn.Linear stores [out, in]; the spec wants [in, out]. A mis-shaped tensor is kept as is so validate() names it.
-    return np.ascontiguousarray(w.T) if w.ndim == 2 else w
-
-
 def _map_weights(
     hf_weights: dict[str, np.ndarray], config: TransformerConfig
 ) -> tuple[dict[str, np.ndarray], bool, list[str]]:
@@ -360,39 +281,7 @@ def _map_weights(
             positions = stored
     weights["positions"] = positions
 
-    def set_linear(dst: str, src: str) -> None:
-        for suffix in ("weight", "bias"):
-            array = take(f"{src}.{suffix}")
-            if array is not None:
-                weights[f"{dst}.{suffix}"] = _linear(array) if suffix == "weight" else array
-
-    def set_layer_norm(dst: str, src: str) -> None:
-        scale, offset = take(f"{src}.weight"), take(f"{src}.bias")
-        if scale is not None:
-            weights[f"{dst}.scale"] = scale
-        if offset is not None:
-            weights[f"{dst}.bias"] = offset
-
-    def set_attention(dst: str, src: str) -> None:
-        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
-            set_linear(f"{dst}.{ours}", f"{src}.{theirs}")
-
-    for i in range(config.encoder_layers):
-        p, h = f"encoder.layers.{i}", f"encoder.layers.{i}"
-        set_attention(f"{p}.self_attn", f"{h}.self_attn")
-        set_layer_norm(f"{p}.self_attn_norm", f"{h}.self_attn_layer_norm")
-        set_linear(f"{p}.ffn.fc1", f"{h}.fc1")
-        set_linear(f"{p}.ffn.fc2", f"{h}.fc2")
-        set_layer_norm(f"{p}.ffn_norm", f"{h}.final_layer_norm")
-    for i in range(config.decoder_layers):
-        p, h = f"decoder.layers.{i}", f"decoder.layers.{i}"
-        set_attention(f"{p}.self_attn", f"{h}.self_attn")
-        set_layer_norm(f"{p}.self_attn_norm", f"{h}.self_attn_layer_norm")
-        set_attention(f"{p}.cross_attn", f"{h}.encoder_attn")
-        set_layer_norm(f"{p}.cross_attn_norm", f"{h}.encoder_attn_layer_norm")
-        set_linear(f"{p}.ffn.fc1", f"{h}.fc1")
-        set_linear(f"{p}.ffn.fc2", f"{h}.fc2")
-        set_layer_norm(f"{p}.ffn_norm", f"{h}.final_layer_norm")
+    weights |= map_layers(take, config)
     for name in sorted(remaining):
         problems.append(f"unexpected tensor {name} {list(remaining[name].shape)} (not part of MarianMTModel with "
                         "this config)")

@@ -146,6 +146,7 @@ class T2TConverter(Converter):
     """
 
     framework = "t2t"
+    layout = "a tensor2tensor output directory: checkpoint, model.ckpt-N.*, a .subwords vocabulary"
 
     def __init__(self, source_dir: Path, *, hparams_set: str | None = None, vocab: str | os.PathLike[str] | None = None,
                  target_space_id: int = 0, max_positions: int = DEFAULT_MAX_POSITIONS, **options: Any) -> None:

@@ -5,6 +5,8 @@ Entries (``manifest.json`` -> ``tokenizer``; file paths relative to the package 
     {"kind": "sentencepiece", "files": {"source_spm": ..., "target_spm": ..., "vocab": ..., ["target_vocab": ...]},
      "unk_id": N}
     {"kind": "t2t_subword", "files": {"vocab": ...}}
+    {"kind": "fsmt_bpe", "files": {"source_vocab": ..., "target_vocab": ..., "merges": ...},
+     "source_lang": "en", "target_lang": "de", "do_lower_case": false, "unk_id": N}
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = ["InvalidText", "Tokenizer", "TOKENIZER_KINDS", "check_text", "load_to
 TOKENIZER_KINDS: dict[str, tuple[str, ...]] = {
     "sentencepiece": ("source_spm", "target_spm", "vocab"),
     "t2t_subword": ("vocab",),
+    "fsmt_bpe": ("source_vocab", "target_vocab", "merges"),
 }
 
 
@@ -63,6 +66,14 @@ def load_tokenizer(package_dir: Path, entry: dict[str, Any]) -> Tokenizer:
                 None if target_vocab is None else _existing(package_dir, str(target_vocab)),
             )
         # Imported lazily: each package needs one tokenizer implementation only.
+        if kind == "fsmt_bpe":
+            from serving.tokenizers.fsmt_bpe import FsmtBpeTokenizer
+
+            return FsmtBpeTokenizer(
+                paths["source_vocab"], paths["target_vocab"], paths["merges"], str(entry.get("source_lang") or "en"),
+                str(entry.get("target_lang") or "de"), do_lower_case=bool(entry.get("do_lower_case", False)),
+                clean_up_tokenization_spaces=bool(entry.get("clean_up_tokenization_spaces", False)),
+            )
         from serving.tokenizers.subword import SubwordTextEncoder
 
         return UnicodeChecked(SubwordTextEncoder(paths["vocab"]))
