@@ -31,6 +31,8 @@ class LoadedModel:
         tokenizer_files: package-relative destination path -> source file to copy there.
         source: the manifest's ``source`` entry (framework, path, anything needed to reproduce the conversion).
         name: default package name.
+        tokenizer_data: package-relative destination path -> bytes to write there (tokenizer files the reader
+            derived from the checkpoint's own, e.g. a vocabulary in the tokenizer's format).
     """
 
     spec: TransformerSpec
@@ -39,6 +41,7 @@ class LoadedModel:
     source: dict[str, Any]
     name: str
     extra: dict[str, Any] = field(default_factory=dict)
+    tokenizer_data: dict[str, bytes] = field(default_factory=dict)
 
 
 class Converter(ABC):

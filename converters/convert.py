@@ -75,11 +75,12 @@ def convert(
     progress: Callable[[str], None] | None = None,
     quality: dict[str, Any] | None = None,
     overwrite: bool = False,
+    fmt: str | None = None,
 ) -> Manifest:
     """Convert a checkpoint directory into a model package at ``output_dir``.
 
     Arguments:
-        source_dir: a Hugging Face Marian directory or a tensor2tensor checkpoint directory.
+        source_dir: a checkpoint directory of any format ``converters/readers.py`` knows.
         output_dir: the package directory; written atomically, untouched on any error.
         runtimes: subset of ``("onnxruntime", "openvino")``.
         precisions: subset of ``("fp32", "int8")``.
@@ -91,6 +92,7 @@ def convert(
         quality: scores measured on this model (e.g. batch-score summaries), recorded as the manifest's ``quality``.
         overwrite: replace an existing ``output_dir`` (the old package stays until the new one is complete);
             without it an existing ``output_dir`` is refused before any work.
+        fmt: the reader's format name (``converters.readers.FORMATS``); None: recognized from the directory.
 
     Returns:
         The written manifest.
@@ -109,12 +111,15 @@ def convert(
     timings: dict[str, float] = {}
     say(f"reading {source_dir}")
     with _timed(timings, "load"):
-        loaded = load_source(source_dir, reader_options)
+        loaded = load_source(source_dir, reader_options, fmt)
 
     def fill(tmp: Path) -> Manifest:
         for rel, src in loaded.tokenizer_files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / rel)
+        for rel, data in loaded.tokenizer_data.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
         artifacts = _emit_artifacts(loaded, tmp, runtimes, precisions, say, timings)
         options = {k: str(v) if isinstance(v, Path) else v for k, v in (reader_options or {}).items()}
         source = loaded.source | ({"reader_options": options} if options else {})

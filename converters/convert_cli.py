@@ -20,6 +20,10 @@ from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
 
+# converters.readers.FORMATS's keys, spelled out so that building the parser imports no reader
+# (tests/converters/test_convert_cli.py checks they agree).
+FORMAT_NAMES = ("marian", "fsmt", "fairseq", "marian-npz", "opennmt-py", "t2t")
+
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
@@ -27,8 +31,10 @@ def _csv(value: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="SRC",
-                        help="Hugging Face Marian directory or tensor2tensor checkpoint directory")
+                        help="checkpoint directory; its format is recognized from its contents (see --format)")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="package directory to write")
+    parser.add_argument("--format", default=None, metavar="NAME", dest="fmt",
+                        help=f"read SRC as this format instead of recognizing it: {', '.join(FORMAT_NAMES)}")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace DIR if it exists (atomically: the old package stays until the new one is complete)")
     parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             version=args.version,
             reader_options=reader_options(args),
+            fmt=args.fmt,
             progress=lambda message: logger.info("%s", message),
             quality=quality,
             overwrite=args.overwrite,

@@ -63,6 +63,8 @@ class FsmtConverter(Converter):
         """
         src = self.source_dir
         problems: list[str] = [f"option {name!r} does not apply to FSMT checkpoints" for name in self.options]
+        if not (src / "config.json").is_file():
+            raise cannot_convert(src, "FSMT", [*problems, "missing config.json"])
         hf = _CONFIG_DEFAULTS | read_json(src / "config.json")
         problems += _config_problems(hf)
         missing = [name for name in TOKENIZER_FILES.values() if not (src / name).is_file()]
@@ -101,15 +103,16 @@ class FsmtConverter(Converter):
         source: dict[str, Any] = {"framework": self.framework, "path": str(src.absolute())}
         if ignored:
             source["ignored_generation_options"] = ignored
-        return LoadedModel(spec=spec, tokenizer=fsmt_tokenizer_entry(src, hf["langs"], special.unk),
+        settings = read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
+        return LoadedModel(spec=spec, tokenizer=fsmt_tokenizer_entry(hf["langs"], special.unk, settings),
                            tokenizer_files={f"tokenizer/{name}": src / name for name in TOKENIZER_FILES.values()},
                            source=source, name=src.absolute().name)
 
 
-def fsmt_tokenizer_entry(src: Path, langs: list[str], unk: int | None) -> dict[str, Any]:
+def fsmt_tokenizer_entry(langs: list[str], unk: int | None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest's ``fsmt_bpe`` tokenizer entry for the files of :data:`TOKENIZER_FILES` under ``tokenizer/``;
-    ``do_lower_case`` and ``clean_up_tokenization_spaces`` from the directory's tokenizer_config.json if any."""
-    settings = read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
+    ``do_lower_case`` and ``clean_up_tokenization_spaces`` from ``settings`` (tokenizer_config.json) if given."""
+    settings = settings or {}
     return {"kind": "fsmt_bpe", "files": {role: f"tokenizer/{name}" for role, name in TOKENIZER_FILES.items()},
             "source_lang": str(langs[0]), "target_lang": str(langs[1]),
             "do_lower_case": bool(settings.get("do_lower_case", False)),

@@ -114,6 +114,8 @@ class MarianConverter(Converter):
         """
         src = self.source_dir
         problems: list[str] = [f"option {name!r} does not apply to Marian checkpoints" for name in self.options]
+        if not (src / "config.json").is_file():
+            raise cannot_convert(src, "Marian", [*problems, "missing config.json"])
         hf = _CONFIG_DEFAULTS | read_json(src / "config.json")
         problems += _config_problems(hf)
         missing = [name for name in _TOKENIZER_FILES if not (src / name).is_file()]

@@ -23,7 +23,8 @@ from serving.package import PackageError, open_package, verify_checksums
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("package", type=Path, metavar="DIR", help="model package directory")
     parser.add_argument("--source", type=Path, default=None,
-                        help="also compare the fp32 artifacts with this source checkpoint (Marian dir or T2T dir)")
+                        help="also compare the fp32 artifacts with this source checkpoint (read as the format the "
+                             "package was converted from)")
     parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
                         help="intra-op threads of the runtime (default: the runtime's)")
     parser.add_argument("--int8-floor", type=float, default=INT8_AGREEMENT_FLOOR,
@@ -55,16 +56,16 @@ def _format_table(rows: list[dict[str, Any]]) -> str:
                      for line in lines) + "\n"
 
 
-def _source_backend(args: argparse.Namespace) -> Backend:
+def _source_backend(args: argparse.Namespace, framework: str) -> Backend:
     from converters.base import ConversionError
-    from converters.readers import load_source
+    from converters.readers import FORMATS, load_source
     from converters.reference import ReferenceModel
     from serving.cli import UsageError
 
     options = {k: v for k, v in (("hparams_set", args.hparams_set), ("vocab", args.vocab),
                                  ("target_space_id", args.target_space_id)) if v is not None}
     try:
-        loaded = load_source(args.source, options)
+        loaded = load_source(args.source, options, framework if framework in FORMATS else None)
     except ConversionError as e:
         raise UsageError(str(e)) from e
     return ReferenceModel(loaded.spec)
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"mtgate verify: FAIL checksum {problem}\n")
         sys.stdout.write(f"checksums: FAIL ({len(problems)} file(s) missing or modified)\n")
         return 1
-    source = _source_backend(args) if args.source is not None else None
+    source = _source_backend(args, manifest.source_framework) if args.source is not None else None
     try:
         rows = run_parity(package_dir, manifest, threads=args.threads, source_backend=source,
                           int8_floor=args.int8_floor)
