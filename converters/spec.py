@@ -120,10 +120,11 @@ class TransformerSpec:
         for name in sorted(set(self.weights) - set(expected)):
             problems.append(f"unexpected weight {name}")
         ids = self.special_ids
-        for label, value in (("pad", ids.pad), ("eos", ids.eos), ("decoder_start", ids.decoder_start)):
+        for label, value in (("eos", ids.eos), ("decoder_start", ids.decoder_start)):
             if not 0 <= value < self.config.target_vocab_size:
                 problems.append(f"special id {label}={value} is outside the target vocabulary")
-        for label, value in (("pad", ids.pad), ("eos", ids.eos)):  # they pad and end sources too
+        # pad only pads sources (the decoder is never fed it); EOS ends sources too.
+        for label, value in (("pad", ids.pad), ("eos", ids.eos)):
             if not 0 <= value < self.config.source_vocab_size:
                 problems.append(f"special id {label}={value} is outside the source vocabulary")
         if problems:

@@ -82,7 +82,7 @@ def _id_problems(manifest: Manifest) -> list[str]:
     arch, ids = manifest.architecture, manifest.special_ids
     source, target = arch.source_vocab_size, arch.target_vocab_size
     checks: list[tuple[str, int | None, int, str]] = [
-        ("special_ids.pad", ids.pad, min(source, target), "vocabularies"),  # pads sources; never generated
+        ("special_ids.pad", ids.pad, source, "source vocabulary"),  # pads sources; never fed to the decoder
         ("special_ids.eos", ids.eos, min(source, target), "vocabularies"),  # ends sources and translations
         ("special_ids.decoder_start", ids.decoder_start, target, "target vocabulary"),
         ("special_ids.unk", ids.unk, source, "source vocabulary"),
