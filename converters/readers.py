@@ -15,10 +15,11 @@ from converters.fairseq import FairseqConverter
 from converters.fsmt import FsmtConverter
 from converters.marian import MarianConverter
 from converters.marian_npz import MarianNpzConverter
+from converters.opennmt import OpenNmtPyConverter
 from converters.t2t import T2TConverter
 
 READERS: tuple[type[Converter], ...] = (MarianConverter, FsmtConverter, FairseqConverter, MarianNpzConverter,
-                                        T2TConverter)
+                                        OpenNmtPyConverter, T2TConverter)
 """Every reader, tried in this order: the first whose ``detect`` accepts the directory reads it."""
 
 FORMATS: dict[str, type[Converter]] = {reader.framework: reader for reader in READERS}

@@ -36,13 +36,14 @@ class PrefixBackend:
         encode_fn: the encoder.
         step_fn: the decoder over a whole prefix, returning the next token's log-probs.
         pad: the source padding id (what ``mask`` is False at).
+        unseen: other source ids the model never sees (OpenNMT-py: the EOS the engine appends), masked too.
     """
 
-    def __init__(self, encode_fn: Encode, step_fn: Step, pad: int) -> None:
-        self.encode_fn, self.step_fn, self.pad = encode_fn, step_fn, pad
+    def __init__(self, encode_fn: Encode, step_fn: Step, pad: int, unseen: tuple[int, ...] = ()) -> None:
+        self.encode_fn, self.step_fn, self.pad, self.unseen = encode_fn, step_fn, pad, unseen
 
     def encode(self, input_ids: np.ndarray) -> PrefixEncoderOutput:
-        mask = input_ids != self.pad
+        mask = (input_ids != self.pad) & ~np.isin(input_ids, self.unseen)
         memory = np.asarray(self.encode_fn(input_ids, mask), dtype=np.float32)
         src_bias = np.where(mask, 0.0, MASK_VALUE).astype(np.float32)[:, None, None, :]
         return PrefixEncoderOutput(memory=memory, cross_kv=np.ascontiguousarray(memory[None, None, :, None]),
