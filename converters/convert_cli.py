@@ -20,21 +20,19 @@ from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
 
-# converters.readers.FORMATS's keys, spelled out so that building the parser imports no reader
-# (tests/converters/test_convert_cli.py checks they agree).
-FORMAT_NAMES = ("marian", "fsmt", "fairseq", "marian-npz", "opennmt-py", "t2t")
-
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from converters.readers import FORMATS
+
     parser.add_argument("source", type=Path, metavar="SRC",
                         help="checkpoint directory; its format is recognized from its contents (see --format)")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="package directory to write")
     parser.add_argument("--format", default=None, metavar="NAME", dest="fmt",
-                        help=f"read SRC as this format instead of recognizing it: {', '.join(FORMAT_NAMES)}")
+                        help=f"read SRC as this format instead of recognizing it: {', '.join(FORMATS)}")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace DIR if it exists (atomically: the old package stays until the new one is complete)")
     parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),

@@ -18,8 +18,8 @@ from serving.cli_options import OneLineParser, add_log_level
 
 # subcommand -> (module, one-line help, the extra it needs beyond the plain install)
 _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
-    "convert": ("converters.convert_cli", "convert a Hugging Face Marian or tensor2tensor checkpoint into a model package",
-                "convert"),
+    "convert": ("converters.convert_cli", "convert a checkpoint (Hugging Face Marian or FSMT, fairseq, Marian NMT, "
+                "OpenNMT-py, tensor2tensor) into a model package", "convert"),
     "verify": ("converters.verify", "check a package's checksums and the parity of every artifact", "convert"),
     "translate": ("serving.translate_cli", "translate arguments or stdin lines", None),
     "serve": ("serving.serve_cli", "run the HTTP server", None),
@@ -32,7 +32,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
 
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl"),
+    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml", "sacremoses"),
     "batch": ("tensorflow", "sacrebleu", "tqdm", "tritonclient", "geventhttpclient"),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),

@@ -88,8 +88,8 @@ class FsmtBpeTokenizer:
                  do_lower_case: bool = False, clean_up_tokenization_spaces: bool = False) -> None:
         try:
             import sacremoses
-        except ImportError as e:  # pragma: no cover - a dependency of the plain install
-            raise ValueError(f"the fsmt_bpe tokenizer needs sacremoses ({e})") from e
+        except ImportError:
+            raise ValueError("the fsmt_bpe tokenizer needs sacremoses: pip install 'mtgate[fsmt]'") from None
         self._encoder = _load_vocab(source_vocab)
         if UNK_TOKEN not in self._encoder:
             raise ValueError(f"{source_vocab}: the vocabulary has no {UNK_TOKEN!r} entry")

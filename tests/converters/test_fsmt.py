@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +234,16 @@ def test_unsupported_options_are_listed_at_once(models: dict[str, Any], tmp_path
     for reason in ("activation_function 'relu6'", "langs=['en']", "missing vocab/tokenizer file(s): merges.txt"):
         assert sum(reason in line for line in lines[1:]) == 1, reason
     assert len(lines) == 4
+
+
+def test_serving_without_sacremoses_says_what_to_install(models: dict[str, Any],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain install has no sacremoses (it brings tqdm, joblib and click, which the server image leaves out):
+    loading an FSMT package then is one PackageError naming the extra."""
+    from serving.package import PackageError
+
+    package = models["wide decoder, gelu_new"][1]
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import sacremoses -> ImportError
+    with pytest.raises(PackageError) as info:
+        Translator.load(package, threads=1)
+    assert "needs sacremoses: pip install 'mtgate[fsmt]'" in str(info.value) and "\n" not in str(info.value)
