@@ -19,7 +19,9 @@ Substitutions (the only differences from what a user types):
    are this install's; ``MTGATE_*`` variables of the calling environment are removed; proxies are bypassed for
    127.0.0.1.
 2. The scratch directory holds the inputs the README names: ``opus-mt-en-de/`` a tiny random Marian checkpoint
-   (tests/utils/marian_factory.py); ``t2t_train/ende/`` the real tensor2tensor test checkpoint
+   (tests/utils/marian_factory.py); ``wmt19-en-de/``, ``fairseq/ende/``, ``opus-mt-en-de-npz/``, ``onmt/ende/`` tiny
+   random FSMT, fairseq, Marian NMT and OpenNMT-py checkpoints (tests/utils/*_factory.py); ``t2t_train/ende/`` the
+   real tensor2tensor test checkpoint
    (tests/data/t2t/transformer_test_ckpt) without its hparams.json, so that ``--hparams-set`` is what decides;
    ``t2t_data/`` its wmt8k vocabulary; ``data/test.{en,de}`` the first 12 lines of tests/data/marian/corpus.{en,de}
    (Multi30k) and ``data/test.tfrecord`` the same pairs as ``tf.train.Example``s (``inputs``, ``targets``);
@@ -126,6 +128,14 @@ EXPECT: dict[str, str] = {
     "mtgate convert opus-mt-en-de -o models/en-de": "wrote models/en-de (opus-mt-en-de 1)",
     "mtgate verify models/en-de": "PASS",
     T2T_CONVERT: "wrote models/t2t-en-de (t2t-en-de 1)",
+    "mtgate convert wmt19-en-de -o models/wmt19-en-de --runtimes onnxruntime --precision fp32":
+        "wrote models/wmt19-en-de (wmt19-en-de 1)",
+    "mtgate convert fairseq/ende -o models/fairseq-en-de --runtimes onnxruntime --precision fp32":
+        "wrote models/fairseq-en-de (ende 1)",
+    "mtgate convert opus-mt-en-de-npz -o models/npz-en-de --runtimes onnxruntime --precision fp32":
+        "wrote models/npz-en-de (opus-mt-en-de-npz 1)",
+    "mtgate convert onmt/ende -o models/onmt-en-de --format opennmt-py --runtimes onnxruntime --precision fp32":
+        "wrote models/onmt-en-de (ende 1)",
     "curl -s localhost:8000/v1/models": '"name":"t2t-en-de"',
     "curl -s localhost:8000/v1/translate -H 'Content-Type: application/json' -d '{\"text\": \"A man is riding a "
     "bike.\"}'": '"model":"opus-mt-en-de"',
@@ -429,6 +439,15 @@ def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
     assert (BIN / "mtgate").exists() and (BIN / "batch-score").exists(), f"console scripts not installed in {BIN}"
     work = tmp_path_factory.mktemp("readme")
     source = make_marian_dir(work / "opus-mt-en-de")
+    from tests.utils.fairseq_factory import make_fairseq_dir
+    from tests.utils.fsmt_factory import make_fsmt_dir
+    from tests.utils.marian_npz_factory import make_marian_npz_dir
+    from tests.utils.onmt_factory import make_onmt_dir
+
+    make_fsmt_dir(work / "wmt19-en-de")
+    make_fairseq_dir(work / "fairseq" / "ende")
+    make_marian_npz_dir(work / "opus-mt-en-de-npz")
+    make_onmt_dir(work / "onmt" / "ende")
     demo = tmp_path_factory.mktemp("demo-stand-in") / "demo-en-de"
     convert(source, demo, runtimes=["onnxruntime"], precisions=["fp32"], verify=False, name="demo-en-de",
             version="test")
