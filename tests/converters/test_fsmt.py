@@ -212,9 +212,10 @@ def test_tokenizer_matches_fsmt_tokenizer(models: dict[str, Any]) -> None:
     decoded = [ours.decode(i) for i in ids]
     assert decoded == [theirs.decode(i, skip_special_tokens=True) for i in ids]
     assert ours.decode([EOS_ID, PAD_ID, 10**6]) == theirs.decode([EOS_ID, PAD_ID, 10**6], skip_special_tokens=True)
-    # Moses escaping and BPE round-trip: every plain sentence comes back (normalized punctuation aside).
-    plain = [(s, d) for s, d in zip(sentences, decoded, strict=True) if s.isascii() and "  " not in s]
-    assert sum(s == d for s, d in plain) >= 0.95 * len(plain)
+    # Round trip (Moses escaping, BPE, detokenizing): every Multi30k sentence without a character the tiny vocabulary
+    # lacks comes back exactly (392 of these 400).
+    known = [(s, d) for s, d, i in zip(sentences[:400], decoded, ids, strict=False) if 3 not in i]
+    assert len(known) > 380 and all(s == d for s, d in known), [(s, d) for s, d in known if s != d][:3]
 
 
 # ---------------------------------------------------------------------------------------------------------------
