@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from serving.tokenizers.base import check_text
+
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 UNK_TOKEN = "<unk>"
 END_OF_WORD = "</w>"
@@ -114,7 +116,12 @@ class FsmtBpeTokenizer:
         return len(self._encoder)
 
     def encode(self, text: str) -> list[int]:
-        """Source text to ids, without EOS (``FSMTTokenizer(text).input_ids[:-1]``)."""
+        """Source text to ids, without EOS (``FSMTTokenizer(text).input_ids[:-1]``).
+
+        Raises:
+            InvalidText: the text is not valid Unicode (a lone surrogate).
+        """
+        check_text(text)
         ids: list[int] = []
         for i, chunk in enumerate(self._special_split.split(text)):
             if i % 2:  # re.split puts the separators (the special tokens) at odd positions

@@ -30,7 +30,7 @@ from serving.backends import create_backend, empty_past
 from serving.decoding import search
 from serving.engine import Translator
 from serving.package import open_package
-from serving.tokenizers import load_tokenizer
+from serving.tokenizers import InvalidText, load_tokenizer
 from serving.tokenizers.fsmt_bpe import FsmtBpeTokenizer
 from tests.utils.decoding_parity import CASES, search_tokens
 from tests.utils.fsmt_factory import EOS_ID, PAD_ID, make_fsmt_dir
@@ -212,6 +212,8 @@ def test_tokenizer_matches_fsmt_tokenizer(models: dict[str, Any]) -> None:
     decoded = [ours.decode(i) for i in ids]
     assert decoded == [theirs.decode(i, skip_special_tokens=True) for i in ids]
     assert ours.decode([EOS_ID, PAD_ID, 10**6]) == theirs.decode([EOS_ID, PAD_ID, 10**6], skip_special_tokens=True)
+    with pytest.raises(InvalidText, match="lone surrogate U\\+D800"):
+        ours.encode("A man \ud800 rides.")
     # Round trip (Moses escaping, BPE, detokenizing): every Multi30k sentence without a character the tiny vocabulary
     # lacks comes back exactly (392 of these 400).
     known = [(s, d) for s, d, i in zip(sentences[:400], decoded, ids, strict=False) if 3 not in i]
