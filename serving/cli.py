@@ -32,8 +32,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
 
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml", "sacremoses"),
-    "batch": ("tensorflow", "sacrebleu", "tqdm", "tritonclient", "geventhttpclient"),
+    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
+    "batch": ("tensorflow", "sacrebleu", "tritonclient", "geventhttpclient"),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),
 }

@@ -91,7 +91,7 @@ class FsmtBpeTokenizer:
         try:
             import sacremoses
         except ImportError:
-            raise ValueError("the fsmt_bpe tokenizer needs sacremoses: pip install 'mtgate[fsmt]'") from None
+            raise ValueError("the fsmt_bpe tokenizer needs sacremoses: pip install sacremoses") from None
         self._encoder = _load_vocab(source_vocab)
         if UNK_TOKEN not in self._encoder:
             raise ValueError(f"{source_vocab}: the vocabulary has no {UNK_TOKEN!r} entry")

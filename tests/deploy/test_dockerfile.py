@@ -43,7 +43,7 @@ FORBIDDEN = ("torch", "transformers")  # never in any image
 NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "keras": "keras", "locust": "locust",
                "gevent": "gevent", "sacrebleu": "sacrebleu", "tritonclient": "tritonclient", "torch": "torch",
                "transformers": "transformers", "onnx": "onnx", "nncf": "nncf", "safetensors": "safetensors",
-               "tqdm": "tqdm", "pyyaml": "yaml"}
+               "pyyaml": "yaml"}  # tqdm is in the image (sacremoses, for FSMT/fairseq packages' tokenizer)
 NOT_SERVING_PACKAGES = ("converters", "batch", "loadtest")  # mtgate's own packages a server never imports
 
 
