@@ -240,10 +240,12 @@ def run(args: argparse.Namespace) -> int:
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads}
 
     logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
+    from serving.package import PackageError
+
     try:
         result = run_job(job, engine, make_executor=make_executor, progress=not args.no_progress,
                          restart=args.restart, engine_info=engine_info)
-    except JobError as e:
+    except (JobError, PackageError) as e:  # PackageError: a worker could not load the package (a corrupt graph)
         raise UsageError(str(e)) from e
     except IOFailure as e:  # a file of the run: one line with the path and what to do
         logger.debug("run failed", exc_info=True)
@@ -299,12 +301,7 @@ def _package_engine(args: argparse.Namespace, model_dir: Path,
     def make_executor() -> Executor:
         if engine.workers > 1:
             return ProcessExecutor(engine)
-        from serving.package import PackageError
-
-        try:
-            first = LocalChunkWorker.load(engine)
-        except PackageError as e:  # e.g. the runtime is not installed
-            raise UsageError(str(e)) from e
+        first = LocalChunkWorker.load(engine)  # PackageError (the runtime is missing, a corrupt graph): exit 2
         return ThreadExecutor(lambda: first, threads=1, first=first)
 
     return engine, make_executor

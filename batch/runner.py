@@ -29,6 +29,7 @@ from batch.outputs import OutputEncoder
 from batch.records import Record, RecordParser, Reject, load_vocab
 from batch.state import ChunkMeta, StateDir, chunk_digest, verify_committed
 from batch.workers import Executor, Outcome, Source
+from serving.package import PackageError
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +111,21 @@ def run_job(job: Job, engine: EngineConfig, *, make_executor: Callable[[], Execu
         summary = assemble(job, state, n_chunks, stats, engine_info or {})
         state.remove()
         return RunResult(summary, summary["rejects"], summary["translated"])
+    except PackageError:  # the workers cannot load the package (a corrupt graph): a usage error, nothing to keep
+        _remove_if_empty(state)
+        raise
     finally:
         state.close()
+
+
+def _remove_if_empty(state: StateDir) -> None:
+    """A state directory without any committed chunk has nothing to resume: remove it (we hold its lock)."""
+    try:
+        empty = not state.committed()
+    except OSError:
+        return
+    if empty:
+        state.remove()
 
 
 def _run(job: Job, state: StateDir, done: dict[int, ChunkMeta], stats: RunStats,

@@ -192,6 +192,7 @@ class ThreadExecutor:
 
 _PROCESS_WORKER: LocalChunkWorker | None = None
 _PROCESS_PROGRESS: Any = None
+_PROCESS_ERROR: str | None = None  # why the package could not be loaded (raised again by every chunk)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -207,14 +208,23 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _init_process(config: EngineConfig, progress: Any, parent_pid: int) -> None:
-    global _PROCESS_WORKER, _PROCESS_PROGRESS
+    global _PROCESS_WORKER, _PROCESS_PROGRESS, _PROCESS_ERROR
+    from serving.package import PackageError
+
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _PROCESS_PROGRESS = progress
-    _PROCESS_WORKER = LocalChunkWorker.load(config)
+    try:
+        _PROCESS_WORKER = LocalChunkWorker.load(config)
+    except PackageError as e:  # a graph the runtime cannot load: the parent reports it (raising here breaks the pool)
+        _PROCESS_ERROR = str(e)
 
 
 def _process_chunk(chunk_id: int, sources: list[Source]) -> list[Outcome]:
+    if _PROCESS_ERROR is not None:
+        from serving.package import PackageError
+
+        raise PackageError(_PROCESS_ERROR)
     assert _PROCESS_WORKER is not None
     progress = _PROCESS_PROGRESS
     return _PROCESS_WORKER.translate_chunk(sources, lambda n: progress.put(n))

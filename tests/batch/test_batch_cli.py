@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -148,3 +149,29 @@ def test_console_line_carries_the_sacrebleu_signatures(tmp_path: Path, inputs: P
         assert f"{label} {scores[key]['score']:.2f} [{scores[key]['signature']}]" in line
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in line
     assert os.path.getsize(out) > 0
+
+
+def _corrupt_graph_copy(package: Path, into: Path) -> Path:
+    """A copy of ``package`` whose decoder graph is truncated, with its checksum updated to match (as
+    tests/serving/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
+    from serving.package import sha256_of
+
+    copy = shutil.copytree(package, into)
+    graph = copy / "onnx" / "decoder.onnx"
+    graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 2])
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"]["onnx/decoder.onnx"] = sha256_of(graph)
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return copy
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_graph_the_workers_cannot_load_is_one_line_and_leaves_nothing(tmp_path: Path, inputs: Path,
+                                                                        tiny_onnx_package: Path, workers: str) -> None:
+    package = _corrupt_graph_copy(tiny_onnx_package, tmp_path / "pkg")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = run_cli(inputs / "in.txt", "-m", package, "-o", out_dir / "out.txt", "--workers", workers, "--threads", "1",
+                   "--no-progress")
+    assert_one_line_error(proc, 2, "onnx/decoder.onnx", "cannot load this graph")
+    assert list(out_dir.iterdir()) == []  # no output, no out.txt.partial, no temporary file
