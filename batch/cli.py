@@ -24,7 +24,7 @@ from batch.framing import FORMATS, Format
 from batch.inputs import resolve_inputs
 from batch.job import EngineConfig, Job
 from batch.outputs import check_outputs, default_output, shard_name, side_file
-from batch.report import dry_run_report, empty_warning, summary_line
+from batch.report import dry_run_report, empty_warning, summary_line, tensorboard_problem, write_tensorboard
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import run_job
 from batch.schema import detect_schema
@@ -106,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="discard an unfinished run of a different command (or of a changed input) instead of "
                           "refusing to start")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                     help="also write the run's scores, counts and speed for TensorBoard into a new run directory "
+                          "under DIR (tensorboard --logdir DIR)")
 
 
 def _shard(args: argparse.Namespace) -> tuple[int, int]:
@@ -231,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
         check_outputs(job)  # before any work: nothing is written when an output cannot be
     except JobError as e:
         raise UsageError(str(e)) from e
+    if args.tensorboard is not None and (problem := tensorboard_problem(args.tensorboard)):
+        raise UsageError(problem)
 
     if args.server:
         engine, make_executor, engine_info = _server_engine(args)
@@ -258,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
         return 1
     sys.stdout.write(summary_line(result.summary, job) + "\n")
+    if args.tensorboard is not None:
+        sys.stdout.write(f"tensorboard: {write_tensorboard(args.tensorboard, result.summary, job)}\n")
     sys.stdout.flush()
     if not result.summary["records"]:
         sys.stderr.write(empty_warning(job) + "\n")

@@ -1,8 +1,10 @@
 """What batch-score says on the console: the one summary line of a run (with the sacreBLEU signatures), the
-dry run's report of the inputs, and the warning for an empty input."""
+dry run's report of the inputs, the warning for an empty input; and, with ``--tensorboard DIR``, the run's scalars
+and summary in a TensorBoard run directory of its own (``loadtest.tensorboard``'s writer, imported only then)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +76,50 @@ def _schema_line(schema: Schema, vocab: Path | None) -> str:
     if vocab is not None:
         line += f"; ids decoded with {vocab}"
     return line
+
+
+TENSORBOARD_COMMAND = "batch-score"
+
+
+def tensorboard_problem(root: Path) -> str | None:
+    """Why ``--tensorboard DIR`` cannot be written (checked before any work), or None.
+
+    DIR may not exist yet (it is created with the run directory): its nearest existing ancestor must then be a
+    writable directory.
+    """
+    if root.exists() and not root.is_dir():
+        return f"--tensorboard {root}: exists and is not a directory"
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"--tensorboard {root}: cannot write in {existing}"
+    return None
+
+
+def tensorboard_scalars(summary: dict[str, Any]) -> dict[str, float | None]:
+    """The run's numbers as TensorBoard tags: quality (BLEU, chrF, TER), records, speed."""
+    scores = summary.get("scores") or {}
+    values: dict[str, float | None] = {
+        f"quality/{key}": scores[key]["score"] if key in scores else None for key in ("bleu", "chrf", "ter")}
+    values |= {"records/total": summary["records"], "records/translated": summary["translated"],
+               "records/rejected": summary["rejects"],
+               "speed/records_per_second": summary["records_per_second"] if summary["this_run"]["translated"]
+               else None,
+               "speed/tokens_per_second": summary["tokens_per_second"] if summary["this_run"]["translated"] else None}
+    return values
+
+
+def write_tensorboard(root: Path, summary: dict[str, Any], job: Job) -> Path:
+    """One TensorBoard run directory under ``root`` with the run's scalars and a text summary; returns it."""
+    from loadtest.tensorboard import markdown_table, open_run
+
+    scores = summary.get("scores") or {}
+    rows = [["", ""], ["inputs", ", ".join(summary["inputs"])], ["output", str(job.output)],
+            ["engine", ", ".join(f"{k}={v}" for k, v in summary["engine"].items())],
+            ["records", f"{summary['translated']} of {summary['records']} translated, {summary['rejects']} rejected"],
+            ["speed", f"{summary['records_per_second']} records/s, {summary['tokens_per_second']} tokens/s"]]
+    rows += [[label, f"{scores[key]['score']:.2f} ({scores[key]['signature']})"]
+             for label, key in (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter")) if key in scores]
+    with open_run(root, TENSORBOARD_COMMAND) as run:
+        run.scalars(tensorboard_scalars(summary))
+        run.text("summary", summary_line(summary, job) + "\n\n" + markdown_table(rows))
+    return run.directory

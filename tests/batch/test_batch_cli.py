@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,58 @@ def test_a_graph_the_workers_cannot_load_is_one_line_and_leaves_nothing(tmp_path
                    "--no-progress")
     assert_one_line_error(proc, 2, "onnx/decoder.onnx", "cannot load this graph")
     assert list(out_dir.iterdir()) == []  # no output, no out.txt.partial, no temporary file
+
+
+def _events(run_dir: Path) -> dict[str, list[Any]]:
+    """tag -> values of every summary in a run directory, read back with tensorflow's own iterator."""
+    import tensorflow as tf
+
+    out: dict[str, list[Any]] = {}
+    [events] = run_dir.glob("events.out.tfevents.*")
+    for event in tf.compat.v1.train.summary_iterator(str(events)):
+        for value in event.summary.value:
+            item = tf.make_ndarray(value.tensor).item()
+            out.setdefault(value.tag, []).append(item.decode() if isinstance(item, bytes) else float(item))
+    return out
+
+
+def test_tensorboard_gets_the_scores_counts_and_speed_of_each_run(tmp_path: Path, inputs: Path,
+                                                                  tiny_onnx_package: Path) -> None:
+    board = tmp_path / "tb"
+    out = tmp_path / "scored.tfrecord"
+    proc = run_cli(inputs / "in.tfrecord", "-m", tiny_onnx_package, "-o", out, "--tensorboard", board, *FAST)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    summary_line, tb_line = proc.stdout.strip().splitlines()
+    [run_dir] = board.iterdir()
+    assert tb_line == f"tensorboard: {run_dir}" and run_dir.name.startswith("batch-score-")
+    summary = json.loads((tmp_path / "scored.summary.json").read_text())
+    events = _events(run_dir)
+    for key in ("bleu", "chrf", "ter"):
+        assert events[f"quality/{key}"] == [pytest.approx(summary["scores"][key]["score"], abs=1e-3)]
+    assert events["records/total"] == [len(SOURCES)] and events["records/translated"] == [len(SOURCES)]
+    assert events["records/rejected"] == [0]
+    assert events["speed/records_per_second"] == [pytest.approx(summary["records_per_second"], rel=1e-3)]
+    assert events["speed/tokens_per_second"] == [pytest.approx(summary["tokens_per_second"], rel=1e-3)]
+    [text] = events["summary"]
+    assert summary_line in text and summary["scores"]["bleu"]["signature"] in text
+    # a second run gets a run directory of its own beside the first
+    assert run_cli(inputs / "in.tfrecord", "-m", tiny_onnx_package, "-o", out, "--tensorboard", board,
+                   *FAST).returncode == 0
+    assert len(list(board.iterdir())) == 2
+
+
+def test_tensorboard_dir_is_checked_first_and_imported_only_when_asked(tmp_path: Path, inputs: Path,
+                                                                       tiny_onnx_package: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    proc = run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", tmp_path / "out.txt", "--tensorboard", a_file,
+                   *FAST)
+    assert_one_line_error(proc, 2, "--tensorboard", str(a_file), "not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+    script = ("import sys; from batch.cli import main; rc = main(sys.argv[1:]); "
+              "print('loadtest.tensorboard' in sys.modules); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", script, str(inputs / "in.txt"), "-m", str(tiny_onnx_package), "-o",
+                           str(tmp_path / "out.txt"), *FAST], capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(), timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"

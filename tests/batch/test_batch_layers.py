@@ -32,4 +32,6 @@ def test_every_module_imports_only_earlier_layers() -> None:
         inside = {m.split(".")[1] for m in imported if m.startswith("batch.")}
         later = inside - set(LAYERS[:position])
         assert not later, f"batch/{name}.py imports {sorted(later)}, which come after it"
-        assert not any(m.startswith(("serving.api", "fastapi", "uvicorn", "loadtest")) for m in imported), name
+        # loadtest's TensorBoard writer is the one part of loadtest batch-score uses (report, --tensorboard)
+        allowed = {"loadtest.tensorboard"} if name == "report" else set()
+        assert not any(m.startswith(("serving.api", "fastapi", "uvicorn", "loadtest")) for m in imported - allowed), name
