@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ from batch.job import EngineConfig, Job
 from batch.outputs import check_outputs, default_output, shard_name, side_file
 from batch.report import dry_run_report, empty_warning, summary_line, tensorboard_problem, write_tensorboard
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
-from batch.runner import run_job
+from batch.runner import ChunkRunner, run_job
 from batch.schema import detect_schema
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.cli import UsageError, missing_extra
@@ -63,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="with --server: model name on the server (default: its default model)")
     src.add_argument("--api-key", default=os.environ.get("MTGATE_API_KEY"), metavar="KEY",
                      help="with --server: sent as 'Authorization: Bearer KEY' (default: $MTGATE_API_KEY)")
+    src.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="translate on Ray Data, in a pool of actors (--workers actors x --threads each): a local "
+                          "Ray started here (no ADDRESS, or local; inside a Ray job, $RAY_ADDRESS), the cluster "
+                          "running on this machine (auto), HOST:PORT or ray://HOST:PORT (needs mtgate[ray])")
     add_runtime(src, threads_help="runtime threads per worker (default: cores / workers)")
     add_decoding(src)
     io = parser.add_argument_group("input and output")
@@ -167,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_tensorflow(str(getattr(args, "log_level", None) or "WARNING").upper())
     if args.server and args.model is not None:
         raise UsageError("give either -m/--model or --server, not both")
+    if args.ray is not None:
+        _check_ray(args)
     num_shards, shard_index = _shard(args)
     try:
         inputs = resolve_inputs(args.inputs, args.input_format, args.references)
@@ -237,8 +244,14 @@ def run(args: argparse.Namespace) -> int:
     if args.tensorboard is not None and (problem := tensorboard_problem(args.tensorboard)):
         raise UsageError(problem)
 
+    chunk_runner: ChunkRunner | None = None
+    make_executor: Callable[[], Executor] | None = None
     if args.server:
         engine, make_executor, engine_info = _server_engine(args)
+    elif args.ray is not None:
+        assert model_dir is not None
+        engine, chunk_runner, ray_info = _ray_engine(args, model_dir, manifest)
+        engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads, "ray": ray_info}
     else:
         assert model_dir is not None
         engine, make_executor = _package_engine(args, model_dir, manifest)
@@ -248,8 +261,8 @@ def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
     try:
-        result = run_job(job, engine, make_executor=make_executor, progress=not args.no_progress,
-                         restart=args.restart, engine_info=engine_info)
+        result = run_job(job, engine, make_executor=make_executor, chunk_runner=chunk_runner,
+                         progress=not args.no_progress, restart=args.restart, engine_info=engine_info)
     except (JobError, PackageError) as e:  # PackageError: a worker could not load the package (a corrupt graph)
         raise UsageError(str(e)) from e
     except IOFailure as e:  # a file of the run: one line with the path and what to do
@@ -262,6 +275,11 @@ def run(args: argparse.Namespace) -> int:
         logger.debug("run failed", exc_info=True)
         sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
         return 1
+    finally:
+        if chunk_runner is not None:
+            from batch.ray_runner import shutdown
+
+            shutdown()
     sys.stdout.write(summary_line(result.summary, job) + "\n")
     if args.tensorboard is not None:
         sys.stdout.write(f"tensorboard: {write_tensorboard(args.tensorboard, result.summary, job)}\n")
@@ -293,6 +311,49 @@ def _server_engine(args: argparse.Namespace) -> tuple[EngineConfig, Callable[[],
                                                         engine.max_length), threads=workers)
 
     return engine, make_executor, target.describe()
+
+
+_RAY_ADDRESS = re.compile(r"^(local|auto|ray://\S+|[\w.\-\[\]:]+:\d+)$")
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    """``--ray [ADDRESS]`` before any work: no --server beside it, an address that is one, the extra installed."""
+    if args.server:
+        raise UsageError("give either --server or --ray, not both")
+    if args.ray and not _RAY_ADDRESS.match(args.ray):
+        raise UsageError(f"--ray {args.ray}: not a Ray address (local, auto, HOST:PORT or ray://HOST:PORT); to start "
+                         "a local Ray, put --ray after the inputs or write --ray=local")
+    missing = missing_extra("ray")
+    if missing is not None:
+        raise UsageError(f"--ray {missing}")
+
+
+def _ray_engine(args: argparse.Namespace, model_dir: Path,
+                manifest: dict[str, Any]) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
+    """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
+    the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
+    from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
+
+    cores = available_cores()
+    debug = str(args.log_level).upper() == "DEBUG"
+    try:
+        session = connect(args.ray or None, cores, debug=debug)
+    except RayUnavailable as e:
+        raise UsageError(str(e)) from e
+    if session.started_here:
+        actors, threads = plan_parallelism(args.workers, args.threads, cores,
+                                           model_bytes(model_dir, manifest, args.backend, args.precision),
+                                           available_memory())
+    else:
+        actors, threads = plan_actors(args.workers, args.threads, session.cpus)
+    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.backend, precision=args.precision,
+                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
+                          max_batch_size=args.max_batch_size, workers=actors, threads=threads)
+    where = "a local Ray" if session.started_here else f"Ray at {session.address}"
+    dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
+    sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
+                     f"{dashboard}\n")
+    return engine, RayChunks(engine, actors, threads, debug), session.describe()
 
 
 def _package_engine(args: argparse.Namespace, model_dir: Path,
@@ -341,6 +402,10 @@ def _is_run_failure(e: Exception) -> bool:
     from serving.errors import ServingError
 
     if isinstance(e, BrokenProcessPool | RemoteError | ServingError | OSError):
+        return True
+    from batch.ray_runner import RayFailure
+
+    if isinstance(e, RayFailure):
         return True
     # tritonclient's InferenceServerException: network errors and 5xx from the server
     return type(e).__name__ == "InferenceServerException"

@@ -34,6 +34,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
 EXTRAS: dict[str, tuple[str, ...]] = {
     "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
     "batch": ("tensorflow", "sacrebleu", "tritonclient", "geventhttpclient"),
+    "ray": ("ray",),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),
 }

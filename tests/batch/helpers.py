@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_TF_LOG_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MAX_VLOG_LEVEL")
+# TensorFlow's log settings (what batch-score sets itself is what is tested) and a Ray address from outside
+_TF_LOG_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MAX_VLOG_LEVEL", "RAY_ADDRESS")
 CLI_TIMEOUT = 240
 
 
@@ -25,10 +26,11 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _TF_LOG_VARIABLES}
 
 
-def run_cli(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """``batch-score ARGS`` in a subprocess; stdout and stderr captured as text."""
+def run_cli(*args: str | Path, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``batch-score ARGS`` in a subprocess; stdout and stderr captured as text (``env``: added variables)."""
     return subprocess.run([*batch_score_command(), *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env=clean_env(), timeout=CLI_TIMEOUT, check=False)
+                          env={**clean_env(), **(env or {})}, timeout=CLI_TIMEOUT, check=False)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
