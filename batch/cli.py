@@ -14,22 +14,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from batch.engines import check_ray, model_dir_of, package_engine, package_info, ray_engine, server_engine
 from batch.errors import InputError, IOFailure, JobError
 from batch.framing import FORMATS, Format
 from batch.inputs import resolve_inputs
-from batch.job import EngineConfig, Job
+from batch.job import Job
 from batch.outputs import check_outputs, default_output, shard_name, side_file
 from batch.report import dry_run_report, empty_warning, summary_line, tensorboard_problem, write_tensorboard
-from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import ChunkRunner, run_job
 from batch.schema import detect_schema
-from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
+from batch.workers import Executor
 from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
     OneLineParser,
@@ -45,7 +44,6 @@ from serving.cli_options import (
 
 logger = logging.getLogger(__name__)
 
-_REMOTE_WORKERS = 4
 _SHARD_ENV = "JOB_COMPLETION_INDEX"
 
 
@@ -133,47 +131,13 @@ def _shard(args: argparse.Namespace) -> tuple[int, int]:
     return num, index
 
 
-def _model_dir(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        model: Path = args.model
-        if not model.is_dir():
-            raise UsageError(f"{model}: no such model package directory")
-        return model
-    from serving.settings import demo_missing, demo_model
-
-    demo = demo_model()
-    if demo is None:
-        raise UsageError(f"{demo_missing()}, or --server URL")
-    return demo
-
-
-def _package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:
-    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists."""
-    from serving.package import PackageError, find_artifact, load_manifest
-
-    try:
-        # checksums verified here, so a damaged package is a usage error before any worker starts
-        manifest = load_manifest(model_dir)
-        find_artifact(manifest, runtime, precision)
-    except PackageError as e:
-        raise UsageError(str(e)) from e
-    tokenizer = manifest.get("tokenizer", {})
-    vocab = None
-    if tokenizer.get("kind") == "t2t_subword":
-        files = [str(v) for v in (tokenizer.get("files") or {}).values()]
-        subwords = [f for f in files if f.endswith(".subwords")] or files
-        if subwords:
-            vocab = model_dir / subwords[0]
-    return manifest, vocab
-
-
 def run(args: argparse.Namespace) -> int:
     """Run batch-score; returns the exit code (raises UsageError for bad arguments or input)."""
     quiet_tensorflow(str(getattr(args, "log_level", None) or "WARNING").upper())
     if args.server and args.model is not None:
         raise UsageError("give either -m/--model or --server, not both")
     if args.ray is not None:
-        _check_ray(args)
+        check_ray(args)
     num_shards, shard_index = _shard(args)
     try:
         inputs = resolve_inputs(args.inputs, args.input_format, args.references)
@@ -189,13 +153,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         engine_info = {}
         try:
-            model_dir = _model_dir(args)
+            model_dir = model_dir_of(args)
         except UsageError:
             if not (args.dry_run and args.model is None):
                 raise
             # A dry run only inspects the inputs: no model needed unless its vocabulary is.
         if model_dir is not None:
-            manifest, package_vocab = _package_info(model_dir, args.backend, args.precision)
+            manifest, package_vocab = package_info(model_dir, args.backend, args.precision)
             engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
                            "version": manifest.get("version"), "runtime": args.backend, "precision": args.precision,
                            "beam_size": args.beam_size or manifest.get("decoding", {}).get("beam_size")}
@@ -247,14 +211,14 @@ def run(args: argparse.Namespace) -> int:
     chunk_runner: ChunkRunner | None = None
     make_executor: Callable[[], Executor] | None = None
     if args.server:
-        engine, make_executor, engine_info = _server_engine(args)
+        engine, make_executor, engine_info = server_engine(args)
     elif args.ray is not None:
         assert model_dir is not None
-        engine, chunk_runner, ray_info = _ray_engine(args, model_dir, manifest)
+        engine, chunk_runner, ray_info = ray_engine(args, model_dir, manifest)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads, "ray": ray_info}
     else:
         assert model_dir is not None
-        engine, make_executor = _package_engine(args, model_dir, manifest)
+        engine, make_executor = package_engine(args, model_dir, manifest)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads}
 
     logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
@@ -291,88 +255,6 @@ def run(args: argparse.Namespace) -> int:
                          "exit 1 (--allow-rejects to accept)\n")
         return 1
     return 0
-
-
-def _server_engine(args: argparse.Namespace) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
-    """(engine, executor factory, engine info) for ``--server``: one client per worker thread."""
-    from batch.remote import RemoteChunkWorker, RemoteError, connect
-
-    try:
-        target = connect(args.server, args.model_name, api_key=args.api_key)
-    except RemoteError as e:
-        raise UsageError(str(e)) from e
-    workers = args.workers or _REMOTE_WORKERS
-    engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
-                          model_name=target.model)
-
-    def make_executor() -> Executor:
-        return ThreadExecutor(lambda: RemoteChunkWorker(target, engine.max_batch_size, engine.beam_size,
-                                                        engine.max_length), threads=workers)
-
-    return engine, make_executor, target.describe()
-
-
-_RAY_ADDRESS = re.compile(r"^(local|auto|ray://\S+|[\w.\-\[\]:]+:\d+)$")
-
-
-def _check_ray(args: argparse.Namespace) -> None:
-    """``--ray [ADDRESS]`` before any work: no --server beside it, an address that is one, the extra installed."""
-    if args.server:
-        raise UsageError("give either --server or --ray, not both")
-    if args.ray and not _RAY_ADDRESS.match(args.ray):
-        raise UsageError(f"--ray {args.ray}: not a Ray address (local, auto, HOST:PORT or ray://HOST:PORT); to start "
-                         "a local Ray, put --ray after the inputs or write --ray=local")
-    missing = missing_extra("ray")
-    if missing is not None:
-        raise UsageError(f"--ray {missing}")
-
-
-def _ray_engine(args: argparse.Namespace, model_dir: Path,
-                manifest: dict[str, Any]) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
-    """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
-    the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
-    from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
-
-    cores = available_cores()
-    debug = str(args.log_level).upper() == "DEBUG"
-    try:
-        session = connect(args.ray or None, cores, debug=debug)
-    except RayUnavailable as e:
-        raise UsageError(str(e)) from e
-    if session.started_here:
-        actors, threads = plan_parallelism(args.workers, args.threads, cores,
-                                           model_bytes(model_dir, manifest, args.backend, args.precision),
-                                           available_memory())
-    else:
-        actors, threads = plan_actors(args.workers, args.threads, session.cpus)
-    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.backend, precision=args.precision,
-                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=actors, threads=threads)
-    where = "a local Ray" if session.started_here else f"Ray at {session.address}"
-    dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
-    sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
-                     f"{dashboard}\n")
-    return engine, RayChunks(engine, actors, threads, debug), session.describe()
-
-
-def _package_engine(args: argparse.Namespace, model_dir: Path,
-                    manifest: dict[str, Any]) -> tuple[EngineConfig, Callable[[], Executor]]:
-    """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
-    workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
-                                        model_bytes(model_dir, manifest, args.backend, args.precision),
-                                        available_memory())
-    engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
-                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=workers, threads=threads)
-
-    def make_executor() -> Executor:
-        if engine.workers > 1:
-            return ProcessExecutor(engine)
-        first = LocalChunkWorker.load(engine)  # PackageError (the runtime is missing, a corrupt graph): exit 2
-        return ThreadExecutor(lambda: first, threads=1, first=first)
-
-    return engine, make_executor
 
 
 def quiet_tensorflow(log_level: str) -> None:
