@@ -8,6 +8,7 @@
 #   docker run --rm -p 8000:8000 -v "$PWD/my-pkg:/models/my-pkg:ro" \
 #       -e MTGATE_MODEL_DIRS='["/models/my-pkg"]' mtgate:latest      # serves your package (from `mtgate convert`)
 #   docker build --target batch -t mtgate:batch .                   # batch-score (deploy/k8s/batch-score-job.yaml)
+#   docker build --target ray -t mtgate:ray .                       # batch-score --ray (batch-score-rayjob.yaml)
 #
 # Every server setting is an environment variable MTGATE_<SETTING> (serving/settings.py), e.g. MTGATE_THREADS,
 # MTGATE_MAX_BATCH_SIZE, MTGATE_API_KEY.
@@ -82,6 +83,22 @@ COPY --from=batch-builder /app /app
 COPY models/demo-en-de /app/models/demo-en-de
 
 # The Kubernetes Job gives the command and its arguments (deploy/k8s/batch-score-job.yaml).
+CMD ["batch-score", "--help"]
+
+# ---------------------------------------------------------------- ray: `docker build --target ray`
+# The batch image plus the ray extra, for batch-score --ray on a KubeRay RayJob (deploy/k8s/batch-score-rayjob.yaml):
+# KubeRay runs `ray start` in it on every pod.
+FROM batch-builder AS ray-builder
+
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv pip install -r pyproject.toml --extra batch --extra ray
+
+FROM base AS ray
+
+COPY --from=ray-builder /opt/venv /opt/venv
+COPY --from=ray-builder /app /app
+COPY models/demo-en-de /app/models/demo-en-de
+
 CMD ["batch-score", "--help"]
 
 # ---------------------------------------------------------------- runtime: the server (the default target: last)

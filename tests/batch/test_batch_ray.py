@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import subprocess
@@ -42,7 +43,8 @@ VOCAB_8K = ROOT / "tests" / "data" / "t2t" / "vocab.translate_ende_wmt8k.8192.su
 CORPUS_EN = (ROOT / "tests" / "data" / "marian" / "corpus.en").read_text(encoding="utf-8").splitlines()
 CORPUS_DE = (ROOT / "tests" / "data" / "marian" / "corpus.de").read_text(encoding="utf-8").splitlines()
 N = 160  # records: 32 chunks of 5, so that kills land while chunks are still to do
-CHUNK = ["--chunk-size", "5", "--threads", "1", "--no-progress"]
+CHUNKS = ["--chunk-size", "5", "--threads", "1"]
+CHUNK = [*CHUNKS, "--no-progress"]
 RAY_LIFETIME_S = 900
 _CLUSTER = """
 import logging, os, select, sys, time
@@ -226,12 +228,14 @@ def test_t2t_int64_schema_gives_the_local_bytes(tmp_path: Path, tiny_onnx_packag
     local = tmp_path / "local.tfrecord"
     assert local_run(source, local, tiny_onnx_package, *vocab) == 0
     out = tmp_path / "ray.tfrecord"
-    proc = run_cli(source, "-m", tiny_onnx_package, "-o", out, *vocab, "--ray", cluster[0], "--workers", "2", *CHUNK,
-                   env=ray_env)
+    proc = run_cli(source, "-m", tiny_onnx_package, "-o", out, *vocab, "--ray", cluster[0], "--workers", "2",
+                   *CHUNKS, env=ray_env)
     assert proc.returncode == 0, proc.stderr
     summary = assert_same_as_local(out, local)
     assert summary["schema"]["input_kind"] == "ids" and summary["scores"]["bleu"]["score"] is not None
     assert proc.stdout.startswith("batch-score: 40 of 40 records translated")
+    # progress on stderr: records done of the total, the time taken < the time left, records/s
+    assert re.search(r"batch-score: 100%\|.*\| 40/40 \[\d\d:\d\d<00:00, +[\d.]+rec/s\]", proc.stderr), proc.stderr
 
 
 def test_driver_killed_at_a_random_point_then_rerun_gives_identical_output(

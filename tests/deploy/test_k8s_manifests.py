@@ -114,6 +114,11 @@ def test_manifest_is_valid(name: str, doc: dict[str, Any], version: str) -> None
     if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: kubernetes-validate has no schema for it
         jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
         return
+    if doc["apiVersion"] == "ray.io/v1":  # KubeRay's RayJob: its schema lives beside its other tests
+        from tests.batch.test_batch_deploy import validate_rayjob
+
+        validate_rayjob(doc, version)
+        return
     kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError with the offending path
 
 
@@ -131,7 +136,8 @@ def test_kustomization_lists_the_server_manifests() -> None:
     resources = kustomization["resources"]
     assert all((K8S / r).is_file() for r in resources)
     expected = sorted(p.name for p in K8S.glob("*.yaml") if p.name not in ("kustomization.yaml",
-                                                                         "batch-score-job.yaml"))
+                                                                         "batch-score-job.yaml",
+                                                                         "batch-score-rayjob.yaml"))
     assert sorted(resources) == expected
     images = {i["name"] for i in kustomization["images"]}
     deployment_images = {c["image"].split(":")[0] for c in one("Deployment")["spec"]["template"]["spec"]["containers"]}
