@@ -77,6 +77,7 @@ SKIPPED: dict[str, str] = {
     ".venv/bin/pip install -e '.[convert]'": "installs packages; the test runs in the installed .venv",
     ".venv/bin/pip install -e '.[batch]'": "installs packages; the test runs in the installed .venv",
     ".venv/bin/pip install -e '.[loadtest]'": "installs packages; the test runs in the installed .venv",
+    ".venv/bin/pip install -e '.[batch,ray]'": "installs packages; the test runs in the installed .venv",
     "docker run --rm -p 8000:8000 -v \"$PWD/triton-repo:/models\" nvcr.io/nvidia/tritonserver:24.08-py3 bash -c "
     "'pip install -r /models/opus-mt-en-de/1/requirements.txt && tritonserver --model-repository=/models'":
         "needs Docker, the NVIDIA Triton image and network; tests/deploy/test_triton_export.py drives model.py",
@@ -91,6 +92,11 @@ SKIPPED: dict[str, str] = {
                                    "manifests",
     "kubectl apply -f deploy/k8s/batch-score-job.yaml": "needs a Kubernetes cluster; tests/batch/test_batch_deploy.py "
                                                         "checks the Job",
+    "docker build --target ray -t mtgate:ray .": "needs Docker and network; tests/batch/test_batch_deploy.py checks "
+                                                 "the target",
+    "kubectl apply -f deploy/k8s/batch-score-rayjob.yaml": "needs a Kubernetes cluster with KubeRay; "
+                                                           "tests/batch/test_batch_deploy.py checks the RayJob",
+    ".venv/bin/python -m benchmarks.batch_ray_scaling": "a benchmark (minutes, meaningful on an idle machine only)",
     "benchmarks/setup_peers_venv.sh": "downloads the peer engines (about 2 GB)",
     "mtgate sweep loadtest/sweeps/demo.yaml --dry-run": "needs the bundled demo package, not the tour's tiny models; "
                                                         "tests/loadtest/test_sweep.py lists points",
