@@ -250,3 +250,17 @@ def test_one_version_source(tiny_package: Path) -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
     assert serving.__version__ == importlib.metadata.version("mtgate") == declared
     assert open_package(tiny_package).manifest.mtgate_version == serving.__version__  # what convert records
+
+
+def test_a_file_changed_after_it_was_verified_is_verified_again(tiny_package: Path, tmp_path: Path) -> None:
+    """A process hashes each file once (serve opens a package before binding its port and again at load); a write
+    after that, even of the same size, is noticed on the next open."""
+    package = tmp_path / "pkg"
+    shutil.copytree(tiny_package, package)
+    open_package(package)
+    rel = next(r for r in read_manifest(package)["files"] if r.endswith(".onnx"))
+    data = bytearray((package / rel).read_bytes())
+    data[-1] ^= 0xFF
+    (package / rel).write_bytes(bytes(data))
+    with pytest.raises(PackageError, match="sha256 mismatch"):
+        open_package(package)
