@@ -11,6 +11,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from serving.cli import UsageError
 from serving.cli_options import add_decoding, add_model, add_runtime
@@ -42,9 +43,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"model package not found: {package}")
 
     from serving.engine import DecodeOptions, Translator
-    from serving.errors import InferenceFailed, InvalidInput
+    from serving.errors import InferenceFailed
     from serving.package import PackageError
-    from serving.tokenizers import InvalidText
 
     try:
         translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
@@ -56,20 +56,11 @@ def run(args: argparse.Namespace) -> int:
     line_number = 0
     try:
         for chunk in _chunks(lines, _CHUNK_LINES):
-            todo = [i for i, text in enumerate(chunk) if text.strip()]
-            outputs = [""] * len(chunk)
             try:
-                translations = translator.translate([chunk[i] for i in todo], options)
-            except InvalidText as e:
-                raise UsageError(str(e.about(f"{subject} {line_number + chunk.index(e.text) + 1}"))) from None
-            except InvalidInput as e:
-                index = getattr(e, "index", None)
-                where = f"{subject} {line_number + todo[index] + 1}: " if isinstance(index, int) and index < len(todo) else ""
-                raise UsageError(f"{where}{e}") from e
-            for i, translation in zip(todo, translations, strict=True):
-                outputs[i] = translation.text.replace("\r", " ").replace("\n", " ")
-            sys.stdout.write("".join(f"{text}\n" for text in outputs))
-            sys.stdout.flush()
+                _write(_translate(translator, chunk, options, subject, line_number))
+            except _BadLine as bad:  # the lines before it are written, then the one-line error
+                _write(bad.done)
+                raise UsageError(bad.message) from None
             line_number += len(chunk)
     except InferenceFailed as e:
         sys.stderr.write(f"mtgate translate: {e}\n")
@@ -77,12 +68,53 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _BadLine(Exception):
+    """A line that cannot be translated: ``done`` holds the translations of the lines of its chunk before it."""
+
+    def __init__(self, message: str, done: list[str]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.done = done
+
+
+def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int) -> list[str]:
+    """One output line per input line (blank for a blank input).
+
+    Raises:
+        _BadLine: a line the engine refuses (not Unicode, too long, ...), with the lines before it translated.
+    """
+    from serving.errors import InvalidInput
+    from serving.tokenizers import InvalidText
+
+    todo = [i for i, text in enumerate(chunk) if text.strip()]
+    try:
+        translations = translator.translate([chunk[i] for i in todo], options)
+    except InvalidInput as e:
+        index = getattr(e, "index", None)
+        bad = chunk.index(e.text) if isinstance(e, InvalidText) else (todo[index] if isinstance(index, int)
+                                                                       and index < len(todo) else None)
+        if bad is None:
+            raise UsageError(str(e)) from e
+        where = f"{subject} {first + bad + 1}"
+        message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
+        raise _BadLine(message, _translate(translator, chunk[:bad], options, subject, first) if bad else []) from e
+    outputs = [""] * len(chunk)
+    for i, translation in zip(todo, translations, strict=True):
+        outputs[i] = translation.text.replace("\r", " ").replace("\n", " ")
+    return outputs
+
+
+def _write(outputs: list[str]) -> None:
+    sys.stdout.write("".join(f"{text}\n" for text in outputs))
+    sys.stdout.flush()
+
+
 def _stdin_lines() -> Iterator[str]:
     """Stdin's lines without their line ends, decoded as strict UTF-8.
 
     Raises:
-        UsageError: a line that is not UTF-8, named by its number (the chunks of lines before its chunk have been
-            translated and written).
+        UsageError: a line that is not UTF-8, named by its number (every line before it is translated and
+            written first: see :func:`_chunks`).
     """
     binary = getattr(sys.stdin, "buffer", None)
     if binary is None:  # a text stream (tests)
@@ -98,6 +130,17 @@ def _stdin_lines() -> Iterator[str]:
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Lists of up to ``size`` lines; when reading fails (a line that is not UTF-8), the lines read before it come
+    out first as a shorter chunk, then the error."""
     iterator = iter(lines)
-    while chunk := list(itertools.islice(iterator, size)):
+    while True:
+        chunk: list[str] = []
+        try:
+            chunk.extend(itertools.islice(iterator, size))
+        except UsageError:
+            if chunk:
+                yield chunk
+            raise
+        if not chunk:
+            return
         yield chunk
