@@ -27,17 +27,15 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-from loadtest.capacity import Plan, plan
 from loadtest.gate import Check, evaluate
 from loadtest.runner import LoadTestError, resolve_corpus, run_scenario
 from loadtest.scrape import ServerMetrics
 from loadtest.server import package_model_name, start_server
 from loadtest.stats import RunStats, merge_runs
 from loadtest.sweep_config import Point, Sweep, load_sweep
+from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest
 from loadtest.targets import Scenario, TargetsError
 
 logger = logging.getLogger(__name__)
@@ -68,58 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
                         help="also write every point's scalars and the result for TensorBoard into a new run "
                              "directory under DIR")
-
-
-@dataclass(frozen=True)
-class ScenarioSummary:
-    """What a point did under one scenario (replicas merged)."""
-
-    name: str
-    passed: bool
-    missed: list[str]
-    latency_missed: bool
-    p95_ms: float | None
-    requests_per_s: float
-    output_tokens_per_s: float | None
-    tokens_per_request: float | None
-    error_rate: float | None
-    batch_size_mean: float | None = None
-    batch_size_max: float | None = None
-    queue_wait_p95_ms: float | None = None
-
-
-@dataclass
-class PointResult:
-    """A point and what became of it: measured, failed (could not run), pruned, skipped, or not run (budget)."""
-
-    point: Point
-    key: str
-    status: str
-    reason: str = ""
-    scenarios: list[ScenarioSummary] = field(default_factory=list)
-    rss_mb: float | None = None
-    seconds: float = 0.0
-    reused: bool = False
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "measured" and bool(self.scenarios) and all(s.passed for s in self.scenarios)
-
-    def scenario(self, name: str) -> ScenarioSummary | None:
-        return next((s for s in self.scenarios if s.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"point": self.point.to_json(), "label": self.point.label, "key": self.key, "status": self.status,
-                "reason": self.reason, "passed": self.passed, "scenarios": [asdict(s) for s in self.scenarios],
-                "rss_mb": self.rss_mb, "seconds": self.seconds}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PointResult:
-        p = data["point"]
-        point = Point(Path(p["model"]), p["backend"], p["precision"], p["threads"], p["replicas"], p["batching"],
-                      p["max_batch_size"], p["max_queue_delay_us"])
-        return cls(point, data["key"], data["status"], data["reason"],
-                   [ScenarioSummary(**s) for s in data["scenarios"]], data["rss_mb"], data["seconds"], reused=True)
 
 
 # ---------------------------------------------------------------- measuring
@@ -241,67 +187,6 @@ def run_sweep(sweep: Sweep, report_dir: Path, max_points: int, max_minutes: floa
         results.append(result)
     results += [PointResult(p, "", "skipped", reason) for p, reason in skipped]
     return results
-
-
-# ---------------------------------------------------------------- choosing
-
-
-def tokens_per_core(result: PointResult, scenario: str) -> float | None:
-    s = result.scenario(scenario)
-    if s is None or s.output_tokens_per_s is None:
-        return None
-    return s.output_tokens_per_s / result.point.cores
-
-
-def pareto_front(results: list[PointResult], scenario: str) -> list[PointResult]:
-    """Measured points that no other point beats on both p95 latency (lower) and tokens/s per core (higher)."""
-    candidates = [(r, s.p95_ms, t) for r in results if r.status == "measured" and (s := r.scenario(scenario))
-                  and s.p95_ms is not None and (t := tokens_per_core(r, scenario)) is not None]
-    front = [r for r, lat, thr in candidates
-             if not any(l2 <= lat and t2 >= thr and (l2 < lat or t2 > thr) for _, l2, t2 in candidates)]
-    return sorted(front, key=lambda r: r.scenario(scenario).p95_ms or 0.0)  # type: ignore[union-attr]
-
-
-def capacity_plan(sweep: Sweep, result: PointResult) -> Plan | None:
-    """The capacity plan of a measured point, from the Pareto scenario's throughput (per replica)."""
-    s = result.scenario(sweep.pareto_scenario.name)
-    if sweep.file.capacity is None or s is None or s.output_tokens_per_s is None:
-        return None
-    return plan(sweep.file.capacity, s.output_tokens_per_s / result.point.replicas, result.point.threads,
-                s.tokens_per_request)
-
-
-def cheapest(sweep: Sweep, results: list[PointResult]) -> tuple[PointResult, Plan | None] | None:
-    """The point meeting every target that costs least (with prices), else the most tokens/s per core."""
-    passing = [r for r in results if r.passed]
-    if not passing:
-        return None
-    name = sweep.pareto_scenario.name
-    if sweep.file.capacity is not None:
-        planned = [(r, p) for r in passing if (p := capacity_plan(sweep, r)) is not None]
-        if planned:
-            return min(planned, key=lambda rp: (rp[1].cost_per_month, rp[0].scenario(name).p95_ms or 0.0))  # type: ignore[union-attr]
-    return max(passing, key=lambda r: tokens_per_core(r, name) or 0.0), None
-
-
-def kubernetes_patch(result: PointResult, capacity: Plan | None) -> str:
-    """A strategic-merge patch for deploy/k8s/deployment.yaml: replicas, CPU and memory, the serving settings."""
-    import yaml
-
-    p = result.point
-    memory = max(256, math.ceil((result.rss_mb or 0) * 1.25 / 64) * 64)  # peak RSS + 25 %, in 64 MiB steps
-    env = [{"name": "MTGATE_BACKEND", "value": p.backend}, {"name": "MTGATE_PRECISION", "value": p.precision},
-           {"name": "MTGATE_THREADS", "value": str(p.threads)}, {"name": "MTGATE_BATCHING", "value": p.batching},
-           {"name": "MTGATE_MAX_BATCH_SIZE", "value": str(p.max_batch_size)}]
-    if p.max_queue_delay_us is not None:
-        env.append({"name": "MTGATE_MAX_QUEUE_DELAY_US", "value": str(p.max_queue_delay_us)})
-    resources = {"cpu": str(p.threads), "memory": f"{memory}Mi"}
-    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mtgate"},
-             "spec": {"replicas": capacity.replicas if capacity is not None else p.replicas,
-                      "template": {"spec": {"containers": [{"name": "mtgate", "env": env,
-                                                            "resources": {"requests": resources,
-                                                                          "limits": dict(resources)}}]}}}}
-    return str(yaml.safe_dump(patch, sort_keys=False))
 
 
 # ---------------------------------------------------------------- command

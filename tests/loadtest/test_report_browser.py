@@ -11,9 +11,9 @@ import pytest
 from loadtest.quality import analyse
 from loadtest.report import write_report
 from loadtest.scrape import Histogram, Sample, ServerMetrics
-from loadtest.sweep import PointResult, ScenarioSummary, cheapest
 from loadtest.sweep_config import Point, load_sweep
 from loadtest.sweep_report import write_sweep_report
+from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest
 from loadtest.validate import Check, Outcome, SystemScore, compare, write_outcome
 from tests.loadtest.test_report import _result
 

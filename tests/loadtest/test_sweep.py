@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.sweep import PointResult, ScenarioSummary, cheapest, kubernetes_patch, pareto_front, prune_reason
+from loadtest.sweep import prune_reason
 from loadtest.sweep_config import Point, load_sweep
+from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest, kubernetes_patch, pareto_front
 from loadtest.targets import TargetsError
 
 
