@@ -78,6 +78,35 @@ def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
     }
 
 
+_CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
+
+
+def model_config(
+    name: str, platform: str, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int
+) -> dict[str, Any]:
+    """The model's configuration as Triton's ``GET /v2/models/{name}/config`` answers it (its ``ModelConfig`` in
+    JSON, field names as in Triton's model_config.proto): the same tensors as :func:`model_metadata`, with the batch
+    dimension left to ``max_batch_size`` as Triton does (dims ``[1]`` is the ``[-1, 1]`` of the metadata), the server's
+    dynamic batching limits, one CPU instance. What perf_analyzer and Model Analyzer read before they send."""
+
+    def tensor(tensor_name: str, datatype: str) -> dict[str, Any]:
+        return {"name": tensor_name, "data_type": _CONFIG_TYPES[datatype], "dims": [1]}
+
+    batching: dict[str, Any] = {"max_queue_delay_microseconds": max_queue_delay_us}
+    if max_queue_size:
+        batching["default_queue_policy"] = {"max_queue_size": max_queue_size}
+    return {
+        "name": name,
+        "platform": platform,
+        "backend": "mtgate",
+        "max_batch_size": max_batch_size,
+        "input": [tensor(INPUT_NAME, "BYTES")],
+        "output": [tensor(n, d) for n, d in OUTPUT_DATATYPES.items()],
+        "dynamic_batching": batching,
+        "instance_group": [{"name": name, "kind": "KIND_CPU", "count": 1}],
+    }
+
+
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parse an infer request body.
 

@@ -206,6 +206,25 @@ class ModelMetadata(BaseModel):
     outputs: list[TensorMetadata]
 
 
+class ConfigTensor(BaseModel):
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+class ModelConfig(BaseModel):
+    """``GET /v2/models/{name}/config``: Triton's ModelConfig in JSON (``serving.oip.model_config``)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    input: list[ConfigTensor]
+    output: list[ConfigTensor]
+    dynamic_batching: dict[str, Any]
+    instance_group: list[dict[str, Any]]
+
+
 class OutputTensor(BaseModel):
     name: str
     datatype: str

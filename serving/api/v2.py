@@ -19,6 +19,7 @@ from serving.api.schemas import (
     NOT_SPACE,
     InferResponse,
     LiveResponse,
+    ModelConfig,
     ModelMetadata,
     ModelReadyResponse,
     ReadyResponse,
@@ -30,6 +31,7 @@ from serving.oip import (
     INPUT_NAME,
     OUTPUT_DATATYPES,
     encode_infer_response,
+    model_config,
     model_metadata,
     parse_infer_request,
 )
@@ -181,6 +183,16 @@ async def get_model_metadata(name: str, service: ServiceDep, version: str | None
     runner = _model(service, name, version)
     info = runner.info
     return model_metadata(runner.name, str(info.version), f"mtgate_{info.runtime}")
+
+
+@router.get("/models/{name}/config", response_model=ModelConfig, responses=_METADATA_ERRORS)
+@router.get("/models/{name}/versions/{version}/config", response_model=ModelConfig, responses=_METADATA_ERRORS)
+async def get_model_config(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
+    """Triton's model configuration (what perf_analyzer reads first): the tensors, the batching limits."""
+    runner = _model(service, name, version)
+    settings = service.settings
+    return model_config(runner.name, f"mtgate_{runner.info.runtime}", max_batch_size=settings.max_batch_size,
+                        max_queue_delay_us=settings.max_queue_delay_us, max_queue_size=settings.max_queue_size)
 
 
 @router.post("/models/{name}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)

@@ -147,6 +147,16 @@ def test_tritonclient_matches_v1(server: ServerProcess) -> None:
     meta = client.get_model_metadata(name)
     assert meta["name"] == name and meta["inputs"][0] == {"name": "INPUT_TEXT", "datatype": "BYTES", "shape": [-1, 1]}
     assert client.get_server_metadata()["name"] == "mtgate"
+    config = client.get_model_config(name)  # what perf_analyzer reads first
+    assert config == client.get_model_config(name, model_version=v1["version"])
+    assert config["name"] == name and config["max_batch_size"] == 32
+    assert config["input"] == [{"name": "INPUT_TEXT", "data_type": "TYPE_STRING", "dims": [1]}]
+    assert [(o["name"], o["data_type"]) for o in config["output"]] == [
+        ("OUTPUT_TEXT", "TYPE_STRING"), ("INPUT_TOKENS", "TYPE_INT32"), ("OUTPUT_TOKENS", "TYPE_INT32"),
+        ("SCORE", "TYPE_FP32")]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 20000  # the server's --max-queue-delay-us
+    with pytest.raises(triton.InferenceServerException, match="unknown model"):
+        client.get_model_config("no-such-model")
     for binary in (True, False):
         tensor = triton.InferInput("INPUT_TEXT", [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[t] for t in texts], dtype=object), binary_data=binary)
