@@ -78,7 +78,8 @@ def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
     }
 
 
-_CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
+CONFIG_TYPES: dict[str, str] = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
+"""Each tensor datatype's name in a Triton model configuration (``data_type``)."""
 
 
 def model_config(
@@ -90,7 +91,7 @@ def model_config(
     dynamic batching limits, one CPU instance. What perf_analyzer and Model Analyzer read before they send."""
 
     def tensor(tensor_name: str, datatype: str) -> dict[str, Any]:
-        return {"name": tensor_name, "data_type": _CONFIG_TYPES[datatype], "dims": [1]}
+        return {"name": tensor_name, "data_type": CONFIG_TYPES[datatype], "dims": [1]}
 
     batching: dict[str, Any] = {"max_queue_delay_microseconds": max_queue_delay_us}
     if max_queue_size:

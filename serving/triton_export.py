@@ -33,18 +33,16 @@ from typing import Any
 import numpy as np
 
 from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
-from serving.oip import INPUT_NAME, OUTPUT_DATATYPES, output_values
+from serving.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, output_values
 from serving.package import Manifest, PackageError, open_package, staging_dir, verify_checksums
 
 logger = logging.getLogger(__name__)
 
 # The tensors are the Open Inference Protocol contract of serving.oip; their Triton config type and numpy dtype:
-_TRITON_TYPES: dict[str, tuple[str, Any]] = {
-    "BYTES": ("TYPE_STRING", np.object_),
-    "INT32": ("TYPE_INT32", np.int32),
-    "FP32": ("TYPE_FP32", np.float32),
+_NUMPY_TYPES: dict[str, Any] = {"BYTES": np.object_, "INT32": np.int32, "FP32": np.float32}
+OUTPUTS: dict[str, tuple[str, Any]] = {
+    name: (CONFIG_TYPES[datatype], _NUMPY_TYPES[datatype]) for name, datatype in OUTPUT_DATATYPES.items()
 }
-OUTPUTS: dict[str, tuple[str, Any]] = {name: _TRITON_TYPES[datatype] for name, datatype in OUTPUT_DATATYPES.items()}
 PACKAGE_DIR = "package"
 ENGINE_DIR = "mtgate"
 _ENGINE_PACKAGES = ("serving",)  # serving imports nothing of converters, batch or loadtest (tests/test_import_contract.py)
