@@ -3,6 +3,7 @@
 One way through the modules (each imports only those before it):
 
 - ``errors``: what goes wrong, by who must act (exit 2 for the command, 1 for the run);
+- ``example``: ``tf.train.Example`` without tensorflow (protobuf only);
 - ``framing``: TFRecord framing (crc32c, resync after corruption) and each file's record positions;
 - ``inputs``: which files, in which format, with which references; every record position, numbered (``scan``);
 - ``schema``: where the source and the reference live; ``records``: an entry's bytes -> ``Record`` or ``Reject``;

@@ -1,8 +1,8 @@
 """TFRecord framing, and the record positions of one input file: what a record's bytes are, before any parsing.
 
 TFRecord framing (``tensorflow/core/lib/io/record_writer.cc``): ``uint64 length``, ``uint32 masked_crc32c(length)``,
-``data``, ``uint32 masked_crc32c(data)``, all little-endian. Length checksums are verified here (8 bytes each);
-data checksums by tensorflow's record reader, which also returns the record bytes. A TFRecord whose framing is
+``data``, ``uint32 masked_crc32c(data)``, all little-endian. Both checksums are verified here, without tensorflow
+(tests/batch/test_batch_records.py reads files tensorflow wrote and compares). A TFRecord whose framing is
 broken (bad length checksum, a truncated tail, a data checksum mismatch) still yields an :class:`Entry`, with
 ``error`` set, so that it is counted and reported instead of stopping the run; after a corrupt length the scan
 resynchronises at the next offset where a valid record begins.
@@ -16,13 +16,12 @@ Entries are numbered from ``start`` (the caller numbers them over all files). On
 
 from __future__ import annotations
 
-import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 Format = Literal["tfrecord", "jsonl", "text"]
 FORMATS: tuple[str, ...] = ("tfrecord", "jsonl", "text")
@@ -33,29 +32,14 @@ _READ_BLOCK = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# crc32c (Castagnoli), only for the 8-byte length header and for resynchronising after a corrupt header.
-
-
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc_table()
+# crc32c (Castagnoli): google-crc32c's C implementation (SSE4.2), or its own pure-Python one where the wheel has none.
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C of ``data`` (pure Python; meant for short inputs such as record headers)."""
-    table = _CRC_TABLE
-    c = 0xFFFFFFFF
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    """CRC-32C of ``data``."""
+    import google_crc32c
+
+    return int(google_crc32c.value(data))
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -65,7 +49,7 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def frame_record(data: bytes) -> bytes:
-    """One TFRecord frame around ``data`` (tests and tools; batch-score writes through tensorflow)."""
+    """One TFRecord frame around ``data``, as tensorflow's ``TFRecordWriter`` writes it (no compression)."""
     length = struct.pack("<Q", len(data))
     return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
 
@@ -79,30 +63,11 @@ def looks_like_tfrecord(head: bytes) -> bool:
 
 
 def encode_items(items: Sequence[bytes], output_format: Format) -> bytes:
-    """The bytes of a file holding ``items``: TFRecord frames (framed by tensorflow's writer), else the items as
-    they are.
-
-    tensorflow's writer runs on its in-memory filesystem (``ram://``), so that the caller writes the file itself,
-    atomically and with one kind of error (a full disk is an OSError, not a tensorflow exception).
-    """
+    """The bytes of a file holding ``items``: TFRecord frames, else the items as they are (the caller writes the
+    file itself, atomically)."""
     if output_format != "tfrecord":
         return b"".join(items)
-    import tensorflow as tf
-
-    path = f"ram://batch-score/{os.getpid()}-{next(_RAM_NAMES)}.tfrecord"
-    try:
-        with tf.io.TFRecordWriter(path) as writer:
-            for item in items:
-                writer.write(item)
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data: bytes = f.read()
-    finally:
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
-    return data
-
-
-_RAM_NAMES = itertools.count()
+    return b"".join(frame_record(item) for item in items)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,21 +95,19 @@ class Entry:
     error: str | None = None
 
 
-class _RecordReader(Protocol):
-    def read(self, offset: int) -> tuple[bytes, int]: ...
-
-
-def _tf_reader(path: Path) -> _RecordReader:
-    from tensorflow.python.lib.io import tf_record
-
-    reader: _RecordReader = tf_record.tf_record_random_reader(str(path))
-    return reader
+def _read_data(f: Any, offset: int, length: int) -> bytes | None:
+    """The data of the record whose header is at ``offset``, or None when its data checksum does not match."""
+    f.seek(offset + HEADER.size)
+    block = f.read(length + _FOOTER_BYTES)
+    data, footer = block[:length], block[length:]
+    if len(footer) != _FOOTER_BYTES or masked_crc32c(data) != int.from_bytes(footer, "little"):
+        return None
+    return bytes(data)
 
 
 def scan_tfrecord(path: Path, start: int, want: Callable[[int], bool]) -> Iterator[Entry]:
     name = str(path)
     size = path.stat().st_size
-    reader: _RecordReader | None = None
     index = start
     offset = 0
     with path.open("rb") as f:
@@ -172,13 +135,10 @@ def scan_tfrecord(path: Path, start: int, want: Callable[[int], bool]) -> Iterat
                                                         f"{end - offset} bytes, the file has {size - offset}")
                 return
             if want(index):
-                if reader is None:
-                    reader = _tf_reader(path)
-                try:
-                    data, _ = reader.read(offset)
-                except Exception as e:  # tf.errors.DataLossError; tensorflow's error types are not importable cheaply
+                data = _read_data(f, offset, length)
+                if data is None:
                     yield Entry(index, name, offset, error=f"corrupt record data at byte {offset} "
-                                                            f"({first_line(e)})")
+                                                            f"(data checksum mismatch)")
                 else:
                     yield Entry(index, name, offset, data=data)
             else:
@@ -189,7 +149,6 @@ def scan_tfrecord(path: Path, start: int, want: Callable[[int], bool]) -> Iterat
 
 def _resync(f: Any, path: Path, start: int, size: int) -> int | None:
     """First offset >= start where a valid record begins (header and data checksums), or None."""
-    reader: _RecordReader | None = None
     pos = start
     while pos + HEADER.size <= size:
         f.seek(pos)
@@ -202,12 +161,8 @@ def _resync(f: Any, path: Path, start: int, size: int) -> int | None:
                 continue
             if masked_crc32c(block[i:i + 8]) != crc:
                 continue
-            if reader is None:
-                reader = _tf_reader(path)
-            try:
-                reader.read(candidate)
-            except Exception:  # noqa: BLE001 - a false candidate; keep looking
-                continue
+            if _read_data(f, candidate, length) is None:
+                continue  # a false candidate; keep looking
             return candidate
         pos += limit + 1
     return None

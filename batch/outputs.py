@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from batch.errors import JobError, io_failure
+from batch.example import example_class
 from batch.framing import Format
 from batch.inputs import InputFile
 from batch.job import Job
 from batch.records import Record, Translated
-from batch.schema import example_class
 from serving.files import atomic_write_bytes, atomic_writer
 
 OUTPUT_KEY = "outputs"

@@ -332,7 +332,7 @@ class RayChunks:
             return n_chunks
         tasks = min(len(todo), _READ_TASKS_PER_ACTOR * self.actors)
         # Reads take no CPU of their own (the actors hold them all; a read is a small part of a chunk's work) and
-        # run one at a time: tensorflow is imported by one read worker, not one per task.
+        # run one at a time, in input order.
         dataset = ray.data.read_datasource(_datasource(job, todo, tasks), num_cpus=0, concurrency=1)
         dataset = dataset.map_batches(ChunkTranslator, fn_constructor_kwargs={"config": self.engine}, batch_size=1,
                                       batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=self.actors),

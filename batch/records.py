@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batch.errors import InputError
+from batch.example import example_class
 from batch.framing import Entry, first_line
-from batch.schema import Kind, Schema, example_class, feature_kind, json_kind
+from batch.schema import Kind, Schema, feature_kind, json_kind
 
 EOS_ID = 1
 PAD_ID = 0

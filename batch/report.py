@@ -4,6 +4,7 @@ and summary in a TensorBoard run directory of its own (``loadtest.tensorboard``'
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,10 @@ def tensorboard_problem(root: Path) -> str | None:
     DIR may not exist yet (it is created with the run directory): its nearest existing ancestor must then be a
     writable directory.
     """
+    missing = [name for name in ("tensorflow", "tensorboard") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"--tensorboard needs {' and '.join(missing)} (not in the batch extra): pip install "
+                "'mtgate[batch,loadtest]'")
     if root.exists() and not root.is_dir():
         return f"--tensorboard {root}: exists and is not a directory"
     existing = next(p for p in (root, *root.parents) if p.exists())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from batch.errors import InputError
+from batch.example import example_class
 from batch.framing import Format
 from batch.inputs import InputFile, count_entries, scan
 
@@ -61,13 +62,6 @@ class Schema:
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "input_key": self.input_key, "input_kind": self.input_kind,
                 "reference_key": self.reference_key, "reference_kind": self.reference_kind}
-
-
-def example_class() -> Any:
-    """``tf.train.Example`` (imports tensorflow on first use)."""
-    import tensorflow as tf
-
-    return tf.train.Example
 
 
 def feature_kind(feature: Any) -> str:

@@ -33,7 +33,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
     "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
-    "batch": ("tensorflow", "sacrebleu", "tritonclient", "geventhttpclient"),
+    "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient"),
     "ray": ("ray",),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 BATCH = Path(__file__).resolve().parents[2] / "batch"
-LAYERS = ["errors", "framing", "inputs", "schema", "records", "job", "outputs", "state", "scoring", "assembly",
+LAYERS = ["errors", "example", "framing", "inputs", "schema", "records", "job", "outputs", "state", "scoring", "assembly",
           "workers", "remote", "resources", "runner", "ray_runner", "report", "engines", "cli"]
 
 
