@@ -1,4 +1,5 @@
-"""Prometheus metrics of the HTTP server: one registry per app, so that tests and several apps never share counters.
+"""Prometheus metrics of the HTTP server: one registry per app, so that tests and several apps never share counters;
+and, from the same batch events, each model's Triton statistics (``serving.statistics``).
 
 Names follow Prometheus conventions (``mtgate_..._total`` counters, ``mtgate_..._seconds`` histograms) and mirror
 Triton's split: requests by route and status; queue wait vs compute time; batch size (sentences per execution);
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.batching import BatchObserver, BatchStats
+from serving.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +89,15 @@ class ServingMetrics:
         self.ready = Gauge(
             "mtgate_ready", "1 when every model is loaded and warm and the server is not draining", registry=r
         )
+        self.statistics: dict[str, ModelStatistics] = {}  # Triton's statistics extension, by model
 
     def observer(self, model: str) -> BatchObserver:
         """A batch observer that records the batcher's events under ``model``."""
-        return _ModelObserver(self, model)
+        return _ModelObserver(self, model, self.model_statistics(model))
+
+    def model_statistics(self, model: str) -> ModelStatistics:
+        """``model``'s Triton statistics (all zero until it has served)."""
+        return self.statistics.setdefault(model, ModelStatistics())
 
     def record_translations(self, model: str, sentences: int, input_tokens: int, output_tokens: int) -> None:
         self.sentences.labels(model).inc(sentences)
@@ -103,7 +110,8 @@ class ServingMetrics:
 
 
 class _ModelObserver:
-    def __init__(self, metrics: ServingMetrics, model: str) -> None:
+    def __init__(self, metrics: ServingMetrics, model: str, statistics: ModelStatistics) -> None:
+        self._statistics = statistics
         self._depth = metrics.queue_depth.labels(model)
         self._queue = metrics.queue_seconds.labels(model)
         self._compute = metrics.compute_seconds.labels(model)
@@ -117,6 +125,7 @@ class _ModelObserver:
         self._depth.set(depth)
 
     def on_batch(self, stats: BatchStats) -> None:
+        self._statistics.on_batch(stats)
         self._size.observe(stats.size)
         self._compute.observe(stats.compute_s)
         for wait in stats.queue_waits:

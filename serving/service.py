@@ -310,7 +310,9 @@ class TranslationService:
             Overloaded: the model's queue is full (not with ``wait_for_room``).
         """
         runner = self.ready_model(model)
+        admitted = time.monotonic()
         prepared = await self.prepare(runner, texts, options)
+        input_s = time.monotonic() - admitted
         assert runner.batcher is not None
         key = _Key(options, on_partial is not None)
         sentences, costs = prepared.split(), prepared.lengths
@@ -321,7 +323,7 @@ class TranslationService:
         else:
             pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
                                              tag=tag)
-        pending.future.add_done_callback(lambda f: self._record(runner.name, f))
+        pending.future.add_done_callback(lambda f: self._record(runner.name, f, admitted, input_s))
         return runner, pending
 
     async def translate(
@@ -331,8 +333,12 @@ class TranslationService:
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
         return runner, await pending.wait()
 
-    def _record(self, model: str, future: asyncio.Future[list[Translation]]) -> None:
-        if future.cancelled() or future.exception() is not None:
+    def _record(self, model: str, future: asyncio.Future[list[Translation]], admitted: float, input_s: float) -> None:
+        if future.cancelled():  # the client went away: neither a success nor the model's failure
+            return
+        self.metrics.model_statistics(model).on_request(future.exception() is None, time.monotonic() - admitted,
+                                                        input_s)
+        if future.exception() is not None:
             return
         results = future.result()
         self.metrics.record_translations(

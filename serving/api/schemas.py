@@ -225,6 +225,46 @@ class ModelConfig(BaseModel):
     instance_group: list[dict[str, Any]]
 
 
+class StatDuration(BaseModel):
+    count: int
+    ns: int
+
+
+class InferenceStatistics(BaseModel):
+    success: StatDuration
+    fail: StatDuration
+    queue: StatDuration
+    compute_input: StatDuration
+    compute_infer: StatDuration
+    compute_output: StatDuration
+    cache_hit: StatDuration
+    cache_miss: StatDuration
+
+
+class BatchSizeStatistics(BaseModel):
+    batch_size: int
+    compute_input: StatDuration
+    compute_infer: StatDuration
+    compute_output: StatDuration
+
+
+class ModelStatisticsEntry(BaseModel):
+    name: str
+    version: str
+    last_inference: int = Field(description="milliseconds since the epoch of the last batch, 0 before any")
+    inference_count: int = Field(description="sentences translated")
+    execution_count: int = Field(description="engine batches run")
+    inference_stats: InferenceStatistics
+    batch_stats: list[BatchSizeStatistics]
+    memory_usage: list[dict[str, Any]]
+
+
+class ModelStatisticsResponse(BaseModel):
+    """``GET /v2/models[/{name}[/versions/{v}]]/stats``: Triton's statistics extension (``serving.statistics``)."""
+
+    model_stats: list[ModelStatisticsEntry]
+
+
 class OutputTensor(BaseModel):
     name: str
     datatype: str

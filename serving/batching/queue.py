@@ -63,13 +63,15 @@ class BatchStats:
     compute_s: float
     tags: list[str]
     ok: bool
+    shares: list[float]  # each item's share of its request (1 / the request's items): per-request statistics
 
     @classmethod
     def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool) -> BatchStats:
         """The statistics of the batch ``items``."""
         costs = [item.cost for item in items]
         return cls(size=len(items), padded_cost=len(costs) * max(costs), cost=sum(costs), queue_waits=queue_waits,
-                   compute_s=compute_s, tags=sorted({item.request.tag for item in items}), ok=ok)
+                   compute_s=compute_s, tags=sorted({item.request.tag for item in items}), ok=ok,
+                   shares=[1.0 / max(1, len(item.request.items)) for item in items])
 
 
 class BatchObserver(Protocol):

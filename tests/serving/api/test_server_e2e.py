@@ -172,6 +172,22 @@ def test_tritonclient_matches_v1(server: ServerProcess) -> None:
     assert result.as_numpy("OUTPUT_TOKENS").ravel().tolist() == [t["output_tokens"] for t in v1["translations"]]
     with pytest.raises(triton.InferenceServerException, match="unknown model"):
         client.infer("no-such-model", [tensor])
+    # Triton's statistics extension: the three infers above are in it, with their queue and engine time
+    before = client.get_inference_statistics(name)["model_stats"][0]
+    client.infer(name, [tensor])
+    after = client.get_inference_statistics(name, model_version=v1["version"])["model_stats"][0]
+    assert after["name"] == name and after["version"] == v1["version"]
+    assert [m["name"] for m in client.get_inference_statistics()["model_stats"]] == [name]
+    stats, old = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] == old["success"]["count"] + 1 >= 5  # the /v1 request and the 4 infers
+    assert after["inference_count"] == before["inference_count"] + len(texts)
+    assert after["execution_count"] > before["execution_count"] and after["last_inference"] > 0
+    for key in ("success", "queue", "compute_input", "compute_infer"):
+        assert stats[key]["ns"] > old[key]["ns"], key
+    assert stats["success"]["ns"] >= stats["queue"]["ns"] + stats["compute_infer"]["ns"] > 0
+    assert sum(b["compute_infer"]["count"] for b in after["batch_stats"]) == after["execution_count"]
+    with pytest.raises(triton.InferenceServerException, match="unknown model"):
+        client.get_inference_statistics("no-such-model")
     client.close()
 
 
