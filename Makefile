@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO := models/demo-en-de
 DEMO_SRC := models/demo-en-de-src
 
-.PHONY: serve test lint typecheck unit install install-test demo clean
+.PHONY: serve test lint typecheck unit install install-test demo perf-analyzer clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,22 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }
 	touch $@
 
+# Triton's perf_analyzer, for its test (tests/serving/api/test_perf_analyzer.py), in a venv of its own: the binary the
+# tritonclient 2.45.0 wheel ships, which needs libb64 (Debian's libb64-0d) and libcudart (the nvidia-cuda-runtime-cu12
+# wheel; no GPU is used). Where it cannot be installed the suite goes on and that test skips, saying why.
+PERF_VENV := .venv-perf
+$(PERF_VENV)/.installed:
+	@{ $(PYTHON) -m venv $(PERF_VENV) \
+		&& $(PERF_VENV)/bin/pip install --quiet "tritonclient==2.45.0" nvidia-cuda-runtime-cu12 \
+		&& { [ -e /lib/x86_64-linux-gnu/libb64.so.0d ] || { [ "$$(id -u)" = 0 ] \
+			&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null 2>&1 \
+				|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }; }; }; } \
+		&& touch $@; } || echo "perf_analyzer not installed: its test will be skipped"
+
 install: $(VENV)/.installed-runtime
 install-test: $(VENV)/.installed-test
 demo: $(DEMO)/manifest.json
+perf-analyzer: $(PERF_VENV)/.installed
 
 serve: $(VENV)/.installed-runtime demo
 	$(BIN)/mtgate serve
@@ -44,10 +57,10 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check serving converters batch loadtest benchmarks tests models/recipe
 	$(BIN)/mypy
 
-unit: $(VENV)/.installed-test demo
+unit: $(VENV)/.installed-test demo perf-analyzer
 	$(BIN)/python -m pytest -q
 
 test: lint unit
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) build .pytest_cache .mypy_cache .ruff_cache

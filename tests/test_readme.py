@@ -72,6 +72,10 @@ SKIPPED: dict[str, str] = {
     "make serve": "builds the demo package and serves it on port 8000 until stopped; the tour's `mtgate serve` runs "
                   "instead",
     "make test": "runs the whole suite, this test included",
+    "make perf-analyzer": "installs perf_analyzer into .venv-perf (`make test` runs it before the suite)",
+    "LD_LIBRARY_PATH=$(echo .venv-perf/lib/python3*/site-packages/nvidia/cuda_runtime/lib) .venv-perf/bin/perf_analyzer "
+    "-m demo-en-de -u localhost:8000 -i http --input-data /tmp/input.json --shape INPUT_TEXT:1 --concurrency-range 1:4":
+        "drives the demo model for minutes; tests/serving/api/test_perf_analyzer.py runs it, bounded, on a tiny model",
     "make demo": "converts the real demo model (minutes, and it may not be trained yet); the test uses a tiny stand-in",
     "python3 -m venv .venv && .venv/bin/pip install -e .": "installs packages; the test runs in the installed .venv",
     ".venv/bin/pip install -e '.[convert]'": "installs packages; the test runs in the installed .venv",

@@ -131,7 +131,8 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {503: {"model": ReadyResponse, "de
 @router.get("/", response_model=ServerMetadata)
 async def server_metadata() -> ServerMetadata:
     """Server metadata."""
-    return ServerMetadata(name="mtgate", version=__version__, extensions=["binary_tensor_data", "schedule_policy"])
+    return ServerMetadata(name="mtgate", version=__version__, extensions=["binary_tensor_data", "schedule_policy",
+                          "model_configuration", "statistics"])
 
 
 @router.get("/health/live", response_model=LiveResponse)
