@@ -35,6 +35,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
     "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient"),
     "ray": ("ray",),
+    "grpc": ("grpc", "tritonclient"),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),
 }

@@ -78,6 +78,9 @@ def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
     }
 
 
+SERVER_EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics"]
+"""The protocol extensions the server has (server metadata; perf_analyzer asks for statistics only when listed)."""
+
 CONFIG_TYPES: dict[str, str] = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
 """Each tensor datatype's name in a Triton model configuration (``data_type``)."""
 
@@ -241,7 +244,7 @@ def encode_infer_response(
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": request.shape}
         data = values[name]
         if binary:
-            raw = _encode_binary(datatype, data)
+            raw = encode_binary(datatype, data)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -260,7 +263,9 @@ def encode_infer_response(
     }
 
 
-def _encode_binary(datatype: str, data: list[Any]) -> bytes:
+def encode_binary(datatype: str, data: list[Any]) -> bytes:
+    """A tensor's raw bytes (little-endian; BYTES elements length-prefixed), as the binary extension and gRPC's
+    ``raw_output_contents`` carry it."""
     if datatype == "BYTES":
         return encode_bytes_tensor(data)
     if datatype == "INT32":

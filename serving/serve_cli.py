@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from serving.cli import UsageError
+from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
     add_max_batch_size,
     add_max_batch_tokens,
@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 _SETTINGS_FLAGS = {
     "host": "host",
     "port": "port",
+    "grpc_port": "grpc_port",
     "backend": "backend",
     "precision": "precision",
     "threads": "threads",
@@ -64,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
     parser.add_argument("--port", type=non_negative_int, help="port to listen on (default 8000, 0 picks a free one; "
                         "MTGATE_PORT)")
+    parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
+                        help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
+                             "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
     add_runtime(parser, default_backend=None, default_precision=None)
     add_max_batch_size(parser, "most sentences per engine batch (default 32)")
     add_max_batch_tokens(parser, "most padded source tokens per batch (default 8192)")
@@ -118,6 +122,8 @@ def build_settings(args: argparse.Namespace) -> Any:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
         raise UsageError(f"invalid settings: {problems}") from None
+    if settings.grpc_port is not None and (missing := missing_extra("grpc")):
+        raise UsageError(f"--grpc-port {missing}")
     for package in settings.model_dirs:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())
@@ -169,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     sock = bind(settings.host, settings.port)
+    if settings.grpc_port:  # a busy gRPC port is one line and exit 2 as well (grpc binds it again at start-up)
+        bind(settings.host, settings.grpc_port).close()
     configure_logging(settings)
     shown = settings.model_dump(mode="json", exclude={"api_key"})
     logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")

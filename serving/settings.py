@@ -44,6 +44,8 @@ class ServingSettings(BaseSettings):
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
         host: address to listen on.
         port: TCP port to listen on.
+        grpc_port: when set, also serve the KServe v2 / Triton gRPC protocol on this port (Triton's is 8001; 0 picks
+            a free one; needs the ``grpc`` extra).
         batching: ``request``: queued sentences form a batch that runs to its end before the next one starts;
             ``step``: they join the running decode batch at the next decoder step and leave it when done
             (``serving.batching.step``).
@@ -90,6 +92,7 @@ class ServingSettings(BaseSettings):
     threads: int | None = Field(default=None, ge=1)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
 
     batching: Literal["request", "step"] = "request"
     # An alias is the whole environment variable name (the prefix does not apply to aliases).

@@ -30,8 +30,9 @@ Substitutions (the only differences from what a user types):
    vocabulary the wmt8k one (what the test checkpoint was trained with).
 4. ``mtgate translate|serve|batch-score`` given no ``-m``/``--server`` (the bundled demo model, which may not be
    built) get ``-m <demo stand-in>``: the same tiny Marian model converted for ONNX Runtime fp32.
-5. ``mtgate serve`` runs in the background on a free port (``--port`` replaced or added) until the next
-   ``mtgate serve`` or the end of the module; ``localhost:8000`` and ``127.0.0.1:8000`` in later snippets point at it.
+5. ``mtgate serve`` runs in the background on a free port (``--port`` replaced or added; a ``--grpc-port`` too)
+   until the next ``mtgate serve`` or the end of the module; ``localhost:8000`` and ``127.0.0.1:8000`` in later
+   snippets point at it, and ``localhost:8001`` at its gRPC port.
 
 The table between ``<!-- settings-table ... -->`` and ``<!-- /settings-table -->`` is generated from
 serving/settings.py; after changing the settings, rewrite it with
@@ -374,6 +375,7 @@ class Tour:
         self.env["NO_PROXY"] = self.env["no_proxy"] = "127.0.0.1,localhost"
         self.server: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
+        self.grpc_port: int | None = None
         self.server_log = work / "serve.log"
 
     def prepare(self, snippet: Snippet) -> str:
@@ -387,6 +389,9 @@ class Tour:
         if re.search(r"\b(localhost|127\.0\.0\.1):8000\b", text) and not self.is_serve(text):
             assert self.port is not None, "this snippet needs a server, but no `mtgate serve` ran before it"
             text = re.sub(r"\b(localhost|127\.0\.0\.1):8000\b", f"127.0.0.1:{self.port}", text)
+        if re.search(r"\b(localhost|127\.0\.0\.1):8001\b", text) and not self.is_serve(text):
+            assert self.grpc_port is not None, "this snippet needs gRPC, but no `mtgate serve --grpc-port` ran before it"
+            text = re.sub(r"\b(localhost|127\.0\.0\.1):8001\b", f"127.0.0.1:{self.grpc_port}", text)
         _local_only(text)
         return text
 
@@ -415,6 +420,9 @@ class Tour:
             command = re.sub(r"--port[ =]\d+", f"--port {port}", command)
         else:
             command += f" --port {port}"
+        grpc_port = free_port() if re.search(r"--grpc-port[ =]\d+", command) else None
+        if grpc_port is not None:
+            command = re.sub(r"--grpc-port[ =]\d+", f"--grpc-port {grpc_port}", command)
         with self.server_log.open("ab") as log:
             log.write(f"$ {command}\n".encode())
             log.flush()
@@ -424,12 +432,13 @@ class Tour:
         wait_until_ready(f"http://127.0.0.1:{port}", self.server, READY_TIMEOUT_S,
                          lambda: f"`{command}`: {self.log_tail()}")
         self.port = port
+        self.grpc_port = grpc_port
 
     def log_tail(self) -> str:
         return "\n".join(self.server_log.read_text(encoding="utf-8", errors="replace").splitlines()[-20:])
 
     def stop_server(self) -> None:
-        server, self.server, self.port = self.server, None, None
+        server, self.server, self.port, self.grpc_port = self.server, None, None, None
         if server is None or server.poll() is not None:
             return
         os.killpg(server.pid, signal.SIGTERM)

@@ -51,10 +51,17 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        grpc_server = None
+        if settings.grpc_port is not None:
+            from serving.api import grpc_server as grpc_api
+
+            grpc_server, app.state.grpc_port = await grpc_api.start(service, settings.host, settings.grpc_port)
         loading = asyncio.create_task(service.load(), name="load-models")
         try:
             yield
         finally:
+            if grpc_server is not None:  # after the HTTP drain: in-flight RPCs were waited for with HTTP's
+                await grpc_server.stop(grace=2)
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading

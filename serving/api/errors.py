@@ -77,6 +77,22 @@ _HTTP_CODES = {
 }
 
 
+# The same errors on gRPC (serving.api.grpc_server): each HTTP status's gRPC code, as Triton and KServe map them (a
+# full queue and a model that is not ready are UNAVAILABLE, to retry; a size limit is RESOURCE_EXHAUSTED, as gRPC's
+# own message size limit).
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
 def status_of(error: ServingError) -> int:
     """The HTTP status of a domain error."""
     for cls in type(error).__mro__:

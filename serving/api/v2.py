@@ -31,6 +31,7 @@ from serving.errors import InvalidInput, LimitExceeded, ModelNotFound
 from serving.oip import (
     INPUT_NAME,
     OUTPUT_DATATYPES,
+    SERVER_EXTENSIONS,
     encode_infer_response,
     model_config,
     model_metadata,
@@ -131,8 +132,7 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {503: {"model": ReadyResponse, "de
 @router.get("/", response_model=ServerMetadata)
 async def server_metadata() -> ServerMetadata:
     """Server metadata."""
-    return ServerMetadata(name="mtgate", version=__version__, extensions=["binary_tensor_data", "schedule_policy",
-                          "model_configuration", "statistics"])
+    return ServerMetadata(name="mtgate", version=__version__, extensions=SERVER_EXTENSIONS)
 
 
 @router.get("/health/live", response_model=LiveResponse)

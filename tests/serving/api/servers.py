@@ -27,6 +27,13 @@ class ServerProcess:
     def address(self) -> str:
         return self.url.removeprefix("http://")
 
+    @property
+    def grpc_address(self) -> str:
+        """host:port of the gRPC server (started with ``--grpc-port``), from its start-up log line."""
+        found = [line.rsplit("mtgate gRPC on ", 1)[1].strip() for line in self.log if "mtgate gRPC on " in line]
+        assert found, "no gRPC server in the log:\n" + "".join(self.log)
+        return found[0]
+
     def stop(self, timeout: float = 20) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -1,5 +1,6 @@
-"""Triton's real perf_analyzer against `mtgate serve`, unchanged: it reads the model config, drives /v2 infer with
-BYTES inputs and prints the server-side statistics (the "Server:" section, from /v2/models/{name}/stats).
+"""Triton's real perf_analyzer against `mtgate serve`, unchanged, over HTTP and gRPC: it reads the model config,
+drives infer with BYTES inputs and prints the server-side statistics (the "Server:" section, from the statistics
+extension).
 
 perf_analyzer is the binary of the tritonclient 2.45.0 wheel, installed by `make perf-analyzer` (`make test` runs
 it) into .venv-perf with the libraries it needs; where that could not be done this test skips and says so.
@@ -36,8 +37,9 @@ def _environment() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("batching", ["request", "step"])
-def test_perf_analyzer_runs_and_reports_server_statistics(tiny_package: Path, tmp_path: Path, batching: str) -> None:
+@pytest.mark.parametrize(("batching", "protocol"), [("request", "http"), ("step", "http"), ("request", "grpc")])
+def test_perf_analyzer_runs_and_reports_server_statistics(tiny_package: Path, tmp_path: Path, batching: str,
+                                                          protocol: str) -> None:
     env = _environment()
     data = tmp_path / "input.json"
     data.write_text('{"data": [{"INPUT_TEXT": ["A man is riding a bike."]}, {"INPUT_TEXT": ["Two dogs play."]}]}',
@@ -47,10 +49,11 @@ def test_perf_analyzer_runs_and_reports_server_statistics(tiny_package: Path, tm
     shutil.copytree(tiny_package, package)
     manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
     (package / "manifest.json").write_text(json.dumps({**manifest, "version": "3"}), encoding="utf-8")
-    server = start_server(package, "--batching", batching)
+    server = start_server(package, "--batching", batching, *(["--grpc-port", "0"] if protocol == "grpc" else []))
     try:
         name = httpx.get(server.url + "/v1/models").json()["models"][0]["name"]
-        command = [str(PERF_ANALYZER), "-m", name, "-u", server.address, "-i", "http", "--input-data", str(data),
+        address = server.grpc_address if protocol == "grpc" else server.address
+        command = [str(PERF_ANALYZER), "-m", name, "-u", address, "-i", protocol, "--input-data", str(data),
                    "--shape", "INPUT_TEXT:1", "--concurrency-range", "2", "--measurement-interval", "1000",
                    "--stability-percentage", "100", "--max-trials", "3"]
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180, check=False)
