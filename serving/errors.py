@@ -87,6 +87,12 @@ class InferenceFailed(ServingError):
     code = "inference_failed"
 
 
+class NotSupported(ServingError):
+    """A protocol operation this server does not offer (HTTP 501, gRPC UNIMPLEMENTED); the message says why."""
+
+    code = "not_supported"
+
+
 class DeadlineExceeded(ServingError):
     """The request's deadline passed before its translation was done (HTTP 504)."""
 

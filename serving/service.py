@@ -207,6 +207,19 @@ class TranslationService:
             raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")
         return runner
 
+    def version(self, name: str, version: str | None) -> ModelRunner:
+        """The model ``name`` at ``version`` (None or "": whichever it serves), as the Open Inference Protocol names
+        them (HTTP ``/v2`` and gRPC).
+
+        Raises:
+            ModelNotFound: no such model, or not that version (the message lists what is served).
+        """
+        runner = self.models.get(name)
+        if runner is None or (version and runner.translator is not None and version != str(runner.info.version)):
+            what = f"{name!r}" + (f" version {version!r}" if version else "")
+            raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(self.models))})")
+        return runner
+
     def ready_model(self, name: str | None) -> ModelRunner:
         """The model called ``name``, if it is loaded and warm.
 
@@ -221,6 +234,21 @@ class TranslationService:
         if not runner.ready:
             raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
         return runner
+
+    def model_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Each model with its version and state (``READY``, ``LOADING``, ``UNAVAILABLE`` with the reason), as
+        Triton's repository index lists them."""
+        index = []
+        for runner in self.models.values():
+            state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
+            if ready_only and state != "READY":
+                continue
+            entry = {"name": runner.name, "version": str(runner.info.version) if runner.translator else "",
+                     "state": state}
+            if runner.load_error:
+                entry["reason"] = runner.load_error
+            index.append(entry)
+        return index
 
     def options(self, beam_size: int | None, max_length: int | None) -> DecodeOptions:
         """Decoding options within the server's limits.

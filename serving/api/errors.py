@@ -22,6 +22,7 @@ from serving.errors import (
     LimitExceeded,
     ModelNotFound,
     ModelNotReady,
+    NotSupported,
     Overloaded,
     ServingError,
 )
@@ -57,6 +58,7 @@ STATUS: dict[type[ServingError], int] = {
     RequestTimeout: 408,
     ClientDisconnected: 499,
     InferenceFailed: 500,
+    NotSupported: 501,
     ModelNotReady: 503,
     Overloaded: 503,
     DeadlineExceeded: 504,
@@ -73,6 +75,7 @@ _HTTP_CODES = {
     415: "unsupported_media_type",
     422: "validation_error",
     500: "internal_error",
+    501: "not_implemented",
     503: "unavailable",
 }
 
@@ -88,6 +91,7 @@ GRPC_CODES: dict[int, str] = {
     413: "RESOURCE_EXHAUSTED",
     499: "CANCELLED",
     500: "INTERNAL",
+    501: "UNIMPLEMENTED",
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
@@ -125,7 +129,7 @@ def error_response(
 def serving_error_response(path: str, error: ServingError) -> Response:
     """Render a domain error; the one place that decides its status, body and headers."""
     status = status_of(error)
-    if status >= 500 and not isinstance(error, ModelNotReady | Overloaded | DeadlineExceeded):
+    if status >= 500 and not isinstance(error, ModelNotReady | Overloaded | DeadlineExceeded | NotSupported):
         logger.error("%s %s: %s", status, path, error)
     else:
         logger.info("%s %s: %s", status, path, error)

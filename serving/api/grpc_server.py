@@ -29,9 +29,10 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from serving import __version__
 from serving.api.deps import api_key_problem
 from serving.api.errors import GRPC_CODES, Unauthorized, status_of
-from serving.errors import InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, ServingError
 from serving.oip import (
     INPUT_NAME,
+    NO_REPOSITORY,
     OUTPUT_DATATYPES,
     SERVER_EXTENSIONS,
     InferRequest,
@@ -98,7 +99,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_rpc
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         try:
-            runner = self._model(request.name, request.version)
+            runner = self.service.version(request.name, request.version)
         except ModelNotFound:
             return service_pb2.ModelReadyResponse(ready=False)  # as Triton: not ready, not an error
         return service_pb2.ModelReadyResponse(ready=runner.ready and not self.service.draining)
@@ -109,13 +110,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        runner = self._loaded(request.name, request.version)
+        runner = self.service.version(request.name, request.version)
         document = model_metadata(runner.name, str(runner.info.version), f"mtgate_{runner.info.runtime}")
         return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
 
     @_rpc
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        runner = self._loaded(request.name, request.version)
+        runner = self.service.version(request.name, request.version)
         settings = self.service.settings
         document = model_config(runner.name, f"mtgate_{runner.info.runtime}", max_batch_size=settings.max_batch_size,
                                 max_queue_delay_us=settings.max_queue_delay_us,
@@ -126,7 +127,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_rpc
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         if request.name:
-            runners = [self._model(request.name, request.version)]
+            runners = [self.service.version(request.name, request.version)]
         else:
             runners = list(self.service.models.values())
         entries = [self.service.metrics.model_statistics(r.name).to_json(r.name, _version(r)) for r in runners]
@@ -135,36 +136,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        models = []
-        for runner in self.service.models.values():
-            state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
-            if request.ready and state != "READY":
-                continue
-            models.append(service_pb2.RepositoryIndexResponse.ModelIndex(
-                name=runner.name, version=_version(runner), state=state, reason=runner.load_error or ""))
+        models = [service_pb2.RepositoryIndexResponse.ModelIndex(**entry)
+                  for entry in self.service.model_index(request.ready)]
         return service_pb2.RepositoryIndexResponse(models=models)
 
+    @_rpc
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "mtgate serves the packages it was started with; it has no "
-                            "model repository to load from (restart with other -m packages)")
+        self._authorize(context)
+        raise NotSupported(NO_REPOSITORY)
 
+    @_rpc
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "mtgate serves the packages it was started with; it has "
-                            "no model repository to unload from")
+        self._authorize(context)
+        raise NotSupported(NO_REPOSITORY)
 
     # -- inference -------------------------------------------------------------------------------------------------
 
     @_rpc
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         started = time.monotonic()
-        metadata = dict(context.invocation_metadata() or ())
-        problem = api_key_problem(metadata.get("authorization"), self.service.settings.api_key)
-        if problem is not None:
-            raise Unauthorized(problem)
+        self._authorize(context)
         service = self.service
         if service.draining:
             raise ModelNotReady("the server is draining; send new requests to another replica")
-        runner = self._model(request.model_name, request.model_version)
+        runner = self.service.version(request.model_name, request.model_version)
         parsed = parse_infer_request(request)
         service.inflight += 1  # the SIGTERM drain waits for gRPC requests as for HTTP ones
         service.metrics.inflight.inc()
@@ -195,18 +190,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
-    def _model(self, name: str, version: str) -> ModelRunner:
-        runner = self.service.models.get(name)
-        if runner is None or (version and runner.translator is not None and version != str(runner.info.version)):
-            what = f"{name!r}" + (f" version {version!r}" if version else "")
-            raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(self.service.models))})")
-        return runner
-
-    def _loaded(self, name: str, version: str) -> ModelRunner:
-        runner = self._model(name, version)
-        if runner.translator is None:
-            raise ModelNotReady(f"model {runner.name!r} is still loading")
-        return runner
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        problem = api_key_problem(metadata.get("authorization"), self.service.settings.api_key)
+        if problem is not None:
+            raise Unauthorized(problem)
 
 
 def _version(runner: ModelRunner) -> str:

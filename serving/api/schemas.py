@@ -142,6 +142,7 @@ _ERROR_TEXT = {
     413: "a size limit was exceeded; the message names the setting",
     422: "the body or a parameter does not match the schema",
     500: "the runtime failed while translating",
+    501: "an operation this server does not offer (the message says why)",
     503: "queue full (with Retry-After), model not ready, or server draining (with Retry-After)",
     504: "the request's deadline passed before its translation was done",
 }
@@ -263,6 +264,15 @@ class ModelStatisticsResponse(BaseModel):
     """``GET /v2/models[/{name}[/versions/{v}]]/stats``: Triton's statistics extension (``serving.statistics``)."""
 
     model_stats: list[ModelStatisticsEntry]
+
+
+class RepositoryModel(BaseModel):
+    """One entry of ``POST /v2/repository/index`` (Triton's model repository extension)."""
+
+    name: str
+    version: str
+    state: str = Field(description="READY, LOADING, or UNAVAILABLE (then `reason` says why)")
+    reason: str | None = None
 
 
 class OutputTensor(BaseModel):

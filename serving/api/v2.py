@@ -7,6 +7,7 @@ the raw body itself: tritonclient sends no Content-Type and, by default, the bin
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -24,12 +25,14 @@ from serving.api.schemas import (
     ModelReadyResponse,
     ModelStatisticsResponse,
     ReadyResponse,
+    RepositoryModel,
     ServerMetadata,
     error_responses,
 )
-from serving.errors import InvalidInput, LimitExceeded, ModelNotFound
+from serving.errors import InvalidInput, LimitExceeded, NotSupported
 from serving.oip import (
     INPUT_NAME,
+    NO_REPOSITORY,
     OUTPUT_DATATYPES,
     SERVER_EXTENSIONS,
     encode_infer_response,
@@ -147,16 +150,6 @@ async def ready(service: ServiceDep) -> JSONResponse:
     return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
 
 
-def _model(service: TranslationService, name: str, version: str | None) -> ModelRunner:
-    runner = service.models.get(name)
-    if runner is None or (
-        version is not None and runner.translator is not None and version != str(runner.info.version)
-    ):
-        what = f"{name!r}" + (f" version {version!r}" if version is not None else "")
-        raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(service.models))})")
-    return runner
-
-
 _MODEL_READY: dict[int | str, dict[str, Any]] = {
     **error_responses(404, oip=True),
     503: {"model": ModelReadyResponse, "description": "the model is loading, warming up, or the server is draining"},
@@ -167,7 +160,7 @@ _MODEL_READY: dict[int | str, dict[str, Any]] = {
 @router.get("/models/{name}/versions/{version}/ready", response_model=ModelReadyResponse, responses=_MODEL_READY)
 async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> JSONResponse:
     """200 when the model can take requests, 503 while it cannot."""
-    runner = _model(service, name, version)
+    runner = service.version(name, version)
     if runner.ready and not service.draining:
         return JSONResponse({"name": runner.name, "ready": True})
     reason = "the server is draining" if service.draining else "loading and warming up"
@@ -199,14 +192,14 @@ async def all_statistics(service: ServiceDep) -> dict[str, object]:
             responses=_METADATA_ERRORS)
 async def model_statistics(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
     """Triton's statistics extension for one model (what perf_analyzer's "Server:" section shows)."""
-    return _statistics(service, [_model(service, name, version)])
+    return _statistics(service, [service.version(name, version)])
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=_METADATA_ERRORS)
 @router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, responses=_METADATA_ERRORS)
 async def get_model_metadata(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
     """Model metadata: one BYTES input INPUT_TEXT, outputs OUTPUT_TEXT, INPUT_TOKENS, OUTPUT_TOKENS, SCORE."""
-    runner = _model(service, name, version)
+    runner = service.version(name, version)
     info = runner.info
     return model_metadata(runner.name, str(info.version), f"mtgate_{info.runtime}")
 
@@ -215,17 +208,44 @@ async def get_model_metadata(name: str, service: ServiceDep, version: str | None
 @router.get("/models/{name}/versions/{version}/config", response_model=ModelConfig, responses=_METADATA_ERRORS)
 async def get_model_config(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
     """Triton's model configuration (what perf_analyzer reads first): the tensors, the batching limits."""
-    runner = _model(service, name, version)
+    runner = service.version(name, version)
     settings = service.settings
     return model_config(runner.name, f"mtgate_{runner.info.runtime}", max_batch_size=settings.max_batch_size,
                         max_queue_delay_us=settings.max_queue_delay_us, max_queue_size=settings.max_queue_size)
+
+
+@router.post("/repository/index", response_model=list[RepositoryModel], response_model_exclude_none=True,
+             responses=error_responses(400, oip=True))
+async def repository_index(request: Request, service: ServiceDep) -> list[dict[str, str]]:
+    """Triton's repository index: each model, its version and state; body ``{"ready": true}`` for ready ones only."""
+    body = await request.body()
+    ready_only = False
+    if body.strip():
+        try:
+            options = json.loads(body)
+        except ValueError as e:
+            raise InvalidInput(f"the request body is not valid JSON ({e})") from None
+        if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
+            raise InvalidInput('the body must be a JSON object, {"ready": true} or {"ready": false}')
+        ready_only = options.get("ready", False)
+    return service.model_index(ready_only)
+
+
+_NOT_SUPPORTED = error_responses(401, 501, oip=True)
+
+
+@router.post("/repository/models/{name}/load", responses=_NOT_SUPPORTED)
+@router.post("/repository/models/{name}/unload", responses=_NOT_SUPPORTED)
+async def repository_load_unload(name: str, _: ApiKeyDep) -> None:
+    """Triton's load and unload: refused (501), mtgate serves the packages it was started with."""
+    raise NotSupported(NO_REPOSITORY)
 
 
 @router.post("/models/{name}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)
 @router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)
 async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, version: str | None = None) -> Response:
     """Translate the BYTES input INPUT_TEXT (JSON or binary tensor data)."""
-    runner = _model(service, name, version)
+    runner = service.version(name, version)
     body = _decompress(await request.body(), request.headers.get("content-encoding"), service.settings.max_body_bytes)
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"))
     options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))

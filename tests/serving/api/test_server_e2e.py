@@ -188,6 +188,13 @@ def test_tritonclient_matches_v1(server: ServerProcess) -> None:
     assert sum(b["compute_infer"]["count"] for b in after["batch_stats"]) == after["execution_count"]
     with pytest.raises(triton.InferenceServerException, match="unknown model"):
         client.get_inference_statistics("no-such-model")
+    # the repository extension: the index; load and unload refused with the reason (mtgate has no repository)
+    assert client.get_model_repository_index() == [{"name": name, "version": v1["version"], "state": "READY"}]
+    assert client.get_model_repository_index(query_params=None) == httpx.post(
+        server.url + "/v2/repository/index", json={"ready": True}).json()
+    for call in (client.load_model, client.unload_model):
+        with pytest.raises(triton.InferenceServerException, match="no model repository"):
+            call(name)
     client.close()
 
 
