@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO := models/demo-en-de
 DEMO_SRC := models/demo-en-de-src
 
-.PHONY: serve test lint typecheck unit install install-test demo perf-analyzer clean
+.PHONY: serve test lint typecheck unit install install-test demo perf-analyzer kserve-sdk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,10 +45,18 @@ $(PERF_VENV)/.installed:
 				|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }; }; }; } \
 		&& touch $@; } || echo "perf_analyzer not installed: its test will be skipped"
 
+# The KServe Python SDK, for its test (tests/serving/api/test_kserve_sdk.py), in a venv of its own (its pins are not
+# the server's); the test skips, saying why, where it could not be installed.
+KSERVE_VENV := .venv-kserve
+$(KSERVE_VENV)/.installed:
+	@{ $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install --quiet "kserve==0.21.0" && touch $@; } \
+		|| echo "the KServe SDK not installed: its test will be skipped"
+
 install: $(VENV)/.installed-runtime
 install-test: $(VENV)/.installed-test
 demo: $(DEMO)/manifest.json
 perf-analyzer: $(PERF_VENV)/.installed
+kserve-sdk: $(KSERVE_VENV)/.installed
 
 serve: $(VENV)/.installed-runtime demo
 	$(BIN)/mtgate serve
@@ -57,10 +65,10 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check serving converters batch loadtest benchmarks tests models/recipe
 	$(BIN)/mypy
 
-unit: $(VENV)/.installed-test demo perf-analyzer
+unit: $(VENV)/.installed-test demo perf-analyzer kserve-sdk
 	$(BIN)/python -m pytest -q
 
 test: lint unit
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -81,9 +81,9 @@ def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
 SERVER_EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics"]
 """The protocol extensions the server has (server metadata; perf_analyzer asks for statistics only when listed)."""
 
-NO_REPOSITORY = ("mtgate serves the packages it was started with (-m); it has no model repository to load models "
-                 "from or unload them to: restart it with other packages")
-"""Why the repository extension's load and unload are refused (HTTP 501, gRPC UNIMPLEMENTED)."""
+NO_REPOSITORY = ("this server was started with -m packages, not --model-repository: there is no model repository "
+                 "to load models from or unload them to")
+"""Why the repository extension's load and unload are refused without a repository (HTTP 501, gRPC UNIMPLEMENTED)."""
 
 CONFIG_TYPES: dict[str, str] = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
 """Each tensor datatype's name in a Triton model configuration (``data_type``)."""

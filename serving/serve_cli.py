@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from serving.cli_options import (
     add_model,
     add_runtime,
     non_negative_int,
+    positive_float,
 )
 from serving.package import PackageError, open_package
 
@@ -39,6 +41,8 @@ _SETTINGS_FLAGS = {
     "host": "host",
     "port": "port",
     "grpc_port": "grpc_port",
+    "model_repository": "model_repository",
+    "repository_poll_secs": "repository_poll_secs",
     "backend": "backend",
     "precision": "precision",
     "threads": "threads",
@@ -65,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
     parser.add_argument("--port", type=non_negative_int, help="port to listen on (default 8000, 0 picks a free one; "
                         "MTGATE_PORT)")
+    parser.add_argument("--model-repository", type=Path, metavar="DIR",
+                        help="serve DIR/<name>/<version>/ packages (Triton's layout), each model at its highest "
+                             "version, instead of -m; load and unload through /v2/repository (MTGATE_MODEL_REPOSITORY)")
+    parser.add_argument("--repository-poll-secs", type=positive_float, metavar="SECONDS",
+                        help="rescan the repository this often and switch to new versions without a restart "
+                             "(default: only on an explicit load)")
     parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
@@ -124,7 +134,18 @@ def build_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"invalid settings: {problems}") from None
     if settings.grpc_port is not None and (missing := missing_extra("grpc")):
         raise UsageError(f"--grpc-port {missing}")
-    for package in settings.model_dirs:
+    packages = list(settings.model_dirs)
+    if settings.model_repository is not None:
+        if args.models:
+            raise UsageError("give either -m/--model or --model-repository, not both")
+        from serving.repository import MANIFEST, latest_versions
+
+        found = latest_versions(settings.model_repository)
+        if not found:
+            raise UsageError(f"--model-repository {settings.model_repository}: no model in it (expected "
+                             f"{settings.model_repository}/<name>/<version>/{MANIFEST}, <version> a positive integer)")
+        packages = [version.path for version in found.values()]
+    for package in packages:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())
         if not package.exists():

@@ -9,6 +9,7 @@ the model's batcher (``serving.batching``) and returns the engine's translations
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -35,7 +36,11 @@ class _Key:
 
 
 class ModelRunner:
-    """One served model: its translator (loaded on the worker thread) and its batcher."""
+    """One served model: its translator (loaded on the worker thread) and its batcher.
+
+    ``name`` and ``version``, when given (a model repository's directory names), are what the model is served as;
+    otherwise the package's manifest says.
+    """
 
     def __init__(
         self,
@@ -44,15 +49,21 @@ class ModelRunner:
         *,
         package_dir: Path | None = None,
         translator: Engine | None = None,
+        name: str | None = None,
+        version: str | None = None,
     ) -> None:
         self.package_dir = package_dir
         self.translator: Engine | None = translator
-        if translator is not None:
+        if name is not None:
+            self.name = name
+        elif translator is not None:
             self.name = str(translator.info.name)
         else:
             assert package_dir is not None
             # The manifest names the model; reading it is cheap (checksums are verified when the engine loads).
             self.name = str(read_manifest(package_dir).get("name") or package_dir.name)
+        self._version = version
+        self.active = 0  # requests admitted and not yet done: a retiring version stops once it is 0
         self.ready = False
         self.load_error: str | None = None
         self._settings = settings
@@ -63,7 +74,20 @@ class ModelRunner:
     def info(self) -> ModelInfo:
         if self.translator is None:
             raise ModelNotReady(f"model {self.name!r} is still loading")
-        return self.translator.info
+        info = self.translator.info
+        if self._version is not None and (info.name, info.version) != (self.name, self._version):
+            info = dataclasses.replace(info, name=self.name, version=self._version)
+        return info
+
+    @property
+    def version_name(self) -> str:
+        """The version served ("" while a package without a repository version loads)."""
+        return self._version or (str(self.translator.info.version) if self.translator is not None else "")
+
+    def release(self) -> None:
+        """Drop the engine of a stopped runner (its memory goes with the last reference)."""
+        self.ready = False
+        self.translator = None
 
     def start(self) -> None:
         s = self._settings
@@ -135,12 +159,13 @@ class TranslationService:
         settings: ServingSettings,
         metrics: ServingMetrics,
         translators: Sequence[Engine] = (),
+        runners: Sequence[ModelRunner] = (),
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         if translators:
             runners = [ModelRunner(settings, metrics, translator=t) for t in translators]
-        else:
+        elif not runners:
             runners = [ModelRunner(settings, metrics, package_dir=p) for p in settings.model_dirs]
         self.models: dict[str, ModelRunner] = {}
         for runner in runners:
@@ -167,7 +192,7 @@ class TranslationService:
 
     async def load(self) -> None:
         """Load and warm every model (one after the other: they share the CPU); ready once all are done."""
-        for runner in self.models.values():
+        for runner in list(self.models.values()):
             try:
                 await runner.load()
             except asyncio.CancelledError:
@@ -190,8 +215,22 @@ class TranslationService:
             logger.warning("draining: refusing new requests, %d in flight", self.inflight)
 
     async def stop(self) -> None:
-        for runner in self.models.values():
+        for runner in list(self.models.values()):
             await runner.stop()
+
+    def put(self, runner: ModelRunner) -> ModelRunner | None:
+        """Serve ``runner`` (loaded and warm) under its name; returns the runner it replaces, which new requests no
+        longer reach (the caller stops it once its admitted requests are done)."""
+        old = self.models.get(runner.name)
+        self.models[runner.name] = runner
+        return old
+
+    def remove(self, name: str) -> ModelRunner:
+        """Stop routing requests to ``name`` (the caller stops the runner once its requests are done)."""
+        runner = self.models.pop(name)
+        if self.default_model == name and self.models:
+            self.default_model = next(iter(self.models))
+        return runner
 
     # -- requests ------------------------------------------------------------------------------------------------
 
@@ -339,19 +378,28 @@ class TranslationService:
         """
         runner = self.ready_model(model)
         admitted = time.monotonic()
-        prepared = await self.prepare(runner, texts, options)
+        runner.active += 1  # until the request is done: a version switch waits for it
+        try:
+            prepared = await self.prepare(runner, texts, options)
+        except BaseException:
+            runner.active -= 1
+            raise
         input_s = time.monotonic() - admitted
         assert runner.batcher is not None
         key = _Key(options, on_partial is not None)
         sentences, costs = prepared.split(), prepared.lengths
-        if wait_for_room:
-            pending = await runner.batcher.enqueue_when_room(
-                sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
-            )
-        else:
-            pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
-                                             tag=tag)
-        pending.future.add_done_callback(lambda f: self._record(runner.name, f, admitted, input_s))
+        try:
+            if wait_for_room:
+                pending = await runner.batcher.enqueue_when_room(
+                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
+                )
+            else:
+                pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
+                                                 tag=tag)
+        except BaseException:
+            runner.active -= 1
+            raise
+        pending.future.add_done_callback(lambda f: self._record(runner, f, admitted, input_s))
         return runner, pending
 
     async def translate(
@@ -361,7 +409,10 @@ class TranslationService:
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
         return runner, await pending.wait()
 
-    def _record(self, model: str, future: asyncio.Future[list[Translation]], admitted: float, input_s: float) -> None:
+    def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
+                input_s: float) -> None:
+        runner.active -= 1
+        model = runner.name
         if future.cancelled():  # the client went away: neither a success nor the model's failure
             return
         self.metrics.model_statistics(model).on_request(future.exception() is None, time.monotonic() - admitted,

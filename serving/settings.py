@@ -39,6 +39,10 @@ class ServingSettings(BaseSettings):
 
     Attributes:
         model_dirs: model packages to serve; the first one is the default model (``MTGATE_MODEL_DIRS='["a","b"]'``).
+        model_repository: serve the models of this directory instead, in Triton's layout ``<name>/<version>/``, each
+            at its highest version (``serving.repository``); load and unload through the repository extension.
+        repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions
+            (None: only on an explicit load).
         backend: runtime to run the graphs with.
         precision: which artifact of the package to load.
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
@@ -87,6 +91,8 @@ class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTGATE_", extra="ignore", validate_default=True, validate_by_name=True)
 
     model_dirs: list[Path] = Field(default_factory=lambda: [DEFAULT_MODEL_DIR], min_length=1)
+    model_repository: Path | None = None
+    repository_poll_secs: float | None = Field(default=None, gt=0)
     backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
     precision: Literal["fp32", "int8"] = "fp32"
     threads: int | None = Field(default=None, ge=1)

@@ -74,6 +74,10 @@ SKIPPED: dict[str, str] = {
                   "instead",
     "make test": "runs the whole suite, this test included",
     "make perf-analyzer": "installs perf_analyzer into .venv-perf (`make test` runs it before the suite)",
+    "mtgate serve --model-repository models/repository --repository-poll-secs 5":
+        "needs a repository of versions; tests/serving/api/test_repository.py serves one and switches versions under load",
+    "cp -r models/en-de models/repository/en-de/.incoming && mv models/repository/en-de/.incoming "
+    "models/repository/en-de/2": "goes with the repository server above; tests/serving/api/test_repository.py does it",
     "LD_LIBRARY_PATH=$(echo .venv-perf/lib/python3*/site-packages/nvidia/cuda_runtime/lib) .venv-perf/bin/perf_analyzer "
     "-m demo-en-de -u localhost:8000 -i http --input-data /tmp/input.json --shape INPUT_TEXT:1 --concurrency-range 1:4":
         "drives the demo model for minutes; tests/serving/api/test_perf_analyzer.py runs it, bounded, on a tiny model",

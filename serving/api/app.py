@@ -46,7 +46,14 @@ def create_app(
         () if translator is None else [translator] if not isinstance(translator, Sequence) else translator
     )
     metrics = ServingMetrics()
-    service = TranslationService(settings, metrics, translators)
+    repository = None
+    if settings.model_repository is not None and not translators:
+        from serving.repository import ModelRepository
+
+        repository = ModelRepository(settings, metrics)
+    service = TranslationService(settings, metrics, translators, repository.runners() if repository else ())
+    if repository is not None:
+        repository.service = service
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,11 +62,27 @@ def create_app(
         if settings.grpc_port is not None:
             from serving.api import grpc_server as grpc_api
 
-            grpc_server, app.state.grpc_port = await grpc_api.start(service, settings.host, settings.grpc_port)
+            grpc_server, app.state.grpc_port = await grpc_api.start(service, repository, settings.host,
+                                                                        settings.grpc_port)
         loading = asyncio.create_task(service.load(), name="load-models")
+        polling = None
+        if repository is not None and settings.repository_poll_secs is not None:
+            every = settings.repository_poll_secs
+
+            async def poll_after_loading() -> None:
+                await loading
+                await repository.poll(every)
+
+            polling = asyncio.create_task(poll_after_loading(), name="repository-poll")
         try:
             yield
         finally:
+            if polling is not None:
+                polling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await polling
+            if repository is not None:
+                await repository.close()
             if grpc_server is not None:  # after the HTTP drain: in-flight RPCs were waited for with HTTP's
                 await grpc_server.stop(grace=2)
             loading.cancel()
@@ -79,6 +102,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = service
+    app.state.repository = repository
     app.state.settings = settings
     app.add_middleware(ServerMiddleware, service=service)
     install_error_handlers(app)

@@ -5,7 +5,7 @@ The messages and the service are the published ``grpc_service.proto``, as compil
 (``tritonclient.grpc.service_pb2``; the ``grpc`` extra), so that ``tritonclient.grpc`` and ``perf_analyzer -i grpc``
 work unchanged. Served: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
 ``ModelConfig``, ``ModelInfer``, ``ModelStatistics`` and ``RepositoryIndex``; the others answer ``UNIMPLEMENTED``
-(``RepositoryModelLoad`` / ``Unload`` too: mtgate has no model repository to load from yet).
+(``RepositoryModelLoad`` / ``Unload`` load and unload with ``--model-repository``, ``UNIMPLEMENTED`` without one).
 
 Errors are the HTTP layer's (``serving.api.errors.STATUS``) with the gRPC code of their status
 (``serving.api.errors.GRPC_CODES``): a bad request is ``INVALID_ARGUMENT``, a missing API key ``UNAUTHENTICATED``,
@@ -42,6 +42,7 @@ from serving.oip import (
     model_metadata,
     output_values,
 )
+from serving.repository import ModelRepository
 from serving.service import ModelRunner, TranslationService
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,9 @@ def _rpc(method: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[Rep
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Each RPC a thin translation between the proto messages and :class:`TranslationService`."""
 
-    def __init__(self, service: TranslationService) -> None:
+    def __init__(self, service: TranslationService, repository: ModelRepository | None) -> None:
         self.service = service
+        self.repository = repository
 
     # -- health and metadata ---------------------------------------------------------------------------------------
 
@@ -143,12 +145,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         self._authorize(context)
-        raise NotSupported(NO_REPOSITORY)
+        await self._repository().load(request.model_name)
+        return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         self._authorize(context)
-        raise NotSupported(NO_REPOSITORY)
+        await self._repository().unload(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    def _repository(self) -> ModelRepository:
+        if self.repository is None:
+            raise NotSupported(NO_REPOSITORY)
+        return self.repository
 
     # -- inference -------------------------------------------------------------------------------------------------
 
@@ -250,7 +259,8 @@ def parse_infer_request(request: Any) -> InferRequest:
                         parameters=parameters)
 
 
-async def start(service: TranslationService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start(service: TranslationService, repository: ModelRepository | None, host: str,
+                port: int) -> tuple[grpc.aio.Server, int]:
     """Serve :class:`InferenceServicer` on ``host:port`` (0: a free port) in the running event loop.
 
     Returns:
@@ -259,7 +269,7 @@ async def start(service: TranslationService, host: str, port: int) -> tuple[grpc
     limit = service.settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20))])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, repository), server)
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
     logger.warning("mtgate gRPC on %s:%d", host, bound)

@@ -40,6 +40,7 @@ from serving.oip import (
     model_metadata,
     parse_infer_request,
 )
+from serving.repository import ModelRepository
 from serving.service import ModelRunner, TranslationService
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
@@ -231,14 +232,29 @@ async def repository_index(request: Request, service: ServiceDep) -> list[dict[s
     return service.model_index(ready_only)
 
 
-_NOT_SUPPORTED = error_responses(401, 501, oip=True)
+_NOT_SUPPORTED = error_responses(401, 404, 500, 501, oip=True)
+
+
+def _repository(request: Request) -> ModelRepository:
+    repository: ModelRepository | None = request.app.state.repository
+    if repository is None:
+        raise NotSupported(NO_REPOSITORY)
+    return repository
 
 
 @router.post("/repository/models/{name}/load", responses=_NOT_SUPPORTED)
+async def repository_load(name: str, request: Request, _: ApiKeyDep) -> dict[str, object]:
+    """Load ``name`` at its latest version from ``--model-repository`` (warm before it takes requests; the version
+    it replaces finishes what it admitted). 501 without a repository."""
+    await _repository(request).load(name)
+    return {}
+
+
 @router.post("/repository/models/{name}/unload", responses=_NOT_SUPPORTED)
-async def repository_load_unload(name: str, _: ApiKeyDep) -> None:
-    """Triton's load and unload: refused (501), mtgate serves the packages it was started with."""
-    raise NotSupported(NO_REPOSITORY)
+async def repository_unload(name: str, request: Request, _: ApiKeyDep) -> dict[str, object]:
+    """Stop serving ``name`` (its admitted requests finish first). 501 without a repository."""
+    await _repository(request).unload(name)
+    return {}
 
 
 @router.post("/models/{name}/infer", openapi_extra=_INFER_BODY, responses=_INFER_RESPONSES)

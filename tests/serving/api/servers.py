@@ -44,9 +44,11 @@ class ServerProcess:
             return self.process.wait()
 
 
-def start_server(package: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 90) -> ServerProcess:
-    """Start ``mtgate serve`` on port 0 and wait until it reports ready."""
-    cmd = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--port", "0", "--threads", "1", *flags]
+def start_server(package: Path | None, *flags: str, env: dict[str, str] | None = None,
+                 timeout: float = 90) -> ServerProcess:
+    """Start ``mtgate serve`` on port 0 (with ``-m package`` unless None) and wait until it reports ready."""
+    model = ["-m", str(package)] if package is not None else []
+    cmd = [sys.executable, "-m", "serving.cli", "serve", *model, "--port", "0", "--threads", "1", *flags]
     process = subprocess.Popen(
         cmd,
         cwd=ROOT,
