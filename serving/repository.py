@@ -1,9 +1,11 @@
 """A model repository in Triton's layout (``mtgate serve --model-repository DIR``): ``DIR/<name>/<version>/`` holds
-a model package, ``<version>`` a positive integer, and each model is served at its highest version (Triton's
-default version policy, ``latest: 1``).
+a model package, ``<version>`` a positive integer. Which versions are served is the version policy, as Triton's:
+``latest:N`` (the N highest; the default is ``latest:1``), ``all``, or ``specific:1,3``. A request that names no
+version gets the highest served one; ``/v2`` and gRPC requests may name any served version.
 
-A new version is loaded and warmed up beside the one serving; only then does it take new requests, and the old
-one serves what it admitted before it is stopped (no request fails during the switch) and its engine released.
+A new version is loaded and warmed up beside the ones serving; only then does it take new requests, and a version
+that leaves serves what it admitted before it is stopped (no request fails during the switch) and its engine
+released.
 Versions are found by rescanning: every ``--repository-poll-secs`` seconds, or for one model on an explicit load
 (``POST /v2/repository/models/{name}/load``, gRPC ``RepositoryModelLoad``). An unload stops a model until it is
 loaded again. A version that fails to load is logged and the serving one stays.
@@ -32,6 +34,45 @@ MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of a model to serve: ``latest`` N, ``all``, or ``specific`` ones."""
+
+    kind: str
+    latest: int = 1
+    specific: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str) -> VersionPolicy:
+        """``latest:N``, ``all`` or ``specific:V[,V...]``.
+
+        Raises:
+            ValueError: anything else, with what is accepted.
+        """
+        kind, _, value = text.strip().partition(":")
+        try:
+            if kind == "all" and not value:
+                return cls("all")
+            if kind == "latest" and int(value) >= 1:
+                return cls("latest", latest=int(value))
+            if kind == "specific" and value:
+                numbers = frozenset(int(v) for v in value.split(","))
+                if min(numbers) >= 1:
+                    return cls("specific", specific=numbers)
+        except ValueError:
+            pass
+        raise ValueError(f"version policy {text!r}: expected latest:N (N >= 1), all, or specific:V[,V...]")
+
+    def choose(self, numbers: list[int]) -> list[int]:
+        """The versions to serve among ``numbers``, ascending."""
+        ordered = sorted(numbers)
+        if self.kind == "latest":
+            return ordered[-self.latest:]
+        if self.kind == "specific":
+            return [n for n in ordered if n in self.specific]
+        return ordered
+
+
+@dataclass(frozen=True)
 class Version:
     """The version of a model the repository holds."""
 
@@ -40,17 +81,18 @@ class Version:
     path: Path
 
 
-def latest_versions(root: Path) -> dict[str, Version]:
-    """Each model of the repository at its highest version (directories without a numbered package are skipped)."""
-    found: dict[str, Version] = {}
+def served_versions(root: Path, policy: VersionPolicy) -> dict[str, list[Version]]:
+    """Each model of the repository with the versions the policy serves, ascending (models with none are left out;
+    a version is a directory named by a positive integer that holds a package's manifest)."""
+    found: dict[str, list[Version]] = {}
     if not root.is_dir():
         return found
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         numbers = [int(p.name) for p in model_dir.iterdir()
                    if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / MANIFEST).is_file()]
-        if numbers:
-            number = max(numbers)
-            found[model_dir.name] = Version(model_dir.name, number, model_dir / str(number))
+        chosen = policy.choose(numbers)
+        if chosen:
+            found[model_dir.name] = [Version(model_dir.name, n, model_dir / str(n)) for n in chosen]
     return found
 
 
@@ -60,15 +102,21 @@ class ModelRepository:
     def __init__(self, settings: ServingSettings, metrics: ServingMetrics) -> None:
         assert settings.model_repository is not None
         self.root = settings.model_repository
+        self.policy = VersionPolicy.parse(settings.repository_version_policy)
         self.settings = settings
         self.metrics = metrics
         self.service: TranslationService | None = None
         self._lock = asyncio.Lock()  # one switch at a time
         self._retiring: set[asyncio.Task[None]] = set()
 
-    def runners(self) -> list[ModelRunner]:
-        """A runner for each model at its latest version, to start the service with."""
-        return [self._runner(version) for version in latest_versions(self.root).values()]
+    def runners(self) -> tuple[list[ModelRunner], dict[str, dict[str, ModelRunner]]]:
+        """The runners to start the service with: each model's highest version, and the older ones by model."""
+        newest, older = [], {}
+        for name, versions in served_versions(self.root, self.policy).items():
+            newest.append(self._runner(versions[-1]))
+            if len(versions) > 1:
+                older[name] = {str(v.number): self._runner(v) for v in versions[:-1]}
+        return newest, older
 
     def _runner(self, version: Version) -> ModelRunner:
         from serving.service import ModelRunner
@@ -86,17 +134,14 @@ class ModelRepository:
                 logger.exception("repository poll of %s failed", self.root)
 
     async def sync(self, only: str | None = None) -> None:
-        """Serve each model's latest version (``only``: that model's), loading what is new."""
+        """Serve the versions the policy chooses (``only``: of that model), loading what is new and retiring what
+        is no longer chosen."""
         service = self.service
         assert service is not None
         async with self._lock:
-            for name, version in latest_versions(self.root).items():
-                if only is not None and name != only:
-                    continue
-                serving = service.models.get(name)
-                if serving is not None and serving.version_name == str(version.number):
-                    continue
-                await self._switch(service, version, raise_errors=only is not None)
+            for name, versions in served_versions(self.root, self.policy).items():
+                if only is None or name == only:
+                    await self._switch(service, name, versions, raise_errors=only is not None)
 
     async def load(self, name: str) -> None:
         """Load ``name`` at its latest version (an explicit load).
@@ -105,7 +150,7 @@ class ModelRepository:
             ModelNotFound: the repository has no numbered package for ``name``.
             ServingError: the version failed to load (the serving one stays).
         """
-        if name not in latest_versions(self.root):
+        if name not in served_versions(self.root, self.policy):
             raise ModelNotFound(f"the repository {self.root} has no model {name!r} (expected {self.root}/{name}/<version>"
                                 f"/{MANIFEST})")
         await self.sync(only=name)
@@ -115,33 +160,45 @@ class ModelRepository:
         service = self.service
         assert service is not None
         async with self._lock:
-            runner = service.models.get(name)
-            if runner is None:
+            if name not in service.models:
                 raise ModelNotFound(f"model {name!r} is not loaded")
-            service.remove(name)
-            logger.warning("model %s %s unloaded", name, runner.version_name)
-            self._retire(runner)
+            for runner in service.remove(name):
+                logger.warning("model %s version %s unloaded", name, runner.version_name)
+                self._retire(runner)
 
-    async def _switch(self, service: TranslationService, version: Version, raise_errors: bool) -> None:
-        runner = self._runner(version)
-        started = time.monotonic()
-        runner.start()
-        try:
-            await runner.load()
-        except Exception as e:
-            await runner.stop()
-            logger.error("model %s version %d from %s failed to load (%s); %s", version.name, version.number,
-                         version.path, e, "the serving version stays" if version.name in service.models else
-                         "not served")
-            if raise_errors:
-                raise ServingError(f"model {version.name!r} version {version.number} from {version.path} failed to "
-                                   f"load: {e}") from e
+    async def _switch(self, service: TranslationService, name: str, versions: list[Version],
+                      raise_errors: bool) -> None:
+        """Load the chosen versions not served yet, then serve exactly the chosen ones that loaded (in one step,
+        between two requests), and retire the others."""
+        serving = service.versions_of(name)
+        loaded: dict[str, ModelRunner] = {}
+        for version in versions:
+            key = str(version.number)
+            if key in serving:
+                loaded[key] = serving[key]
+                continue
+            runner = self._runner(version)
+            started = time.monotonic()
+            runner.start()
+            try:
+                await runner.load()
+            except Exception as e:
+                await runner.stop()
+                logger.error("model %s version %d from %s failed to load (%s)", name, version.number, version.path, e)
+                if raise_errors:
+                    raise ServingError(f"model {name!r} version {version.number} from {version.path} failed to "
+                                       f"load: {e}") from e
+                continue
+            logger.warning("model %s version %d loaded and warm in %.1f s", name, version.number,
+                           time.monotonic() - started)
+            loaded[key] = runner
+        if not loaded or loaded.keys() == serving.keys():
             return
-        old = service.put(runner)
-        logger.warning("model %s version %d serving (loaded and warm in %.1f s)%s", version.name, version.number,
-                       time.monotonic() - started, f"; version {old.version_name} retires" if old else "")
-        if old is not None:
-            self._retire(old)
+        retired = service.serve_versions(name, loaded)
+        logger.warning("model %s serving version(s) %s%s", name, ", ".join(sorted(loaded, key=int)),
+                       f"; version(s) {', '.join(r.version_name for r in retired)} retire" if retired else "")
+        for runner in retired:
+            self._retire(runner)
 
     def _retire(self, runner: ModelRunner) -> None:
         task = asyncio.get_running_loop().create_task(self._drain_and_stop(runner), name=f"retire-{runner.name}")

@@ -43,6 +43,7 @@ _SETTINGS_FLAGS = {
     "grpc_port": "grpc_port",
     "model_repository": "model_repository",
     "repository_poll_secs": "repository_poll_secs",
+    "repository_version_policy": "repository_version_policy",
     "backend": "backend",
     "precision": "precision",
     "threads": "threads",
@@ -72,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path, metavar="DIR",
                         help="serve DIR/<name>/<version>/ packages (Triton's layout), each model at its highest "
                              "version, instead of -m; load and unload through /v2/repository (MTGATE_MODEL_REPOSITORY)")
+    parser.add_argument("--repository-version-policy", metavar="POLICY",
+                        help="which versions of each repository model to serve: latest:N, all or specific:V[,V...] "
+                             "(default latest:1, as Triton's)")
     parser.add_argument("--repository-poll-secs", type=positive_float, metavar="SECONDS",
                         help="rescan the repository this often and switch to new versions without a restart "
                              "(default: only on an explicit load)")
@@ -138,13 +142,14 @@ def build_settings(args: argparse.Namespace) -> Any:
     if settings.model_repository is not None:
         if args.models:
             raise UsageError("give either -m/--model or --model-repository, not both")
-        from serving.repository import MANIFEST, latest_versions
+        from serving.repository import MANIFEST, VersionPolicy, served_versions
 
-        found = latest_versions(settings.model_repository)
+        found = served_versions(settings.model_repository, VersionPolicy.parse(settings.repository_version_policy))
         if not found:
             raise UsageError(f"--model-repository {settings.model_repository}: no model in it (expected "
-                             f"{settings.model_repository}/<name>/<version>/{MANIFEST}, <version> a positive integer)")
-        packages = [version.path for version in found.values()]
+                             f"{settings.model_repository}/<name>/<version>/{MANIFEST}, <version> a positive integer, "
+                             f"chosen by the version policy {settings.repository_version_policy})")
+        packages = [version.path for versions in found.values() for version in versions]
     for package in packages:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())

@@ -172,6 +172,9 @@ class TranslationService:
             if runner.name in self.models:
                 raise ValueError(f"two packages serve the model name {runner.name!r}")
             self.models[runner.name] = runner
+        # Versions served besides each model's newest (a repository's version policy: latest N, all, specific);
+        # reached by naming their version (/v2, gRPC).
+        self.older: dict[str, dict[str, ModelRunner]] = {}
         self.default_model = next(iter(self.models))
         self.draining = False
         self.failed: str | None = None
@@ -184,15 +187,19 @@ class TranslationService:
 
     @property
     def ready(self) -> bool:
-        return not self.draining and self.failed is None and all(r.ready for r in self.models.values())
+        return not self.draining and self.failed is None and all(r.ready for r in self.runners())
+
+    def runners(self) -> list[ModelRunner]:
+        """Every runner served: each model's newest version, then its older ones."""
+        return [*self.models.values(), *(r for versions in self.older.values() for r in versions.values())]
 
     def start(self) -> None:
-        for runner in self.models.values():
+        for runner in self.runners():
             runner.start()
 
     async def load(self) -> None:
         """Load and warm every model (one after the other: they share the CPU); ready once all are done."""
-        for runner in list(self.models.values()):
+        for runner in self.runners():
             try:
                 await runner.load()
             except asyncio.CancelledError:
@@ -215,22 +222,36 @@ class TranslationService:
             logger.warning("draining: refusing new requests, %d in flight", self.inflight)
 
     async def stop(self) -> None:
-        for runner in list(self.models.values()):
+        for runner in self.runners():
             await runner.stop()
 
-    def put(self, runner: ModelRunner) -> ModelRunner | None:
-        """Serve ``runner`` (loaded and warm) under its name; returns the runner it replaces, which new requests no
-        longer reach (the caller stops it once its admitted requests are done)."""
-        old = self.models.get(runner.name)
-        self.models[runner.name] = runner
-        return old
+    def versions_of(self, name: str) -> dict[str, ModelRunner]:
+        """The served versions of ``name`` (none when it is not served), by version."""
+        if name not in self.models:
+            return {}
+        newest = self.models[name]
+        return {**self.older.get(name, {}), newest.version_name: newest}
 
-    def remove(self, name: str) -> ModelRunner:
-        """Stop routing requests to ``name`` (the caller stops the runner once its requests are done)."""
-        runner = self.models.pop(name)
+    def serve_versions(self, name: str, runners: dict[str, ModelRunner]) -> list[ModelRunner]:
+        """Serve exactly ``runners`` (loaded and warm, by version; the highest is what requests without a version
+        get) as ``name``. Returns the runners no longer served, which new requests do not reach: the caller stops
+        each once its admitted requests are done."""
+        before = self.versions_of(name)
+        ordered = sorted(runners, key=int)
+        self.models[name] = runners[ordered[-1]]
+        self.older[name] = {v: runners[v] for v in ordered[:-1]}
+        kept = {id(r) for r in runners.values()}
+        return [r for r in before.values() if id(r) not in kept]
+
+    def remove(self, name: str) -> list[ModelRunner]:
+        """Stop routing requests to ``name``; returns its runners (the caller stops each once its requests are
+        done)."""
+        runners = list(self.versions_of(name).values())
+        del self.models[name]
+        self.older.pop(name, None)
         if self.default_model == name and self.models:
             self.default_model = next(iter(self.models))
-        return runner
+        return runners
 
     # -- requests ------------------------------------------------------------------------------------------------
 
@@ -254,12 +275,14 @@ class TranslationService:
             ModelNotFound: no such model, or not that version (the message lists what is served).
         """
         runner = self.models.get(name)
-        if runner is None or (version and runner.translator is not None and version != str(runner.info.version)):
+        if runner is not None and version and runner.translator is not None and version != str(runner.info.version):
+            runner = self.older.get(name, {}).get(version)
+        if runner is None:
             what = f"{name!r}" + (f" version {version!r}" if version else "")
             raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(self.models))})")
         return runner
 
-    def ready_model(self, name: str | None) -> ModelRunner:
+    def ready_model(self, name: str | ModelRunner | None) -> ModelRunner:
         """The model called ``name``, if it is loaded and warm.
 
         Draining is not checked here: the HTTP middleware refuses new requests once a drain begins, and a request
@@ -269,7 +292,7 @@ class TranslationService:
             ModelNotFound: no such model.
             ModelNotReady: still loading.
         """
-        runner = self.get(name)
+        runner = name if isinstance(name, ModelRunner) else self.get(name)
         if not runner.ready:
             raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
         return runner
@@ -278,7 +301,7 @@ class TranslationService:
         """Each model with its version and state (``READY``, ``LOADING``, ``UNAVAILABLE`` with the reason), as
         Triton's repository index lists them."""
         index = []
-        for runner in self.models.values():
+        for runner in sorted(self.runners(), key=lambda r: (r.name, r.version_name.zfill(20))):
             state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
             if ready_only and state != "READY":
                 continue
@@ -361,7 +384,7 @@ class TranslationService:
 
     async def admit(
         self,
-        model: str | None,
+        model: str | ModelRunner | None,
         texts: Sequence[str],
         options: DecodeOptions,
         deadline: float,
@@ -403,7 +426,7 @@ class TranslationService:
         return runner, pending
 
     async def translate(
-        self, model: str | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *, tag: str = ""
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *, tag: str = ""
     ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model``: one translation per text, in order."""
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag)

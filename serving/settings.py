@@ -41,6 +41,8 @@ class ServingSettings(BaseSettings):
         model_dirs: model packages to serve; the first one is the default model (``MTGATE_MODEL_DIRS='["a","b"]'``).
         model_repository: serve the models of this directory instead, in Triton's layout ``<name>/<version>/``, each
             at its highest version (``serving.repository``); load and unload through the repository extension.
+        repository_version_policy: which versions of each repository model to serve: ``latest:N`` (default
+            ``latest:1``), ``all`` or ``specific:V[,V...]``, as Triton's version policy.
         repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions
             (None: only on an explicit load).
         backend: runtime to run the graphs with.
@@ -92,6 +94,7 @@ class ServingSettings(BaseSettings):
 
     model_dirs: list[Path] = Field(default_factory=lambda: [DEFAULT_MODEL_DIR], min_length=1)
     model_repository: Path | None = None
+    repository_version_policy: str = "latest:1"
     repository_poll_secs: float | None = Field(default=None, gt=0)
     backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
     precision: Literal["fp32", "int8"] = "fp32"
@@ -155,6 +158,14 @@ class ServingSettings(BaseSettings):
             allowed = ", ".join(sorted(n for n in logging.getLevelNamesMapping() if n != "NOTSET"))
             raise ValueError(f"unknown log level {value!r} (allowed: {allowed})")
         return level
+
+    @field_validator("repository_version_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from serving.repository import VersionPolicy
+
+        VersionPolicy.parse(value)  # ValueError says what is accepted
+        return value.strip()
 
     @field_validator("api_key")
     @classmethod

@@ -51,7 +51,9 @@ def create_app(
         from serving.repository import ModelRepository
 
         repository = ModelRepository(settings, metrics)
-    service = TranslationService(settings, metrics, translators, repository.runners() if repository else ())
+    newest, older = repository.runners() if repository is not None else ([], {})
+    service = TranslationService(settings, metrics, translators, newest)
+    service.older = older
     if repository is not None:
         repository.service = service
 

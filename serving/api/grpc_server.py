@@ -184,7 +184,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))
         timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
         deadline = service.deadline(started, min(timeouts) if timeouts else None)
-        runner, translations = await service.translate(runner.name, parsed.texts, options, deadline,
+        runner, translations = await service.translate(runner, parsed.texts, options, deadline,
                                                        tag=parsed.id or "")
         values = output_values(translations)
         names = [name for name, _ in parsed.outputs]

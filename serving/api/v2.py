@@ -268,7 +268,7 @@ async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, 
     timeout_us = parsed.int_parameter("timeout")
     deadline = service.deadline(request_started(request), None if not timeout_us else timeout_us / 1e6)
     runner, translations = await unless_disconnected(
-        request, service.translate(runner.name, parsed.texts, options, deadline, tag=request_id(request))
+        request, service.translate(runner, parsed.texts, options, deadline, tag=request_id(request))
     )
     content, headers = encode_infer_response(parsed, runner.name, str(runner.info.version), translations)
     return Response(content=content, headers=headers)

@@ -78,7 +78,7 @@ def test_a_new_version_switches_in_under_load(tiny_package: Path, tmp_path: Path
             assert set(versions[switch:]) == {"2"}, versions
         assert sum(len(v) for v in seen) > 50
         log = "".join(server.log)
-        assert "model tiny version 2 serving" in log and "version 1 retires" in log
+        assert "model tiny serving version(s) 2; version(s) 1 retire" in log
 
         # explicit unload and load, over HTTP and gRPC
         client = tritonhttp.InferenceServerClient(server.address)
@@ -112,3 +112,46 @@ def test_an_empty_repository_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no model in it" in lines[0], proc.stderr
+
+
+def test_the_version_policy_serves_several_versions(tiny_package: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / NAME).mkdir(parents=True)
+    for version in (1, 2, 3):
+        _place(tiny_package, repository, version)
+    server = start_server(None, "--model-repository", str(repository), "--repository-version-policy", "latest:2")
+    try:
+        index = httpx.post(server.url + "/v2/repository/index").json()
+        assert [(m["name"], m["version"], m["state"]) for m in index] == [(NAME, "2", "READY"), (NAME, "3", "READY")]
+        client = tritonhttp.InferenceServerClient(server.address)
+        tensor = tritonhttp.InferInput("INPUT_TEXT", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([["A dog."]], dtype=object))
+        assert client.infer(NAME, [tensor]).get_response()["model_version"] == "3"  # no version: the newest
+        assert client.infer(NAME, [tensor], model_version="2").get_response()["model_version"] == "2"
+        with pytest.raises(tritonhttp.InferenceServerException, match="unknown model"):
+            client.infer(NAME, [tensor], model_version="1")  # not chosen by latest:2
+        assert client.is_model_ready(NAME, model_version="2") and not client.is_model_ready(NAME, model_version="1")
+        _place(tiny_package, repository, 4)
+        client.load_model(NAME)  # an explicit load rescans: 3 and 4 served, 2 retires
+        assert [m["version"] for m in httpx.post(server.url + "/v2/repository/index").json()] == ["3", "4"]
+        assert client.infer(NAME, [tensor], model_version="3").get_response()["model_version"] == "3"
+        assert httpx.post(server.url + "/v1/translate", json={"text": "A dog."}).json()["version"] == "4"
+        client.close()
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
+def test_a_bad_version_policy_is_one_line(tiny_package: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.serving.api.servers import ROOT
+
+    (tmp_path / NAME).mkdir()
+    _place(tiny_package, tmp_path, 1)
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--model-repository", str(tmp_path),
+                           "--repository-version-policy", "newest", "--port", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "latest:N" in lines[0], proc.stderr
