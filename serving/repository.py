@@ -22,54 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.errors import ModelNotFound, ServingError
+from serving.versions import VersionPolicy
 
 if TYPE_CHECKING:
     from serving.metrics import ServingMetrics
-    from serving.service import ModelRunner, TranslationService
+    from serving.runner import ModelRunner
+    from serving.service import TranslationService
     from serving.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-
-
-@dataclass(frozen=True)
-class VersionPolicy:
-    """Which versions of a model to serve: ``latest`` N, ``all``, or ``specific`` ones."""
-
-    kind: str
-    latest: int = 1
-    specific: frozenset[int] = frozenset()
-
-    @classmethod
-    def parse(cls, text: str) -> VersionPolicy:
-        """``latest:N``, ``all`` or ``specific:V[,V...]``.
-
-        Raises:
-            ValueError: anything else, with what is accepted.
-        """
-        kind, _, value = text.strip().partition(":")
-        try:
-            if kind == "all" and not value:
-                return cls("all")
-            if kind == "latest" and int(value) >= 1:
-                return cls("latest", latest=int(value))
-            if kind == "specific" and value:
-                numbers = frozenset(int(v) for v in value.split(","))
-                if min(numbers) >= 1:
-                    return cls("specific", specific=numbers)
-        except ValueError:
-            pass
-        raise ValueError(f"version policy {text!r}: expected latest:N (N >= 1), all, or specific:V[,V...]")
-
-    def choose(self, numbers: list[int]) -> list[int]:
-        """The versions to serve among ``numbers``, ascending."""
-        ordered = sorted(numbers)
-        if self.kind == "latest":
-            return ordered[-self.latest:]
-        if self.kind == "specific":
-            return [n for n in ordered if n in self.specific]
-        return ordered
 
 
 @dataclass(frozen=True)
@@ -119,7 +82,7 @@ class ModelRepository:
         return newest, older
 
     def _runner(self, version: Version) -> ModelRunner:
-        from serving.service import ModelRunner
+        from serving.runner import ModelRunner
 
         return ModelRunner(self.settings, self.metrics, package_dir=version.path, name=version.name,
                            version=str(version.number))

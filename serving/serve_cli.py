@@ -142,7 +142,8 @@ def build_settings(args: argparse.Namespace) -> Any:
     if settings.model_repository is not None:
         if args.models:
             raise UsageError("give either -m/--model or --model-repository, not both")
-        from serving.repository import MANIFEST, VersionPolicy, served_versions
+        from serving.repository import MANIFEST, served_versions
+        from serving.versions import VersionPolicy
 
         found = served_versions(settings.model_repository, VersionPolicy.parse(settings.repository_version_policy))
         if not found:

@@ -9,146 +9,28 @@ the model's batcher (``serving.batching``) and returns the engine's translations
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, Pending, StepBatcher, StepRunner
+from serving.batching import Pending
 from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
-from serving.package import PackageError, read_manifest
-from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, Translation
+from serving.package import PackageError
+from serving.request import DecodeOptions, Engine, OnPartial, Prepared, Translation
+from serving.runner import ModelRunner
 from serving.settings import ServingSettings
 from serving.tokenizers.base import InvalidText
 
 logger = logging.getLogger(__name__)
 
-WARMUP_TEXTS = ["Hello world.", "This is a warm-up sentence for the translation server."]
 
 
 @dataclass(frozen=True)
 class _Key:
     options: DecodeOptions
     streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
-
-
-class ModelRunner:
-    """One served model: its translator (loaded on the worker thread) and its batcher.
-
-    ``name`` and ``version``, when given (a model repository's directory names), are what the model is served as;
-    otherwise the package's manifest says.
-    """
-
-    def __init__(
-        self,
-        settings: ServingSettings,
-        metrics: ServingMetrics,
-        *,
-        package_dir: Path | None = None,
-        translator: Engine | None = None,
-        name: str | None = None,
-        version: str | None = None,
-    ) -> None:
-        self.package_dir = package_dir
-        self.translator: Engine | None = translator
-        if name is not None:
-            self.name = name
-        elif translator is not None:
-            self.name = str(translator.info.name)
-        else:
-            assert package_dir is not None
-            # The manifest names the model; reading it is cheap (checksums are verified when the engine loads).
-            self.name = str(read_manifest(package_dir).get("name") or package_dir.name)
-        self._version = version
-        self.active = 0  # requests admitted and not yet done: a retiring version stops once it is 0
-        self.ready = False
-        self.load_error: str | None = None
-        self._settings = settings
-        self._metrics = metrics
-        self.batcher: Batcher[Prepared, Translation] | None = None
-
-    @property
-    def info(self) -> ModelInfo:
-        if self.translator is None:
-            raise ModelNotReady(f"model {self.name!r} is still loading")
-        info = self.translator.info
-        if self._version is not None and (info.name, info.version) != (self.name, self._version):
-            info = dataclasses.replace(info, name=self.name, version=self._version)
-        return info
-
-    @property
-    def version_name(self) -> str:
-        """The version served ("" while a package without a repository version loads)."""
-        return self._version or (str(self.translator.info.version) if self.translator is not None else "")
-
-    def release(self) -> None:
-        """Drop the engine of a stopped runner (its memory goes with the last reference)."""
-        self.ready = False
-        self.translator = None
-
-    def start(self) -> None:
-        s = self._settings
-        limits = BatchLimits(
-            max_items=s.max_batch_size,
-            max_cost=s.max_batch_tokens,
-            max_delay_s=s.max_queue_delay_us / 1e6,
-            queue_capacity=s.max_queue_size,
-            retry_after_s=s.retry_after_s,
-        )
-        observer = self._metrics.observer(self.name)
-        if s.batching == "step":
-            self.batcher = StepBatcher(self._step_runner, limits, observer, name=self.name)
-        else:
-            self.batcher = DynamicBatcher(self._run_batch, limits, observer, name=self.name)
-        self.batcher.start()
-
-    async def load(self) -> None:
-        """Load (unless a translator was given) and warm up, on the worker thread; then mark ready."""
-        assert self.batcher is not None
-        started = time.monotonic()
-        if self.translator is None:
-            package_dir = self.package_dir
-            assert package_dir is not None
-            from serving.engine import Translator
-
-            s = self._settings
-            self.translator = await self.batcher.call_in_worker(
-                lambda: Translator.load(package_dir, runtime=s.backend, precision=s.precision, threads=s.threads)
-            )
-        if self._settings.warmup:
-            await self.batcher.call_in_worker(self._warm_up)
-        info = self.info
-        self._metrics.model_info.labels(info.name, str(info.version), info.runtime, info.precision).set(1)
-        elapsed = time.monotonic() - started
-        self._metrics.model_load_seconds.labels(info.name).set(elapsed)
-        self.ready = True
-        logger.info(
-            "model %s %s ready (%s/%s) in %.2fs", info.name, info.version, info.runtime, info.precision, elapsed
-        )
-
-    def _warm_up(self) -> None:
-        assert self.translator is not None
-        for on_partial in (None, lambda i, t: None):  # streamed batches detokenize partial results: warm that too
-            self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
-
-    def _run_batch(self, key: Hashable, payloads: list[Prepared], on_partial: OnPartial | None) -> list[Translation]:
-        assert self.translator is not None
-        return self.translator.run(Prepared.join(payloads), on_partial)
-
-    def _step_runner(self) -> StepRunner:
-        from serving.continuous import ContinuousDecoder
-        from serving.engine import Translator
-
-        if not isinstance(self.translator, Translator):
-            raise ModelNotReady(f"model {self.name!r}: step-level batching needs a loaded engine")
-        return DecoderRunner(ContinuousDecoder(self.translator))
-
-    async def stop(self) -> None:
-        if self.batcher is not None:
-            await self.batcher.stop()
 
 
 class TranslationService:

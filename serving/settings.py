@@ -15,6 +15,8 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from serving.versions import VersionPolicy
+
 # The caps on what a client may ask for, shared by the server (defaults of its settings) and `mtgate translate`.
 MAX_BEAM_SIZE = 8
 MAX_OUTPUT_TOKENS = 512
@@ -162,8 +164,6 @@ class ServingSettings(BaseSettings):
     @field_validator("repository_version_policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from serving.repository import VersionPolicy
-
         VersionPolicy.parse(value)  # ValueError says what is accepted
         return value.strip()
 

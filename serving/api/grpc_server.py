@@ -43,7 +43,8 @@ from serving.oip import (
     output_values,
 )
 from serving.repository import ModelRepository
-from serving.service import ModelRunner, TranslationService
+from serving.runner import ModelRunner
+from serving.service import TranslationService
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from serving.api.schemas import (
 )
 from serving.api.streams import DuplexStreamingResponse, error_data
 from serving.errors import ModelNotFound, ServingError
-from serving.service import ModelRunner, TranslationService
+from serving.runner import ModelRunner
+from serving.service import TranslationService
 
 logger = logging.getLogger(__name__)
 

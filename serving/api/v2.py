@@ -41,7 +41,8 @@ from serving.oip import (
     parse_infer_request,
 )
 from serving.repository import ModelRepository
-from serving.service import ModelRunner, TranslationService
+from serving.runner import ModelRunner
+from serving.service import TranslationService
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
