@@ -89,15 +89,16 @@ class ServingMetrics:
         self.ready = Gauge(
             "mtgate_ready", "1 when every model is loaded and warm and the server is not draining", registry=r
         )
-        self.statistics: dict[str, ModelStatistics] = {}  # Triton's statistics extension, by model
+        self.statistics: dict[tuple[str, str], ModelStatistics] = {}  # Triton's statistics, by model and version
 
-    def observer(self, model: str) -> BatchObserver:
-        """A batch observer that records the batcher's events under ``model``."""
-        return _ModelObserver(self, model, self.model_statistics(model))
+    def observer(self, model: str, version: str) -> BatchObserver:
+        """A batch observer that records the batcher's events under ``model`` (its Triton statistics under the
+        version too)."""
+        return _ModelObserver(self, model, self.model_statistics(model, version))
 
-    def model_statistics(self, model: str) -> ModelStatistics:
-        """``model``'s Triton statistics (all zero until it has served)."""
-        return self.statistics.setdefault(model, ModelStatistics())
+    def model_statistics(self, model: str, version: str) -> ModelStatistics:
+        """The Triton statistics of ``model`` at ``version`` (all zero until it has served)."""
+        return self.statistics.setdefault((model, version), ModelStatistics())
 
     def record_translations(self, model: str, sentences: int, input_tokens: int, output_tokens: int) -> None:
         self.sentences.labels(model).inc(sentences)

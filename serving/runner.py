@@ -42,14 +42,15 @@ class ModelRunner:
     ) -> None:
         self.package_dir = package_dir
         self.translator: Engine | None = translator
-        if name is not None:
-            self.name = name
-        elif translator is not None:
-            self.name = str(translator.info.name)
+        if translator is not None:
+            self.name = name or str(translator.info.name)
+            version = version or str(translator.info.version)
         else:
             assert package_dir is not None
             # The manifest names the model; reading it is cheap (checksums are verified when the engine loads).
-            self.name = str(read_manifest(package_dir).get("name") or package_dir.name)
+            manifest = read_manifest(package_dir)
+            self.name = name or str(manifest.get("name") or package_dir.name)
+            version = version or str(manifest.get("version") or "")
         self._version = version
         self.active = 0  # requests admitted and not yet done: a retiring version stops once it is 0
         self.ready = False
@@ -63,14 +64,14 @@ class ModelRunner:
         if self.translator is None:
             raise ModelNotReady(f"model {self.name!r} is still loading")
         info = self.translator.info
-        if self._version is not None and (info.name, info.version) != (self.name, self._version):
+        if (info.name, info.version) != (self.name, self._version):
             info = dataclasses.replace(info, name=self.name, version=self._version)
         return info
 
     @property
     def version_name(self) -> str:
-        """The version served ("" while a package without a repository version loads)."""
-        return self._version or (str(self.translator.info.version) if self.translator is not None else "")
+        """The version served: the repository's, else the package's ("" for a package without one)."""
+        return self._version
 
     def release(self) -> None:
         """Drop the engine of a stopped runner (its memory goes with the last reference)."""
@@ -86,7 +87,7 @@ class ModelRunner:
             queue_capacity=s.max_queue_size,
             retry_after_s=s.retry_after_s,
         )
-        observer = self._metrics.observer(self.name)
+        observer = self._metrics.observer(self.name, self.version_name)
         if s.batching == "step":
             self.batcher = StepBatcher(self._step_runner, limits, observer, name=self.name)
         else:

@@ -179,6 +179,24 @@ class TranslationService:
             raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
         return runner
 
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, object]:
+        """Triton's statistics extension (``{"model_stats": [...]}``, one entry per served version): of every model,
+        of ``name``'s versions, or of ``name`` at ``version``.
+
+        Raises:
+            ModelNotFound: no such model or version.
+        """
+        if name is None:
+            runners = self.runners()
+        elif version:
+            runners = [self.version(name, version)]
+        else:
+            self.version(name, None)  # ModelNotFound
+            runners = sorted(self.versions_of(name).values(), key=lambda r: r.version_name.zfill(20))
+        entries = [self.metrics.model_statistics(r.name, r.version_name).to_json(r.name, r.version_name)
+                   for r in runners]
+        return {"model_stats": entries}
+
     def model_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Each model with its version and state (``READY``, ``LOADING``, ``UNAVAILABLE`` with the reason), as
         Triton's repository index lists them."""
@@ -187,8 +205,7 @@ class TranslationService:
             state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
             if ready_only and state != "READY":
                 continue
-            entry = {"name": runner.name, "version": str(runner.info.version) if runner.translator else "",
-                     "state": state}
+            entry = {"name": runner.name, "version": runner.version_name, "state": state}
             if runner.load_error:
                 entry["reason"] = runner.load_error
             index.append(entry)
@@ -320,8 +337,8 @@ class TranslationService:
         model = runner.name
         if future.cancelled():  # the client went away: neither a success nor the model's failure
             return
-        self.metrics.model_statistics(model).on_request(future.exception() is None, time.monotonic() - admitted,
-                                                        input_s)
+        statistics = self.metrics.model_statistics(model, runner.version_name)
+        statistics.on_request(future.exception() is None, time.monotonic() - admitted, input_s)
         if future.exception() is not None:
             return
         results = future.result()

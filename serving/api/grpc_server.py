@@ -129,13 +129,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        if request.name:
-            runners = [self.service.version(request.name, request.version)]
-        else:
-            runners = list(self.service.models.values())
-        entries = [self.service.metrics.model_statistics(r.name).to_json(r.name, _version(r)) for r in runners]
-        return json_format.ParseDict({"model_stats": entries}, service_pb2.ModelStatisticsResponse(),
-                                     ignore_unknown_fields=True)
+        statistics = self.service.statistics(request.name or None, request.version or None)
+        return json_format.ParseDict(statistics, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -205,10 +200,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         problem = api_key_problem(metadata.get("authorization"), self.service.settings.api_key)
         if problem is not None:
             raise Unauthorized(problem)
-
-
-def _version(runner: ModelRunner) -> str:
-    return str(runner.info.version) if runner.translator is not None else ""
 
 
 def _microseconds(value: int | None) -> float | None:

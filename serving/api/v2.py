@@ -41,8 +41,6 @@ from serving.oip import (
     parse_infer_request,
 )
 from serving.repository import ModelRepository
-from serving.runner import ModelRunner
-from serving.service import TranslationService
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
@@ -173,20 +171,11 @@ async def model_ready(name: str, service: ServiceDep, version: str | None = None
 _METADATA_ERRORS = error_responses(404, 503, oip=True)
 
 
-def _statistics(service: TranslationService, runners: list[ModelRunner]) -> dict[str, object]:
-    entries = []
-    for runner in runners:
-        statistics = service.metrics.model_statistics(runner.name)
-        version = str(runner.info.version) if runner.translator is not None else ""
-        entries.append(statistics.to_json(runner.name, version))
-    return {"model_stats": entries}
-
-
 # Before /models/{name}: "stats" is this route, not a model's metadata.
 @router.get("/models/stats", response_model=ModelStatisticsResponse)
 async def all_statistics(service: ServiceDep) -> dict[str, object]:
     """Triton's statistics extension for every model: requests, queue and compute time, batches (cumulative)."""
-    return _statistics(service, list(service.models.values()))
+    return service.statistics()
 
 
 @router.get("/models/{name}/stats", response_model=ModelStatisticsResponse, responses=_METADATA_ERRORS)
@@ -194,7 +183,7 @@ async def all_statistics(service: ServiceDep) -> dict[str, object]:
             responses=_METADATA_ERRORS)
 async def model_statistics(name: str, service: ServiceDep, version: str | None = None) -> dict[str, object]:
     """Triton's statistics extension for one model (what perf_analyzer's "Server:" section shows)."""
-    return _statistics(service, [service.version(name, version)])
+    return service.statistics(name, version)
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=_METADATA_ERRORS)

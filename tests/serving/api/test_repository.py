@@ -131,6 +131,9 @@ def test_the_version_policy_serves_several_versions(tiny_package: Path, tmp_path
         with pytest.raises(tritonhttp.InferenceServerException, match="unknown model"):
             client.infer(NAME, [tensor], model_version="1")  # not chosen by latest:2
         assert client.is_model_ready(NAME, model_version="2") and not client.is_model_ready(NAME, model_version="1")
+        stats = client.get_inference_statistics(NAME)["model_stats"]  # one entry per served version, as Triton's
+        assert [(s["version"], s["inference_stats"]["success"]["count"]) for s in stats] == [("2", 1), ("3", 1)]
+        assert client.get_inference_statistics(NAME, model_version="2")["model_stats"] == stats[:1]
         _place(tiny_package, repository, 4)
         client.load_model(NAME)  # an explicit load rescans: 3 and 4 served, 2 retires
         assert [m["version"] for m in httpx.post(server.url + "/v2/repository/index").json()] == ["3", "4"]
