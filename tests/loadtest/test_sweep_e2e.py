@@ -25,7 +25,7 @@ def _sweep_file(path: Path) -> Path:
         "models": [str(DEMO)],
         "space": {"precision": ["int8"], "threads": [1], "max_batch_size": [4, 16], "max_queue_delay_us": [1000]},
         "node_cores": 2,
-        "scenarios": [{"name": "short", "users": {"TranslateUser": 1}, "concurrency": 4, "spawn_rate": 4,
+        "scenarios": [{"name": "short", "users": {"TranslateUser": 1}, "concurrency": 8, "spawn_rate": 8,
                        "duration": "3s", "beam_size": 1, "max_length": 16,
                        "targets": {"p95_ms": 20000, "max_error_rate": 0.0}}],
         "capacity": {"load": {"peak_rps": 30, "hours_per_day": 10},
