@@ -96,15 +96,14 @@ class ModelRepository:
             except Exception:  # a poll must not end the server
                 logger.exception("repository poll of %s failed", self.root)
 
-    async def sync(self, only: str | None = None) -> None:
-        """Serve the versions the policy chooses (``only``: of that model), loading what is new and retiring what
-        is no longer chosen."""
+    async def sync(self) -> None:
+        """Serve the versions the policy chooses, loading what is new and retiring versions no longer chosen (a
+        model whose directory is gone keeps serving until it is unloaded)."""
         service = self.service
         assert service is not None
         async with self._lock:
             for name, versions in served_versions(self.root, self.policy).items():
-                if only is None or name == only:
-                    await self._switch(service, name, versions, raise_errors=only is not None)
+                await self._switch(service, name, versions, raise_errors=False)
 
     async def load(self, name: str) -> None:
         """Load ``name`` at its latest version (an explicit load).
@@ -113,10 +112,14 @@ class ModelRepository:
             ModelNotFound: the repository has no numbered package for ``name``.
             ServingError: the version failed to load (the serving one stays).
         """
-        if name not in served_versions(self.root, self.policy):
-            raise ModelNotFound(f"the repository {self.root} has no model {name!r} (expected {self.root}/{name}/<version>"
-                                f"/{MANIFEST})")
-        await self.sync(only=name)
+        service = self.service
+        assert service is not None
+        async with self._lock:
+            versions = served_versions(self.root, self.policy).get(name)
+            if versions is None:
+                raise ModelNotFound(f"the repository {self.root} has no model {name!r} (expected "
+                                    f"{self.root}/{name}/<version>/{MANIFEST})")
+            await self._switch(service, name, versions, raise_errors=True)
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name`` (its admitted requests finish first)."""
