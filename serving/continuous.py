@@ -54,6 +54,8 @@ class _Group:
     on_result: OnResult
     alive: Callable[[], bool]
     on_partial: OnPartial | None
+    seeds: np.ndarray | None = None
+    prefixes: list[list[int]] | None = None
     results: dict[int, Translation] = field(default_factory=dict)
     partial: dict[int, str] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
@@ -122,7 +124,8 @@ class ContinuousDecoder:
             raise InvalidInput("no texts to translate")
         ids = range(self._next_id, self._next_id + len(prepared))
         self._next_id += len(prepared)
-        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, on_result, alive, on_partial)
+        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, on_result, alive, on_partial,
+                       prepared.seeds, prepared.prefixes)
         self._joining.append(group)
         for index, sentence in enumerate(ids):
             self._owner[sentence] = (group, index)
@@ -172,7 +175,8 @@ class ContinuousDecoder:
         start = 0
         for group in groups:
             rows = row_of[start : start + len(group.sources)]
-            joining.append(Joining(group.options, np.asarray(group.ids, dtype=np.int64), group.caps, rows))
+            joining.append(Joining(group.options, np.asarray(group.ids, dtype=np.int64), group.caps, rows,
+                                   group.seeds, group.prefixes))
             start += len(group.sources)
         if not self._lanes or self._lanes[-1].width >= self.max_join_width:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers

@@ -21,6 +21,7 @@ Output length (``DecodeOptions.max_length`` and the package's decoding defaults)
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
+from serving.decoding.rules import sentence_seeds
 from serving.encoding import encode_sorted
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
@@ -50,6 +52,7 @@ class TokenIds:
     pad: int
     eos: int
     decoder_start: int
+    unk: int | None = None
 
 
 class Translator:
@@ -111,7 +114,7 @@ class Translator:
         package = open_package(package_dir)
         manifest, artifact = package.manifest, package.artifact(runtime, precision)
         ids = TokenIds(pad=manifest.special_ids.pad, eos=manifest.special_ids.eos,
-                       decoder_start=manifest.special_ids.decoder_start)
+                       decoder_start=manifest.special_ids.decoder_start, unk=manifest.special_ids.unk)
         architecture = manifest.architecture
         info = ModelInfo(
             name=manifest.name or package.root.name,
@@ -142,17 +145,26 @@ class Translator:
         """Source tokens of each text, EOS included."""
         return [len(ids) for ids in self.encode(texts)]
 
-    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None) -> Prepared:
+    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                target_prefix: Sequence[str] | None = None) -> Prepared:
         """Tokenize ``texts``, check their lengths and resolve ``options``: what :meth:`run` decodes.
 
         Arguments:
             texts: source texts; an empty text is translated as a source of just EOS.
-            options: beam size / max length overrides.
+            options: decoding overrides.
+            target_prefix: for each text, the start its translation is forced to (CTranslate2's ``target_prefix``;
+                an empty string: none), or None.
 
         Raises:
             InputTooLong: a text has more tokens than the model has positions.
+            InvalidInput: not one target prefix per text, or a prefix as long as the translation may be.
         """
-        return self._prepared(self.encode(texts), options)
+        prefixes = None
+        if target_prefix is not None:
+            if len(target_prefix) != len(texts):
+                raise InvalidInput(f"{len(target_prefix)} target prefixes for {len(texts)} texts")
+            prefixes = [self.tokenizer.encode_target(prefix) if prefix else [] for prefix in target_prefix]
+        return self._prepared(self.encode(texts), options, prefixes)
 
     def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
         """:meth:`prepare` for sentences already tokenized with this package's source vocabulary: each sentence's
@@ -172,25 +184,62 @@ class Translator:
             sources.append([*source, self.ids.eos])
         return self._prepared(sources, options)
 
-    def _prepared(self, sources: list[list[int]], options: DecodeOptions | None) -> Prepared:
+    def _prepared(self, sources: list[list[int]], options: DecodeOptions | None,
+                  prefixes: list[list[int]] | None = None) -> Prepared:
+        options = options or DecodeOptions()
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
         check_lengths(lengths, self.info.max_input_tokens)
-        return Prepared(sources, self.max_steps(lengths, options), self.search_options(options))
+        caps = self.max_steps(lengths, options)
+        if prefixes is not None and any(prefixes):
+            prefix_lengths = np.array([len(prefix) for prefix in prefixes], dtype=np.int64)
+            caps = np.minimum(caps + prefix_lengths, self.info.max_input_tokens)
+            if (prefix_lengths >= caps).any():
+                index = int(np.argmax(prefix_lengths >= caps))
+                raise InvalidInput(f"target_prefix {index} has {prefix_lengths[index]} tokens; this translation may "
+                                   f"have at most {caps[index] - 1}")
+        else:
+            prefixes = None
+        seeds = None
+        if options.do_sample:
+            seeds = sentence_seeds(secrets.randbits(63) if options.seed is None else options.seed, len(sources))
+        return Prepared(sources, caps, self.search_options(options), seeds, prefixes)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
         """The search options a request resolves to (the package's defaults overridden by ``options``)."""
         options = options or DecodeOptions()
         defaults = self.info.decoding
+        hypotheses = options.num_hypotheses or 1
+        if options.beam_size is not None:
+            beam_size = options.beam_size
+        elif options.do_sample:
+            beam_size = 1
+        else:
+            beam_size = max(defaults.beam_size, hypotheses)
+        if hypotheses > 1 and beam_size < 2:
+            raise InvalidInput(f"num_hypotheses above 1 needs beam search (beam_size at least {hypotheses})")
+        bad_word_ids = tuple(defaults.bad_word_ids)
+        if options.disable_unk:
+            if self.ids.unk is None:
+                raise InvalidInput("disable_unk: this model has no unknown token")
+            bad_word_ids = (*bad_word_ids, self.ids.unk)
         return SearchOptions(
             eos_id=self.ids.eos,
             decoder_start_id=self.ids.decoder_start,
-            beam_size=defaults.beam_size if options.beam_size is None else options.beam_size,
+            beam_size=beam_size,
             length_penalty=defaults.length_penalty,
             length_penalty_kind=defaults.length_penalty_kind,
-            bad_word_ids=tuple(defaults.bad_word_ids),
+            bad_word_ids=bad_word_ids,
             forced_eos=defaults.forced_eos or options.max_length is not None,
             early_stopping=defaults.early_stopping,
             renormalize_logits=defaults.renormalize_logits,
+            num_hypotheses=hypotheses,
+            min_length=options.min_length or 0,
+            repetition_penalty=1.0 if options.repetition_penalty is None else float(options.repetition_penalty),
+            no_repeat_ngram_size=options.no_repeat_ngram_size or 0,
+            sampling=options.do_sample,
+            temperature=1.0 if options.temperature is None else float(options.temperature),
+            top_k=options.top_k or 0,
+            top_p=1.0 if options.top_p is None else float(options.top_p),
         )
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
@@ -223,7 +272,7 @@ class Translator:
         lengths = np.array(prepared.lengths, dtype=np.int64)
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
-            self._translate_batch(batch, sources, lengths, prepared.caps, prepared.search, results, on_partial)
+            self._translate_batch(batch, prepared, lengths, results, on_partial)
         return [r for r in results if r is not None]
 
     def translate(
@@ -252,18 +301,19 @@ class Translator:
     def _translate_batch(
         self,
         batch: np.ndarray,
-        sources: list[list[int]],
+        prepared: Prepared,
         lengths: np.ndarray,
-        caps: np.ndarray,
-        options: SearchOptions,
         results: list[Translation | None],
         on_partial: OnPartial | None,
     ) -> None:
         started = time.perf_counter()
+        options = prepared.search
         hook = None if on_partial is None else self._stream_hook(batch, on_partial)
+        part = prepared.take(batch)
         try:
-            encoded = self.encode_batch(sources, batch)
-            hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, caps[batch], options, hook)
+            encoded = self.encode_batch(prepared.sources, batch)
+            hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
+                                prefixes=part.prefixes, seeds=part.seeds)
         except ServingError:
             raise
         except Exception as e:
@@ -281,8 +331,9 @@ class Translator:
     def translation(self, hypothesis: Hypothesis, input_tokens: int) -> Translation:
         """A decoded hypothesis as a :class:`Translation` (EOS and what follows dropped, detokenized)."""
         ids = _until_eos(hypothesis.token_ids, self.ids.eos)
+        alternatives = tuple(self.translation(h, input_tokens) for h in hypothesis.alternatives)
         return Translation(text=self.tokenizer.decode(ids), input_tokens=input_tokens, output_tokens=len(ids),
-                           score=hypothesis.score, token_ids=ids)
+                           score=hypothesis.score, token_ids=ids, alternatives=alternatives)
 
     def detokenize(self, token_ids: list[int]) -> str:
         """The text of generated ids, up to the first EOS."""

@@ -28,12 +28,16 @@ class Joining:
         ids: ``[n]`` their sentence ids (in the search's ``results`` and ``on_tokens``).
         caps: ``[n]`` their caps on generated tokens, EOS included.
         rows: ``[n]`` their rows of the encoder outputs handed to :meth:`Lane.join`.
+        seeds: ``[n]`` their sampling seeds, or None.
+        prefixes: their target prefixes, or None.
     """
 
     options: SearchOptions
     ids: np.ndarray
     caps: np.ndarray
     rows: np.ndarray
+    seeds: np.ndarray | None = None
+    prefixes: list[list[int]] | None = None
 
 
 @dataclass(eq=False)
@@ -79,7 +83,13 @@ class Lane:
         for options, members in by_options.items():
             ids = np.concatenate([member.ids for member in members])
             caps = np.concatenate([member.caps for member in members])
-            search = start_search(caps, options, on_tokens, ids=ids, joinable=True)
+            seeds = prefixes = None
+            if any(member.seeds is not None for member in members):
+                seeds = np.concatenate([np.zeros(m.ids.size, np.uint64) if m.seeds is None else m.seeds
+                                        for m in members])
+            if any(member.prefixes is not None for member in members):
+                prefixes = [p for m in members for p in (m.prefixes or [[] for _ in range(m.ids.size)])]
+            search = start_search(caps, options, on_tokens, ids=ids, joinable=True, prefixes=prefixes, seeds=seeds)
             rows = np.repeat(np.concatenate([member.rows for member in members]), search.tokens.shape[0] // ids.size)
             index = next((i for i, block in enumerate(self.blocks) if block.options == options), None)
             if index is None:

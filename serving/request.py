@@ -11,6 +11,7 @@ does that at admission); the batchers carry prepared sentences (:meth:`Prepared.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -40,35 +41,134 @@ def positive_int(name: str, value: object) -> int | None:
     return int(value)
 
 
+def _number(name: str, value: object, low: float, high: float | None, low_open: bool = True) -> float | None:
+    """``value`` as a float when it is None or a finite number in the range (``low`` excluded when ``low_open``)."""
+    if value is None:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"above {low:g}" if low_open else f"at least {low:g}"
+        upper = "" if high is None else f" and at most {high:g}"
+        raise InvalidInput(f"{name} must be a number {bound}{upper}, got {value!r}")
+    return float(value)
+
+
+def _flag(name: str, value: object) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
+"""The options that apply to sampling only (``do_sample``)."""
+
+OPTION_NAMES = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty",
+                "no_repeat_ngram_size", "disable_unk", "do_sample", *SAMPLING_OPTIONS)
+"""Every decoding option, as each surface names it (``/v1`` fields, ``/v2`` and gRPC parameters, CLI flags)."""
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """A request's decoding overrides (None: the package's default); hashable, so it is the batchers' batch key.
     ``serving.engine.Translator.search_options`` resolves it into the search's options, in one place.
 
     Attributes:
-        beam_size: beams (1: greedy search).
-        max_length: at most this many generated tokens, EOS excluded.
+        beam_size: beams (1: greedy search). Default: the package's; with ``num_hypotheses`` at least that many; 1
+            with ``do_sample``.
+        max_length: at most this many generated tokens, EOS excluded (and the target prefix).
+        num_hypotheses: hypotheses per sentence, best first (at most ``beam_size``).
+        min_length: EOS is not generated before this many tokens (after the target prefix).
+        repetition_penalty: transformers' ``repetition_penalty`` (above 0; 1: none; above 1 discourages
+            repeating a token).
+        no_repeat_ngram_size: no n-gram of this size occurs twice in a translation.
+        disable_unk: never generate the unknown token.
+        do_sample: draw each token from the model's distribution instead of searching (greedy only).
+        temperature: sampling temperature (above 0; 1: the model's distribution).
+        top_k: sample among the k most likely tokens.
+        top_p: sample among the most likely tokens whose probability reaches top_p (nucleus sampling).
+        seed: makes sampling reproducible: the same seed gives the same output, however requests are batched.
 
     Raises:
-        InvalidInput: a value that is not a positive integer.
+        InvalidInput: a value of the wrong type or out of range, or options that do not go together (named).
     """
 
     beam_size: int | None = None
     max_length: int | None = None
+    num_hypotheses: int | None = None
+    min_length: int | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    disable_unk: bool = False
+    do_sample: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
-        positive_int("beam_size", self.beam_size)
-        positive_int("max_length", self.max_length)
+        check_options({name: getattr(self, name) for name in OPTION_NAMES})
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any]) -> DecodeOptions:
-        """The options of Open Inference Protocol / Triton request parameters (``beam_size``, ``max_length``; other
-        parameters are not decoding options).
+    def from_parameters(cls, parameters: Mapping[str, Any], label: str = "parameter {!r}") -> DecodeOptions:
+        """The options among ``parameters`` (Open Inference Protocol / Triton request parameters, a ``/v1`` body, CLI
+        flags; other keys are not decoding options). JSON's ``4.0`` is the integer 4 for an integer option.
 
         Raises:
-            InvalidInput: ``"parameter 'beam_size' must be a positive integer, got ..."``.
+            InvalidInput: e.g. ``"parameter 'beam_size' must be a positive integer, got 0"`` (``label`` names them).
         """
-        return cls(*(positive_int(f"parameter {name!r}", parameters.get(name)) for name in ("beam_size", "max_length")))
+        values = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
+        check_options(values, label)
+        return cls(**{name: bool(value) if name in _FLAGS else value for name, value in values.items()})
+
+
+_FLAGS = ("disable_unk", "do_sample")
+
+
+def check_options(values: Mapping[str, Any], label: str = "{}") -> None:
+    """Check decoding option values (:data:`OPTION_NAMES`; None: not given) and their combinations: the one check of
+    every surface's options. Messages name each option as ``label.format(name)``.
+
+    Raises:
+        InvalidInput: a value of the wrong type or out of range, or options that do not go together.
+    """
+    name = label.format
+    for key in ("beam_size", "max_length", "num_hypotheses", "min_length", "no_repeat_ngram_size", "top_k"):
+        positive_int(name(key), values.get(key))
+    _number(name("repetition_penalty"), values.get("repetition_penalty"), 0.0, None)
+    _number(name("temperature"), values.get("temperature"), 0.0, None)
+    _number(name("top_p"), values.get("top_p"), 0.0, 1.0)
+    do_sample = _flag(name("do_sample"), values.get("do_sample"))
+    _flag(name("disable_unk"), values.get("disable_unk"))
+    seed = values.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64):
+        raise InvalidInput(f"{name('seed')} must be an integer from 0 to 2**64 - 1, got {seed!r}")
+    beam_size, hypotheses = values.get("beam_size"), values.get("num_hypotheses")
+    if not do_sample:
+        given = [key for key in SAMPLING_OPTIONS if values.get(key) is not None]
+        if given:
+            raise InvalidInput(f"{name(given[0])} applies to sampling: set {name('do_sample')} to true")
+    elif beam_size is not None and beam_size > 1:
+        raise InvalidInput(f"{name('do_sample')} draws one token at a time: {name('beam_size')} must be 1, "
+                           f"got {beam_size}")
+    elif hypotheses is not None and hypotheses > 1:
+        raise InvalidInput(f"{name('num_hypotheses')} above 1 needs beam search, not {name('do_sample')}")
+    if hypotheses is not None and beam_size is not None and hypotheses > beam_size:
+        raise InvalidInput(f"{name('num_hypotheses')} must be at most {name('beam_size')} ({beam_size}), "
+                           f"got {hypotheses}")
+    min_length, max_length = values.get("min_length"), values.get("max_length")
+    if min_length is not None and max_length is not None and min_length > max_length:
+        raise InvalidInput(f"{name('min_length')} must be at most {name('max_length')} ({max_length}), "
+                           f"got {min_length}")
+
+
+def _integral(value: object) -> object:
+    """JSON's ``4.0`` as the integer 4; anything else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -108,6 +208,8 @@ class Translation:
         output_tokens: generated tokens, EOS excluded (``len(token_ids)``).
         score: length-normalized log-probability of the hypothesis (see ``serving.decoding.Hypothesis``).
         token_ids: generated ids, EOS excluded.
+        alternatives: the next best translations, best first (``num_hypotheses - 1``; their own
+            ``alternatives`` empty).
     """
 
     text: str
@@ -115,6 +217,7 @@ class Translation:
     output_tokens: int
     score: float | None
     token_ids: list[int]
+    alternatives: tuple[Translation, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,13 +226,17 @@ class Prepared:
 
     Attributes:
         sources: each sentence's source ids, EOS appended.
-        caps: ``[N]`` int64, each sentence's cap on generated tokens, EOS included.
+        caps: ``[N]`` int64, each sentence's cap on generated tokens, EOS included (a target prefix included).
         search: the search options the request's :class:`DecodeOptions` resolve to.
+        seeds: ``[N]`` uint64, each sentence's sampling seed (``search.sampling``), else None.
+        prefixes: each sentence's forced target prefix (target ids, no EOS), or None.
     """
 
     sources: list[list[int]]
     caps: np.ndarray
     search: SearchOptions
+    seeds: np.ndarray | None = None
+    prefixes: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -141,11 +248,14 @@ class Prepared:
 
     def take(self, rows: Sequence[int]) -> Prepared:
         """The sentences ``rows``, in that order."""
-        return Prepared([self.sources[i] for i in rows], self.caps[np.asarray(rows, dtype=np.int64)], self.search)
+        index = np.asarray(rows, dtype=np.int64)
+        return Prepared([self.sources[i] for i in rows], self.caps[index], self.search,
+                        None if self.seeds is None else self.seeds[index],
+                        None if self.prefixes is None else [self.prefixes[i] for i in rows])
 
     def split(self) -> list[Prepared]:
         """One :class:`Prepared` per sentence (a batcher's items)."""
-        return [Prepared([source], self.caps[i : i + 1], self.search) for i, source in enumerate(self.sources)]
+        return [self.take([i]) for i in range(len(self.sources))]
 
     @staticmethod
     def join(parts: Sequence[Prepared]) -> Prepared:
@@ -161,7 +271,14 @@ class Prepared:
         first = parts[0].search
         if any(part.search != first for part in parts):
             raise ValueError("prepared sentences with different search options cannot share a batch")
-        return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first)
+        seeds = None
+        if any(part.seeds is not None for part in parts):
+            seeds = np.concatenate([np.zeros(len(p), np.uint64) if p.seeds is None else p.seeds for p in parts])
+        prefixes = None
+        if any(part.prefixes is not None for part in parts):
+            prefixes = [prefix for p in parts for prefix in (p.prefixes or [[] for _ in p.sources])]
+        return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first,
+                        seeds, prefixes)
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:

@@ -1,10 +1,10 @@
-"""What a search is: its options, its results, the plan of each step, the ``Search`` protocol, and the logits rules
-(bad words, forced EOS, renormalization) greedy and beam search both apply (``serving.decoding``'s docstring)."""
+"""What a search is: its options, its results, the plan of each step and the ``Search`` protocol (the logits rules
+greedy and beam search both apply are ``serving.decoding.rules``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -33,6 +33,14 @@ class SearchOptions:
         forced_eos: at each sentence's last allowed step, only EOS may be chosen.
         early_stopping: HF ``early_stopping=True``: a sentence stops once it has ``beam_size`` finished hypotheses.
         renormalize_logits: log-softmax again after the rules above (HF ``renormalize_logits``).
+        num_hypotheses: hypotheses returned per sentence, best first (at most ``beam_size``; greedy search: 1).
+        min_length: EOS is not chosen before this many tokens after the target prefix (HF ``min_new_tokens``).
+        repetition_penalty: HF ``repetition_penalty`` (1: none), on log-probs (``serving.decoding.rules``).
+        no_repeat_ngram_size: no n-gram of this size occurs twice in a hypothesis (0: no rule).
+        sampling: draw each token from the distribution after the rules (``beam_size`` 1) instead of the arg-max.
+        temperature: sampling temperature.
+        top_k: sample among the ``top_k`` most likely tokens (0: all).
+        top_p: sample among the most likely tokens whose probability reaches ``top_p`` (1: all).
     """
 
     eos_id: int
@@ -44,6 +52,14 @@ class SearchOptions:
     forced_eos: bool = False
     early_stopping: bool = False
     renormalize_logits: bool = False
+    num_hypotheses: int = 1
+    min_length: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 @dataclass
@@ -54,10 +70,12 @@ class Hypothesis:
         token_ids: generated ids (no start token); ends with EOS unless the length cap cut it.
         score: length-normalized log-probability (HF: ``/ len ** lp``; gnmt: ``/ ((5 + len) / 6) ** alpha``), or, for
             a T2T beam that never finished, its raw log-probability.
+        alternatives: the next best hypotheses, best first (``num_hypotheses - 1`` of them; none by default).
     """
 
     token_ids: list[int]
     score: float
+    alternatives: list[Hypothesis] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,25 +131,6 @@ def writable(log_probs: np.ndarray) -> np.ndarray:
     if log_probs.dtype == np.float32 and log_probs.flags.writeable and log_probs.flags.c_contiguous:
         return log_probs
     return np.array(log_probs, dtype=np.float32)
-
-
-def apply_rules(
-    log_probs: np.ndarray, bad: np.ndarray, forced: np.ndarray | None, options: SearchOptions
-) -> np.ndarray:
-    """transformers' logits processors, in its order: bad words -> -inf; forced EOS rows -> -inf but EOS 0;
-    then, with ``renormalize_logits``, log-softmax again."""
-    if not (bad.size or forced is not None or options.renormalize_logits):
-        return log_probs
-    log_probs = writable(log_probs)
-    if bad.size:
-        log_probs[:, bad] = NEG_INF
-    if forced is not None:
-        log_probs[forced] = NEG_INF
-        log_probs[forced, options.eos_id] = 0.0
-    if options.renormalize_logits:
-        log_probs -= log_probs.max(axis=1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(axis=1, keepdims=True))
-    return log_probs
 
 
 def pad_width(seqs: np.ndarray, width: int, fill: int) -> np.ndarray:

@@ -12,11 +12,11 @@ from serving.decoding.base import (
     Search,
     SearchOptions,
     StepPlan,
-    apply_rules,
     bad_word_index,
     pad_width,
     writable,
 )
+from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process
 
 # transformers masks with -1e9 (float32); tensor2tensor's INF is 1e7.
 _HF_MASK = np.float32(-1.0e9)
@@ -65,7 +65,7 @@ class BeamSearchBase:
     its own steps (``steps``), so that sentences that joined later share the search."""
 
     def __init__(self, caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,
-                 joinable: bool) -> None:
+                 joinable: bool, prefixes: list[list[int]] | None = None) -> None:
         self.options = options
         self.on_tokens = on_tokens
         self.k = options.beam_size
@@ -81,6 +81,7 @@ class BeamSearchBase:
         self.finished_seq = np.full((n, k, w), options.eos_id, dtype=np.int64)
         self.finished_len = np.zeros((n, k), dtype=np.int64)
         self.finished_flag = np.zeros((n, k), dtype=bool)
+        self.prefix, self.prefix_len = prefix_arrays(prefixes, n)
         self.results: dict[int, Hypothesis] = {}
         self.bad: np.ndarray | None = None
         self._init_state(n)
@@ -113,6 +114,8 @@ class BeamSearchBase:
         for name in ("alive_seq", "finished_seq"):
             mine, theirs = getattr(self, name), getattr(other, name)
             setattr(self, name, np.concatenate([pad_width(mine, width, eos), pad_width(theirs, width, eos)]))
+        prefix_width = max(self.prefix.shape[1], other.prefix.shape[1])
+        self.prefix = np.concatenate([pad_width(self.prefix, prefix_width, -1), pad_width(other.prefix, prefix_width, -1)])
         for name in self._per_sentence():
             setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
 
@@ -133,10 +136,23 @@ class BeamSearchBase:
             last = self.caps == self.steps + 1
             forced = np.repeat(last, k) if last.any() else None
         assert self.bad is not None
-        log_probs = writable(apply_rules(log_probs, self.bad, forced, self.options))
+        log_probs = writable(process(log_probs, self.options, self.bad, forced, self._history()))
         scores = log_probs.reshape(n, k, v)
         scores += self.alive_scores[:, :, None]
         return scores.reshape(n, k * v)
+
+    def _history(self) -> RowHistory | None:
+        """Each row's tokens for the rules that read them (None when no rule does)."""
+        if not (needs_history(self.options) or self.prefix.shape[1]):
+            return None
+        k = self.k
+        n, _, width = self.alive_seq.shape
+        return RowHistory(self.alive_seq.reshape(n * k, width), np.repeat(self.steps, k),
+                          np.repeat(self.prefix, k, axis=0), np.repeat(self.prefix_len, k))
+
+    def _generated(self) -> np.ndarray:
+        """``[n]`` the candidates' lengths after the prefix, EOS included: what the length penalty counts."""
+        return np.asarray(self.steps + 1 - self.prefix_len)
 
     def _gather(self, array: np.ndarray, index: np.ndarray) -> np.ndarray:
         """array [n, M, ...] gathered along axis 1 with index [n, J]."""
@@ -167,7 +183,10 @@ class BeamSearchBase:
             idx = np.flatnonzero(done)
             seqs, lens, scores = self._final(idx)
             for j, i in enumerate(idx.tolist()):
-                self.results[int(self.ids[i])] = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
+                hypothesis = Hypothesis(seqs[j, : lens[j]].tolist(), float(scores[j]))
+                if self.options.num_hypotheses > 1:
+                    hypothesis.alternatives = self._alternatives(i, hypothesis)
+                self.results[int(self.ids[i])] = hypothesis
             if self.on_tokens is not None:
                 self.on_tokens(self.ids[idx], seqs, lens)
             keep = np.flatnonzero(~done)
@@ -182,9 +201,37 @@ class BeamSearchBase:
             self.encoder_rows = None
         return np.asarray((keep[:, None] * k + parents).reshape(-1))
 
+    def _alternatives(self, i: int, best: Hypothesis) -> list[Hypothesis]:
+        """Sentence ``i``'s next best hypotheses after ``best`` (``num_hypotheses - 1``): its finished ones in their
+        order, then, where fewer finished, its alive beams in theirs (their raw log-probs normalized alike)."""
+        wanted = self.options.num_hypotheses - 1
+        found: list[Hypothesis] = []
+        seen = [best.token_ids]
+        for slot in range(self.k):
+            if self.finished_flag[i, slot]:
+                tokens = self.finished_seq[i, slot, : self.finished_len[i, slot]].tolist()
+                if tokens not in seen:
+                    seen.append(tokens)
+                    found.append(Hypothesis(tokens, float(self.finished_scores[i, slot])))
+        length = int(self.steps[i]) + 1  # the alive beams were just extended by this step's token
+        generated = max(length - int(self.prefix_len[i]), 1)
+        for slot in range(self.k):
+            tokens = self.alive_seq[i, slot, :length].tolist()
+            if len(found) >= wanted:
+                break
+            if tokens not in seen and self.alive_scores[i, slot] > -1.0e8:
+                seen.append(tokens)
+                found.append(Hypothesis(tokens, float(self._normalized(self.alive_scores[i, slot], generated))))
+        return found[:wanted]
+
+    def _normalized(self, log_prob: float, generated: int) -> float:
+        """A raw log-prob normalized as this rule set normalizes finished hypotheses."""
+        raise NotImplementedError
+
     def _per_sentence(self) -> tuple[str, ...]:
         """The state arrays indexed by sentence (first axis), besides the sequences."""
-        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores")
+        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores", "prefix",
+                "prefix_len")
 
     def _keep(self, keep: np.ndarray) -> None:
         for name in ("alive_seq", "finished_seq", *self._per_sentence()):
@@ -221,11 +268,15 @@ class HFBeamSearch(BeamSearchBase):
     def _per_sentence(self) -> tuple[str, ...]:
         return (*super()._per_sentence(), "improvable")
 
+    def _normalized(self, log_prob: float, generated: int) -> float:
+        return float(np.float32(log_prob) / np.float32(float(generated) ** self.options.length_penalty))
+
     def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
         lengths = self.steps + 1  # of the candidates, EOS included
-        # transformers divides by float(length) ** lp, rounded to float32.
-        penalty = (lengths.astype(np.float64) ** opts.length_penalty).astype(np.float32)[:, None]
+        # transformers divides by float(length) ** lp, rounded to float32 (the length after a target prefix).
+        generated = np.maximum(self._generated(), 1).astype(np.float64)
+        penalty = (generated**opts.length_penalty).astype(np.float32)[:, None]
         top = top_k_sorted(candidates, 2 * k)  # [n, 2K] flat indices
         top_scores = np.take_along_axis(candidates, top, axis=1)
         beam, token = top // v, top % v
@@ -284,6 +335,9 @@ class T2TBeamSearch(BeamSearchBase):
         self.alive_scores[:, 1:] = -_T2T_INF
         self.finished_scores = np.full((n, k), -_T2T_INF, dtype=np.float32)  # penalized
 
+    def _normalized(self, log_prob: float, generated: int) -> float:
+        return float(np.float32(log_prob) / self._penalty(generated))
+
     def _penalty(self, length: np.ndarray | int) -> np.ndarray:
         alpha = np.float32(self.options.length_penalty)
         return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
@@ -291,7 +345,7 @@ class T2TBeamSearch(BeamSearchBase):
     def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
         lengths = self.steps + 1
-        penalty = self._penalty(lengths)[:, None]
+        penalty = self._penalty(np.maximum(self._generated(), 1))[:, None]
         penalized = candidates / penalty
         top = top_k_sorted(penalized, 2 * k)
         top_scores = np.take_along_axis(penalized, top, axis=1)
@@ -310,7 +364,7 @@ class T2TBeamSearch(BeamSearchBase):
         self._merge_finished(finished_candidates, cand_seq, lengths, finished_now)
 
         # Stop once no alive beam, even at the longest allowed length, can beat the best finished one.
-        bound = self.alive_scores[:, 0] / self._penalty(self.caps)
+        bound = self.alive_scores[:, 0] / self._penalty(np.maximum(self.caps - self.prefix_len, 1))
         done = (self.finished_scores.max(axis=1) > bound) | (self.caps <= lengths)
         return self._retire(done)
 

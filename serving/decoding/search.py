@@ -17,6 +17,8 @@ def start_search(
     *,
     ids: np.ndarray | None = None,
     joinable: bool = False,
+    prefixes: list[list[int]] | None = None,
+    seeds: np.ndarray | None = None,
 ) -> Search:
     """A step-wise search for sentences with the per-sentence caps ``max_steps`` (``[B]``, EOS included, >= 1).
 
@@ -27,9 +29,11 @@ def start_search(
         ids: the sentences' ids in ``results`` and ``on_tokens`` (default ``0..B-1``).
         joinable: beam search starts with ``beam_size`` rows per sentence (identical; beams 1..K-1 masked), so that
             it can join or be joined at any step; otherwise its first step runs one row per sentence.
+        prefixes: each sentence's forced target prefix (ids, no EOS; the caps count it), or None.
+        seeds: ``[B]`` each sentence's sampling seed (``options.sampling``; None: 0).
 
     Raises:
-        ValueError: an empty batch, a cap below 1, or a beam size below 1.
+        ValueError: an empty batch, a cap below 1, a beam size below 1, or sampling with beams.
     """
     caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
     if caps.size == 0:
@@ -38,12 +42,14 @@ def start_search(
         raise ValueError("max_steps must be at least 1")
     if options.beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {options.beam_size}")
+    if options.sampling and options.beam_size != 1:
+        raise ValueError("sampling needs beam_size 1")
     sentence_ids = np.arange(caps.size) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
     if options.beam_size == 1:
-        return GreedySearch(caps, options, on_tokens, sentence_ids)
+        return GreedySearch(caps, options, on_tokens, sentence_ids, prefixes, seeds)
     if options.length_penalty_kind == "gnmt":
-        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, joinable)
-    return HFBeamSearch(caps, options, on_tokens, sentence_ids, joinable)
+        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, joinable, prefixes)
+    return HFBeamSearch(caps, options, on_tokens, sentence_ids, joinable, prefixes)
 
 
 def search(
@@ -53,6 +59,9 @@ def search(
     max_steps: np.ndarray,
     options: SearchOptions,
     on_tokens: OnTokens | None = None,
+    *,
+    prefixes: list[list[int]] | None = None,
+    seeds: np.ndarray | None = None,
 ) -> list[Hypothesis]:
     """Decode a batch of encoded sentences.
 
@@ -63,6 +72,8 @@ def search(
         max_steps: ``[B]`` per-sentence cap on generated tokens, EOS included (>= 1).
         options: search options.
         on_tokens: optional streaming hook (:data:`OnTokens`).
+        prefixes: each sentence's forced target prefix, or None.
+        seeds: ``[B]`` each sentence's sampling seed, or None.
 
     Returns:
         One :class:`Hypothesis` per sentence, in batch order.
@@ -72,7 +83,7 @@ def search(
         raise ValueError(f"max_steps has {caps.shape[0]} entries for a batch of {cross_kv.shape[2]}")
     if caps.size == 0:
         return []
-    state = start_search(caps, options, on_tokens)
+    state = start_search(caps, options, on_tokens, prefixes=prefixes, seeds=seeds)
     tokens, past, step = state.tokens, _empty_cache(cross_kv, caps.size), 0
     while True:
         log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
