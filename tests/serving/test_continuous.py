@@ -41,19 +41,24 @@ GROUPS: list[tuple[str, list[str], DecodeOptions]] = [
     ("beam", SENTENCES[3:5], DecodeOptions(beam_size=3)),
     ("short", [SENTENCES[5] + " " + SENTENCES[6]], DecodeOptions(beam_size=1, max_length=4)),
     ("default", SENTENCES[7:10], DecodeOptions()),
+    ("sampled", SENTENCES[10:13], DecodeOptions(do_sample=True, seed=3, top_k=8, temperature=1.5)),
+    ("n-best", SENTENCES[13:15], DecodeOptions(beam_size=3, num_hypotheses=3)),
+    ("rules", SENTENCES[15:17], DecodeOptions(beam_size=2, min_length=3, no_repeat_ngram_size=2,
+                                              repetition_penalty=1.3, disable_unk=True)),
 ]
 
 
 def _ids(translations: list[Translation] | ServingError) -> list[list[int]]:
+    """Each translation's ids, then its alternatives' (n-best)."""
     assert isinstance(translations, list), translations
-    return [t.token_ids for t in translations]
+    return [t.token_ids + [i for a in t.alternatives for i in [-1, *a.token_ids]] for t in translations]
 
 
 def test_groups_joining_at_different_steps_translate_as_alone(translator: Translator) -> None:
     decoder = ContinuousDecoder(translator)
     results = Results()
     widths = []
-    for joins_after, (name, texts, options) in zip([0, 2, 1, 3], GROUPS, strict=True):
+    for joins_after, (name, texts, options) in zip([0, 2, 1, 3, 1, 2, 0], GROUPS, strict=True):
         for _ in range(joins_after):
             decoder.step()
         decoder.add(translator.prepare(texts, options), results.sink(name))
@@ -67,7 +72,7 @@ def test_groups_joining_at_different_steps_translate_as_alone(translator: Transl
     assert decoder.rows == 0 and decoder.sentences == 0 and decoder.lanes == 0
     for name, texts, options in GROUPS:
         alone = translator.translate(texts, options)
-        assert _ids(results.values[name]) == [t.token_ids for t in alone], name
+        assert _ids(results.values[name]) == _ids(alone), name
         assert [t.text for t in results.values[name]] == [t.text for t in alone]  # type: ignore[union-attr]
 
 
@@ -88,7 +93,7 @@ def test_late_sentences_open_a_new_lane_and_still_translate_as_alone(translator:
     assert decoder.lanes == 0
     for name, texts in (("first", SENTENCES[40:42]), ("joins", SENTENCES[42:43]), ("new lane", SENTENCES[43:45])):
         alone = translator.translate(texts, DecodeOptions(beam_size=2))
-        assert _ids(results.values[name]) == [t.token_ids for t in alone], name
+        assert _ids(results.values[name]) == _ids(alone), name
 
 
 def test_a_group_that_is_no_longer_wanted_leaves_the_batch(translator: Translator) -> None:
