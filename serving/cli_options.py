@@ -32,6 +32,15 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--threads N", "intra-op threads of the runtime"),
     Term("--beam-size N", "beams (1: greedy search); at most the server's `max_beam_size`"),
     Term("--max-length N", "most generated tokens per sentence, EOS excluded"),
+    Term("--num-hypotheses N", "n-best: translations per sentence, best first (beam search)"),
+    Term("--min-length N", "fewest generated tokens per sentence, after the target prefix"),
+    Term("--repetition-penalty X", "above 1 discourages repeating a token (transformers' `repetition_penalty`)"),
+    Term("--no-repeat-ngram-size N", "no n-gram of this size occurs twice in a translation"),
+    Term("--disable-unk", "never generate the unknown token"),
+    Term("--temperature X, --top-k N, --top-p X", "sample instead of searching (beam 1), from the model's "
+         "distribution warped by these"),
+    Term("--seed N", "makes sampling reproducible (and turns it on)"),
+    Term("--target-prefix TEXT", "the start every translation is forced to (CTranslate2's `target_prefix`)"),
     Term("--max-batch-size N", "most sentences in one engine batch (Triton's `max_batch_size`)",
          "`--max-batch-sentences`"),
     Term("--max-batch-tokens N", "most padded source tokens in one engine batch", "`--max-tokens` (batch-score)"),
@@ -174,6 +183,49 @@ def add_decoding(parser: argparse.ArgumentParser | Any, *, max_beam_size: int | 
     cap = "" if max_length is None else f" (at most {max_length})"
     parser.add_argument("--max-length", type=length_type, metavar="N",
                         help=f"at most N generated tokens per sentence, EOS excluded{cap}; default: the package's")
+
+
+def add_decoding_features(parser: argparse.ArgumentParser | Any) -> None:
+    """n-best, the logits rules, sampling and the target prefix (``serving.request.DecodeOptions``, whose check
+    names options that do not go together); :func:`decoding_values` reads them back."""
+    parser.add_argument("--num-hypotheses", type=positive_int, metavar="N",
+                        help="n-best: N translations per sentence, best first (widens the beam to at least N)")
+    parser.add_argument("--min-length", type=positive_int, metavar="N",
+                        help="at least N generated tokens per sentence before EOS (after the target prefix)")
+    parser.add_argument("--repetition-penalty", type=positive_float, metavar="X",
+                        help="above 1 discourages repeating a token (transformers' repetition_penalty)")
+    parser.add_argument("--no-repeat-ngram-size", type=positive_int, metavar="N",
+                        help="no n-gram of N tokens occurs twice in a translation")
+    parser.add_argument("--disable-unk", action="store_true", help="never generate the unknown token")
+    parser.add_argument("--temperature", type=positive_float, metavar="X",
+                        help="sample (beam 1) from the distribution at this temperature")
+    parser.add_argument("--top-k", type=positive_int, metavar="N", help="sample among the N most likely tokens")
+    parser.add_argument("--top-p", type=_probability, metavar="X",
+                        help="sample among the most likely tokens whose probability reaches X")
+    parser.add_argument("--seed", type=non_negative_int, metavar="N",
+                        help="sample reproducibly: the same seed gives the same translations")
+    parser.add_argument("--target-prefix", metavar="TEXT",
+                        help="force every translation to start with TEXT (CTranslate2's target_prefix)")
+
+
+def decoding_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoding options of :func:`add_decoding` and :func:`add_decoding_features` by their
+    ``serving.request.OPTION_NAMES`` (None where not given)."""
+    names = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty", "no_repeat_ngram_size",
+             "disable_unk", "temperature", "top_k", "top_p", "seed")
+    return {name: getattr(args, name, None) for name in names}
+
+
+def flag_name(option: str) -> str:
+    """The command-line flag of a decoding option (``beam_size`` -> ``--beam-size``): how CLI messages name it."""
+    return "--" + option.replace("_", "-")
+
+
+def _probability(value: str) -> float:
+    number = positive_float(value)
+    if number > 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {value}")
+    return number
 
 
 def add_max_batch_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:

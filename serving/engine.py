@@ -200,7 +200,7 @@ class Translator:
         else:
             prefixes = None
         seeds = None
-        if options.do_sample:
+        if options.sampling:
             seeds = sentence_seeds(secrets.randbits(63) if options.seed is None else options.seed, len(sources))
         return Prepared(sources, caps, self.search_options(options), seeds, prefixes)
 
@@ -209,14 +209,10 @@ class Translator:
         options = options or DecodeOptions()
         defaults = self.info.decoding
         hypotheses = options.num_hypotheses or 1
-        if options.beam_size is not None:
-            beam_size = options.beam_size
-        elif options.do_sample:
+        if options.sampling:
             beam_size = 1
         else:
-            beam_size = max(defaults.beam_size, hypotheses)
-        if hypotheses > 1 and beam_size < 2:
-            raise InvalidInput(f"num_hypotheses above 1 needs beam search (beam_size at least {hypotheses})")
+            beam_size = max(defaults.beam_size if options.beam_size is None else options.beam_size, hypotheses)
         bad_word_ids = tuple(defaults.bad_word_ids)
         if options.disable_unk:
             if self.ids.unk is None:
@@ -236,7 +232,7 @@ class Translator:
             min_length=options.min_length or 0,
             repetition_penalty=1.0 if options.repetition_penalty is None else float(options.repetition_penalty),
             no_repeat_ngram_size=options.no_repeat_ngram_size or 0,
-            sampling=options.do_sample,
+            sampling=options.sampling,
             temperature=1.0 if options.temperature is None else float(options.temperature),
             top_k=options.top_k or 0,
             top_p=1.0 if options.top_p is None else float(options.top_p),

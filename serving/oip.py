@@ -4,8 +4,10 @@ Triton model (``serving.triton_export``) both speak it from here.
 
 A translation model takes one BYTES input ``INPUT_TEXT`` of any shape (each element one UTF-8 sentence; tritonclient
 users typically send ``[N, 1]``) and returns outputs of the same shape: ``OUTPUT_TEXT`` (BYTES), ``INPUT_TOKENS`` and
-``OUTPUT_TOKENS`` (INT32) and ``SCORE`` (FP32). Request parameters ``beam_size``, ``max_length`` and ``timeout``
-(microseconds, Triton's schedule-policy extension) are honoured.
+``OUTPUT_TOKENS`` (INT32) and ``SCORE`` (FP32). Request parameters: the decoding options (``beam_size``,
+``max_length``, ``min_length``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``disable_unk``, sampling's
+``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``; ``serving.request.DecodeOptions``), ``target_prefix``
+(one string for every sentence) and ``timeout`` (microseconds, Triton's schedule-policy extension).
 
 Binary extension (Triton ``extension_binary_data.md``): the body is a JSON header of ``Inference-Header-Content-Length``
 bytes followed by each binary tensor in the order the JSON lists them; a BYTES tensor is, per element, a 4-byte
@@ -46,6 +48,21 @@ def output_values(translations: Sequence[Translation]) -> dict[str, list[Any]]:
     }
 
 
+def check_one_hypothesis(num_hypotheses: object) -> None:
+    """Refuse ``num_hypotheses`` above 1: the outputs hold one translation per sentence.
+
+    Raises:
+        InvalidInput: naming the parameter and where n-best lists are.
+    """
+    if isinstance(num_hypotheses, int | float) and num_hypotheses > 1:
+        raise InvalidInput("parameter 'num_hypotheses' above 1 is not for infer: its outputs hold one translation "
+                           "per sentence (POST /v1/translate returns n-best lists)")
+
+
+_INTEGER_PARAMETERS = ("beam_size", "max_length", "num_hypotheses", "min_length", "no_repeat_ngram_size", "top_k",
+                       "seed")
+
+
 @dataclass
 class InferRequest:
     """A parsed infer request: the sentences (flattened, row-major), their shape and what to send back."""
@@ -55,6 +72,33 @@ class InferRequest:
     shape: list[int]
     outputs: list[tuple[str, bool]]  # (output name, answer in binary)
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def decoding(self) -> dict[str, Any]:
+        """The parameters, integer ones checked, for ``TranslationService.options`` (which reads the decoding options
+        among them: ``serving.request.OPTION_NAMES``).
+
+        Raises:
+            InvalidInput: a parameter that must be an integer is not, or ``num_hypotheses`` above 1 (an infer
+                response holds one translation per sentence: n-best is ``/v1/translate``'s).
+        """
+        values = dict(self.parameters)
+        for name in _INTEGER_PARAMETERS:
+            values[name] = self.int_parameter(name)
+        check_one_hypothesis(values["num_hypotheses"])
+        return values
+
+    def target_prefixes(self) -> list[str] | None:
+        """The ``target_prefix`` parameter (a string: the start of every sentence's translation), once per text.
+
+        Raises:
+            InvalidInput: a target_prefix that is not a string.
+        """
+        prefix = self.parameters.get("target_prefix")
+        if prefix is None:
+            return None
+        if not isinstance(prefix, str):
+            raise InvalidInput(f"parameter 'target_prefix' must be a string, got {prefix!r}")
+        return [prefix] * len(self.texts)
 
     def int_parameter(self, name: str) -> int | None:
         value = self.parameters.get(name)

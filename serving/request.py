@@ -76,16 +76,18 @@ class DecodeOptions:
     ``serving.engine.Translator.search_options`` resolves it into the search's options, in one place.
 
     Attributes:
-        beam_size: beams (1: greedy search). Default: the package's; with ``num_hypotheses`` at least that many; 1
-            with ``do_sample``.
+        beam_size: beams (1: greedy search). Default: the package's; 1 when sampling. ``num_hypotheses`` widens it to
+            at least that many.
         max_length: at most this many generated tokens, EOS excluded (and the target prefix).
-        num_hypotheses: hypotheses per sentence, best first (at most ``beam_size``).
-        min_length: EOS is not generated before this many tokens (after the target prefix).
+        num_hypotheses: hypotheses per sentence, best first (beam search).
+        min_length: EOS is not generated before this many tokens (after the target prefix); ``max_length`` wins
+            where the two disagree.
         repetition_penalty: transformers' ``repetition_penalty`` (above 0; 1: none; above 1 discourages
             repeating a token).
         no_repeat_ngram_size: no n-gram of this size occurs twice in a translation.
         disable_unk: never generate the unknown token.
-        do_sample: draw each token from the model's distribution instead of searching (greedy only).
+        do_sample: draw each token from the model's distribution instead of searching (beam 1). None: sample when
+            any of ``temperature``, ``top_k``, ``top_p``, ``seed`` is given.
         temperature: sampling temperature (above 0; 1: the model's distribution).
         top_k: sample among the k most likely tokens.
         top_p: sample among the most likely tokens whose probability reaches top_p (nucleus sampling).
@@ -102,7 +104,7 @@ class DecodeOptions:
     repetition_penalty: float | None = None
     no_repeat_ngram_size: int | None = None
     disable_unk: bool = False
-    do_sample: bool = False
+    do_sample: bool | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -112,7 +114,7 @@ class DecodeOptions:
         check_options({name: getattr(self, name) for name in OPTION_NAMES})
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any], label: str = "parameter {!r}") -> DecodeOptions:
+    def from_parameters(cls, parameters: Mapping[str, Any], label: Label = "parameter {!r}") -> DecodeOptions:
         """The options among ``parameters`` (Open Inference Protocol / Triton request parameters, a ``/v1`` body, CLI
         flags; other keys are not decoding options). JSON's ``4.0`` is the integer 4 for an integer option.
 
@@ -121,47 +123,52 @@ class DecodeOptions:
         """
         values = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
         check_options(values, label)
-        return cls(**{name: bool(value) if name in _FLAGS else value for name, value in values.items()})
+        return cls(**{**values, "disable_unk": bool(values["disable_unk"])})
+
+    @property
+    def sampling(self) -> bool:
+        """Whether these options sample (``do_sample``, or, when it is None, a sampling option given)."""
+        return sampling(self.do_sample, [getattr(self, name) for name in SAMPLING_OPTIONS])
 
 
-_FLAGS = ("disable_unk", "do_sample")
+def sampling(do_sample: object, sampling_values: Sequence[object]) -> bool:
+    if do_sample is None:
+        return any(value is not None for value in sampling_values)
+    return bool(do_sample)
 
 
-def check_options(values: Mapping[str, Any], label: str = "{}") -> None:
+Label = str | Callable[[str], str]
+"""How messages name an option: a format string (``"parameter {!r}"``) or a function of its name."""
+
+
+def check_options(values: Mapping[str, Any], label: Label = "{}") -> None:
     """Check decoding option values (:data:`OPTION_NAMES`; None: not given) and their combinations: the one check of
-    every surface's options. Messages name each option as ``label.format(name)``.
+    every surface's options. Messages name each option with ``label``.
 
     Raises:
         InvalidInput: a value of the wrong type or out of range, or options that do not go together.
     """
-    name = label.format
+    name = label.format if isinstance(label, str) else label
     for key in ("beam_size", "max_length", "num_hypotheses", "min_length", "no_repeat_ngram_size", "top_k"):
         positive_int(name(key), values.get(key))
     _number(name("repetition_penalty"), values.get("repetition_penalty"), 0.0, None)
     _number(name("temperature"), values.get("temperature"), 0.0, None)
     _number(name("top_p"), values.get("top_p"), 0.0, 1.0)
-    do_sample = _flag(name("do_sample"), values.get("do_sample"))
+    if values.get("do_sample") is not None:
+        _flag(name("do_sample"), values.get("do_sample"))
     _flag(name("disable_unk"), values.get("disable_unk"))
     seed = values.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64):
         raise InvalidInput(f"{name('seed')} must be an integer from 0 to 2**64 - 1, got {seed!r}")
     beam_size, hypotheses = values.get("beam_size"), values.get("num_hypotheses")
-    if not do_sample:
-        given = [key for key in SAMPLING_OPTIONS if values.get(key) is not None]
-        if given:
-            raise InvalidInput(f"{name(given[0])} applies to sampling: set {name('do_sample')} to true")
-    elif beam_size is not None and beam_size > 1:
-        raise InvalidInput(f"{name('do_sample')} draws one token at a time: {name('beam_size')} must be 1, "
-                           f"got {beam_size}")
-    elif hypotheses is not None and hypotheses > 1:
-        raise InvalidInput(f"{name('num_hypotheses')} above 1 needs beam search, not {name('do_sample')}")
-    if hypotheses is not None and beam_size is not None and hypotheses > beam_size:
-        raise InvalidInput(f"{name('num_hypotheses')} must be at most {name('beam_size')} ({beam_size}), "
-                           f"got {hypotheses}")
-    min_length, max_length = values.get("min_length"), values.get("max_length")
-    if min_length is not None and max_length is not None and min_length > max_length:
-        raise InvalidInput(f"{name('min_length')} must be at most {name('max_length')} ({max_length}), "
-                           f"got {min_length}")
+    given = [key for key in SAMPLING_OPTIONS if values.get(key) is not None]
+    if values.get("do_sample") is False and given:
+        raise InvalidInput(f"{name(given[0])} applies to sampling, and {name('do_sample')} is false")
+    if sampling(values.get("do_sample"), [values.get(key) for key in SAMPLING_OPTIONS]):
+        if beam_size is not None and beam_size > 1:
+            raise InvalidInput(f"sampling draws one token at a time: {name('beam_size')} must be 1, got {beam_size}")
+        if hypotheses is not None and hypotheses > 1:
+            raise InvalidInput(f"{name('num_hypotheses')} above 1 needs beam search, not sampling")
 
 
 def _integral(value: object) -> object:
@@ -300,11 +307,14 @@ class Engine(Protocol):
 
     info: ModelInfo
 
-    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None) -> Prepared:
-        """Tokenize ``texts`` (EOS appended), check their lengths and resolve ``options``.
+    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                target_prefix: Sequence[str] | None = None) -> Prepared:
+        """Tokenize ``texts`` (EOS appended), check their lengths and resolve ``options``; ``target_prefix``: the
+        start each translation is forced to (one per text; "" for none), or None.
 
         Raises:
             InputTooLong: a text has more tokens than the model has positions.
+            InvalidInput: not one target prefix per text, or one as long as the translation may be.
         """
         ...
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from serving.batching import Pending
+from serving.decoding import SearchOptions
 from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Key:
-    options: DecodeOptions
+    search: SearchOptions  # what the engine decodes with: requests whose options resolve alike share batches
     streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
 
 
@@ -211,22 +213,28 @@ class TranslationService:
             index.append(entry)
         return index
 
-    def options(self, beam_size: int | None, max_length: int | None) -> DecodeOptions:
-        """Decoding options within the server's limits.
+    def options(self, values: Mapping[str, Any], label: str = "{}") -> DecodeOptions:
+        """The decoding options among ``values`` (``serving.request.OPTION_NAMES``), within the server's limits.
+
+        Arguments:
+            values: a request's options by name (a ``/v1`` body, ``/v2`` or gRPC parameters); others are ignored.
+            label: how messages name an option (``"parameter {!r}"`` for protocol parameters).
 
         Raises:
-            InvalidInput: a value is not a positive integer, or above its limit (named in the message).
+            InvalidInput: a value of the wrong type or out of range, or options that do not go together (named, with
+                the limit and its setting).
         """
         s = self.settings
-        for name, value, limit, setting in (
-            ("beam_size", beam_size, s.max_beam_size, "max_beam_size"),
-            ("max_length", max_length, s.max_output_tokens, "max_output_tokens"),
-        ):
+        for name, limit, setting in (("beam_size", s.max_beam_size, "max_beam_size"),
+                                     ("num_hypotheses", s.max_beam_size, "max_beam_size"),
+                                     ("max_length", s.max_output_tokens, "max_output_tokens"),
+                                     ("min_length", s.max_output_tokens, "max_output_tokens")):
+            value = values.get(name)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
                 raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
-        return DecodeOptions(beam_size=beam_size, max_length=max_length)
+        return DecodeOptions.from_parameters(values, label)
 
     def deadline(self, started: float, timeout_s: float | None) -> float:
         """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
@@ -237,7 +245,8 @@ class TranslationService:
             limit = min(limit, timeout_s)
         return started + limit
 
-    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions) -> Prepared:
+    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
+                      target_prefix: Sequence[str] | None = None) -> Prepared:
         """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
 
         Raises:
@@ -270,11 +279,14 @@ class TranslationService:
         translator = runner.translator
         try:
             # Tokenizing is cheap but not free: keep big requests off the event loop.
+            prefixes = None if target_prefix is None else list(target_prefix)
             if total <= 4096:
-                return translator.prepare(list(texts), options)
-            return await asyncio.to_thread(translator.prepare, list(texts), options)
+                return translator.prepare(list(texts), options, prefixes)
+            return await asyncio.to_thread(translator.prepare, list(texts), options, prefixes)
         except InvalidText as e:  # the tokenizer does not know which text of the request it was
-            raise e.about(f"text[{list(texts).index(e.text)}]") from None
+            where = (f"text[{list(texts).index(e.text)}]" if e.text in texts
+                     else f"target_prefix[{list(target_prefix or []).index(e.text)}]")
+            raise e.about(where) from None
         except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
             raise InputTooLong(
                 f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
@@ -291,6 +303,7 @@ class TranslationService:
         on_partial: OnPartial | None = None,
         tag: str = "",
         wait_for_room: bool = False,
+        target_prefix: Sequence[str] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
         """Check and admit ``texts``; await ``pending.wait()`` for the translations.
 
@@ -302,13 +315,13 @@ class TranslationService:
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options)
+            prepared = await self.prepare(runner, texts, options, target_prefix)
         except BaseException:
             runner.active -= 1
             raise
         input_s = time.monotonic() - admitted
         assert runner.batcher is not None
-        key = _Key(options, on_partial is not None)
+        key = _Key(prepared.search, on_partial is not None)
         sentences, costs = prepared.split(), prepared.lengths
         try:
             if wait_for_room:
@@ -325,10 +338,11 @@ class TranslationService:
         return runner, pending
 
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *, tag: str = ""
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
+        tag: str = "", target_prefix: Sequence[str] | None = None,
     ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model``: one translation per text, in order."""
-        runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
+        runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
         return runner, await pending.wait()
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,

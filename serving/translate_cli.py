@@ -14,7 +14,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from serving.cli import UsageError
-from serving.cli_options import add_decoding, add_model, add_runtime
+from serving.cli_options import (
+    add_decoding,
+    add_decoding_features,
+    add_model,
+    add_runtime,
+    decoding_values,
+    flag_name,
+)
 from serving.settings import DEFAULT_MODEL_DIR, MAX_BEAM_SIZE, MAX_OUTPUT_TOKENS, demo_missing, demo_model
 
 logger = logging.getLogger(__name__)
@@ -28,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model(parser, f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})")
     add_runtime(parser)
     add_decoding(parser, max_beam_size=MAX_BEAM_SIZE, max_length=MAX_OUTPUT_TOKENS)
+    add_decoding_features(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,21 +51,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"model package not found: {package}")
 
     from serving.engine import DecodeOptions, Translator
-    from serving.errors import InferenceFailed
+    from serving.errors import InferenceFailed, InvalidInput
     from serving.package import PackageError
+
+    try:
+        options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
+    except InvalidInput as e:
+        raise UsageError(str(e)) from e
 
     try:
         translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
     except PackageError as e:
         raise UsageError(str(e)) from e
-    options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
     subject = "argument" if args.text else "line"
     lines: Iterable[str] = args.text if args.text else _stdin_lines()
     line_number = 0
     try:
         for chunk in _chunks(lines, _CHUNK_LINES):
             try:
-                _write(_translate(translator, chunk, options, subject, line_number))
+                _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix))
             except _BadLine as bad:  # the lines before it are written, then the one-line error
                 _write(bad.done)
                 raise UsageError(bad.message) from None
@@ -77,8 +89,10 @@ class _BadLine(Exception):
         self.done = done
 
 
-def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int) -> list[str]:
-    """One output line per input line (blank for a blank input).
+def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int,
+               target_prefix: str | None = None) -> list[str]:
+    """One output line per input line (blank for a blank input); with ``num_hypotheses`` above 1, the n-best lines
+    of each input line, Marian's way: ``LINE ||| TEXT ||| SCORE`` (LINE counts from 0).
 
     Raises:
         _BadLine: a line the engine refuses (not Unicode, too long, ...), with the lines before it translated.
@@ -87,8 +101,9 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
     from serving.tokenizers import InvalidText
 
     todo = [i for i, text in enumerate(chunk) if text.strip()]
+    prefixes = None if target_prefix is None else [target_prefix] * len(todo)
     try:
-        translations = translator.translate([chunk[i] for i in todo], options)
+        translations = translator.run(translator.prepare([chunk[i] for i in todo], options, prefixes))
     except InvalidInput as e:
         index = getattr(e, "index", None)
         bad = chunk.index(e.text) if isinstance(e, InvalidText) else (todo[index] if isinstance(index, int)
@@ -97,11 +112,19 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
             raise UsageError(str(e)) from e
         where = f"{subject} {first + bad + 1}"
         message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
-        raise _BadLine(message, _translate(translator, chunk[:bad], options, subject, first) if bad else []) from e
+        done = _translate(translator, chunk[:bad], options, subject, first, target_prefix) if bad else []
+        raise _BadLine(message, done) from e
+    if (options.num_hypotheses or 1) > 1:
+        return [f"{first + i} ||| {_one_line(t.text)} ||| {t.score:.6f}" for i, translation in zip(todo, translations,
+                strict=True) for t in (translation, *translation.alternatives)]
     outputs = [""] * len(chunk)
     for i, translation in zip(todo, translations, strict=True):
-        outputs[i] = translation.text.replace("\r", " ").replace("\n", " ")
+        outputs[i] = _one_line(translation.text)
     return outputs
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def _write(outputs: list[str]) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
-from serving.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, output_values
+from serving.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, check_one_hypothesis, output_values
 from serving.package import Manifest, PackageError, open_package, staging_dir, verify_checksums
 
 logger = logging.getLogger(__name__)
@@ -355,6 +355,7 @@ class TritonPythonModel:
             raise InvalidInput("request parameters are not valid JSON") from None
         if not isinstance(params, dict):
             raise InvalidInput("request parameters must be a JSON object")
+        check_one_hypothesis(params.get("num_hypotheses"))
         return DecodeOptions.from_parameters(params)
 
     def _error(self, error: Any) -> Any:

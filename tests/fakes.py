@@ -68,8 +68,9 @@ class EchoTranslator:
         self._words = ["</s>"]  # id -> word; id 0 is EOS
         self._ids: dict[str, int] = {}
 
-    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None) -> Prepared:
-        options = options or DecodeOptions()
+    def prepare(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                target_prefix: Sequence[str] | None = None) -> Prepared:
+        options = options or DecodeOptions()  # target_prefix: the echo ignores it
         with self._lock:
             sources = [[*(self._id(word) for word in text.split()), EOS] for text in texts]
         check_lengths([len(source) for source in sources], self.info.max_input_tokens)

@@ -119,7 +119,7 @@ async def translate_bulk(
     max_length: int | None = Query(default=None, description="most target tokens per sentence"),
 ) -> StreamingResponse:
     """Translate NDJSON lines; results stream back as NDJSON as they complete."""
-    options = service.options(beam_size, max_length)
+    options = service.options({"beam_size": beam_size, "max_length": max_length})
     service.ready_model(model)  # refuse before streaming: unknown model, not ready
     return DuplexStreamingResponse(
         _bulk(request, service, model, options),

@@ -60,7 +60,8 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
     """The OpenAPI document with what the service enforces (``serving.service``) written into it: the ranges
     of the decoding options and of the texts, and the names (and, once loaded, versions) of the served models."""
     settings = service.settings
-    maxima = {"beam_size": settings.max_beam_size, "max_length": settings.max_output_tokens}
+    maxima = {"beam_size": settings.max_beam_size, "max_length": settings.max_output_tokens,
+              "num_hypotheses": settings.max_beam_size, "min_length": settings.max_output_tokens}
     schemas = document.get("components", {}).get("schemas", {})
     request = schemas.get("TranslateRequest", {}).get("properties", {})
     for name, maximum in maxima.items():
@@ -89,8 +90,8 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
             body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             infer_parameters = body.get("properties", {}).get("parameters", {}).get("properties", {})
             for name, maximum in maxima.items():
-                if name in infer_parameters:
-                    infer_parameters[name]["maximum"] = maximum
+                if name in infer_parameters:  # never above the route's own maximum (num_hypotheses: 1)
+                    infer_parameters[name]["maximum"] = min(maximum, infer_parameters[name].get("maximum", maximum))
             tensor = body.get("properties", {}).get("inputs", {}).get("items", {}).get("properties", {})
             if "data" in tensor:
                 tensor["data"]["items"]["maxLength"] = settings.max_chars_per_sentence

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from serving.request import OPTION_NAMES
+
 # A character Python's str.strip() keeps (the service refuses a text with none: "is empty"). JSON Schema's \S is
 # ECMA-262's, which differs (it counts U+FEFF as space and U+001C..U+001F, U+0085 as text), so the class is
 # spelled out; tests/serving/api/test_api_fuzz.py checks it against str.isspace over every code point.
@@ -28,6 +30,28 @@ def _json_integer(value: Any) -> Any:
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 
+def _json_number(value: Any) -> Any:
+    """What JSON Schema calls a number: 4 and 0.5, not true or "0.5" (which lax pydantic would take)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return value
+
+
+JsonNumber = Annotated[float, BeforeValidator(_json_number)]
+
+_NOT_GIVEN = {"type": "null"}
+SAMPLING_EXCLUSIONS = {
+    # Sampling draws one token at a time: with any sampling option (or do_sample), beam_size and num_hypotheses are
+    # 1 (serving.request.check_options); JSON Schema states it as two shapes of the body.
+    "anyOf": [
+        {"properties": {"do_sample": {"enum": [False, None]}, "temperature": _NOT_GIVEN, "top_k": _NOT_GIVEN,
+                        "top_p": _NOT_GIVEN, "seed": _NOT_GIVEN}},
+        {"properties": {"do_sample": {"enum": [True, None]}, "beam_size": {"enum": [1, None]},
+                        "num_hypotheses": {"enum": [1, None]}}},
+    ]
+}
+
+
 
 def finite_score(score: float | None) -> float | None:
     """A score JSON can carry (NaN and infinities become None)."""
@@ -39,7 +63,10 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"text": "A man is riding a bicycle."}, {"text": ["Hello.", "Thank you."]}]},
+        json_schema_extra={"examples": [{"text": "A man is riding a bicycle."}, {"text": ["Hello.", "Thank you."]},
+                                        {"text": "Good morning.", "num_hypotheses": 3},
+                                        {"text": "Good morning.", "temperature": 0.8, "top_p": 0.9, "seed": 1}],
+                           **SAMPLING_EXCLUSIONS},
     )
 
     # Ranges are checked by the service (400 naming the option and its range); the document states them
@@ -52,6 +79,46 @@ class TranslateRequest(BaseModel):
     max_length: JsonInt | None = Field(
         default=None, description="most target tokens per sentence", json_schema_extra={"minimum": 1}
     )
+    num_hypotheses: JsonInt | None = Field(
+        default=None, json_schema_extra={"minimum": 1},
+        description="translations per sentence, best first, each with its score (beam search; widens the beam to "
+        "at least this many)",
+    )
+    min_length: JsonInt | None = Field(
+        default=None, json_schema_extra={"minimum": 1},
+        description="fewest target tokens per sentence (after target_prefix; max_length wins)",
+    )
+    repetition_penalty: JsonNumber | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0},
+        description="above 1 discourages repeating a token (transformers' repetition_penalty, on log-probabilities)",
+    )
+    no_repeat_ngram_size: JsonInt | None = Field(
+        default=None, json_schema_extra={"minimum": 1}, description="no n-gram of this size occurs twice"
+    )
+    disable_unk: bool = Field(default=False, description="never generate the unknown token")
+    do_sample: bool | None = Field(
+        default=None,
+        description="sample each token instead of searching (beam 1); default: sample when temperature, top_k, "
+        "top_p or seed is given",
+    )
+    temperature: JsonNumber | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0}, description="sampling temperature (1: the model's)"
+    )
+    top_k: JsonInt | None = Field(
+        default=None, json_schema_extra={"minimum": 1}, description="sample among the k most likely tokens"
+    )
+    top_p: JsonNumber | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1},
+        description="sample among the most likely tokens whose probability reaches top_p",
+    )
+    seed: JsonInt | None = Field(
+        default=None, json_schema_extra={"minimum": 0, "maximum": 2**64 - 1},
+        description="makes sampling reproducible: the same seed, the same translations, however requests are batched",
+    )
+    target_prefix: str | list[str] | None = Field(
+        default=None,
+        description="the start each translation is forced to (one per text when text is a list; \"\": none)",
+    )
     timeout_ms: JsonInt | None = Field(
         default=None,
         description="deadline in milliseconds; may only shorten the server's request timeout",
@@ -61,6 +128,29 @@ class TranslateRequest(BaseModel):
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
+    def decoding(self) -> dict[str, Any]:
+        """The decoding options of the body, by name (``TranslationService.options`` checks them)."""
+        return self.model_dump(include=set(OPTION_NAMES))
+
+    def target_prefixes(self) -> list[str] | None:
+        """One target prefix per text, or None."""
+        if self.target_prefix is None:
+            return None
+        return [self.target_prefix] if isinstance(self.target_prefix, str) else list(self.target_prefix)
+
+
+class HypothesisOut(BaseModel):
+    """One of a sentence's n best translations."""
+
+    text: str
+    output_tokens: int = Field(description="target tokens generated, EOS excluded")
+    score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
+
+    @classmethod
+    def of(cls, translation: Any) -> HypothesisOut:
+        return cls(text=translation.text, output_tokens=int(translation.output_tokens),
+                   score=finite_score(translation.score))
+
 
 class TranslationOut(BaseModel):
     """One translated sentence."""
@@ -69,14 +159,22 @@ class TranslationOut(BaseModel):
     input_tokens: int = Field(description="source tokens, EOS included")
     output_tokens: int = Field(description="target tokens generated, EOS excluded")
     score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
+    hypotheses: list[HypothesisOut] | None = Field(
+        default=None, exclude_if=lambda value: value is None,
+        description="with num_hypotheses above 1: every hypothesis, best first (the first is this one)",
+    )
 
     @classmethod
     def of(cls, translation: Any) -> TranslationOut:
+        hypotheses = None
+        if translation.alternatives:
+            hypotheses = [HypothesisOut.of(t) for t in (translation, *translation.alternatives)]
         return cls(
             text=translation.text,
             input_tokens=int(translation.input_tokens),
             output_tokens=int(translation.output_tokens),
             score=finite_score(translation.score),
+            hypotheses=hypotheses,
         )
 
 

@@ -58,10 +58,11 @@ def _response(runner: ModelRunner, translations: list[Any]) -> TranslateResponse
 @router.post("/translate", response_model=TranslateResponse, responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
     """Translate one sentence or a list of sentences."""
-    options = service.options(body.beam_size, body.max_length)
+    options = service.options(body.decoding())
     deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     runner, translations = await unless_disconnected(
-        request, service.translate(body.model, body.texts(), options, deadline, tag=request_id(request))
+        request, service.translate(body.model, body.texts(), options, deadline, tag=request_id(request),
+                                   target_prefix=body.target_prefixes())
     )
     return _response(runner, translations)
 
@@ -103,7 +104,7 @@ async def translate_stream(
     body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep
 ) -> StreamingResponse:
     """Translate and stream partial text as Server-Sent Events."""
-    options = service.options(body.beam_size, body.max_length)
+    options = service.options(body.decoding())
     deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
@@ -113,7 +114,8 @@ async def translate_stream(
 
     # Admission happens before the 200 is sent: refusals (limits, 503, 404) keep their status codes.
     runner, pending = await service.admit(
-        body.model, texts, options, deadline, on_partial=on_partial, tag=request_id(request)
+        body.model, texts, options, deadline, on_partial=on_partial, tag=request_id(request),
+        target_prefix=body.target_prefixes(),
     )
     return DuplexStreamingResponse(
         _stream_events(request, runner, pending, events, len(texts)),

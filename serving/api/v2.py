@@ -59,6 +59,18 @@ _INFER_REQUEST = {
             "properties": {
                 "beam_size": {"type": ["integer", "null"], "minimum": 1},
                 "max_length": {"type": ["integer", "null"], "minimum": 1},
+                "min_length": {"type": ["integer", "null"], "minimum": 1},
+                "num_hypotheses": {"type": ["integer", "null"], "minimum": 1, "maximum": 1,
+                                   "description": "1 (n-best lists: POST /v1/translate)"},
+                "repetition_penalty": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "no_repeat_ngram_size": {"type": ["integer", "null"], "minimum": 1},
+                "disable_unk": {"type": ["boolean", "null"]},
+                "do_sample": {"type": ["boolean", "null"]},
+                "temperature": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "top_k": {"type": ["integer", "null"], "minimum": 1},
+                "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+                "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**64 - 1},
+                "target_prefix": {"type": ["string", "null"], "description": "the start of every translation"},
                 "timeout": {"type": ["integer", "null"], "minimum": 0,
                             "description": "deadline in microseconds (0: the server's default)"},
                 "binary_data_output": {"type": "boolean"},
@@ -254,11 +266,12 @@ async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, 
     runner = service.version(name, version)
     body = _decompress(await request.body(), request.headers.get("content-encoding"), service.settings.max_body_bytes)
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"))
-    options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))
+    options = service.options(parsed.decoding(), "parameter {!r}")
     timeout_us = parsed.int_parameter("timeout")
     deadline = service.deadline(request_started(request), None if not timeout_us else timeout_us / 1e6)
     runner, translations = await unless_disconnected(
-        request, service.translate(runner, parsed.texts, options, deadline, tag=request_id(request))
+        request, service.translate(runner, parsed.texts, options, deadline, tag=request_id(request),
+                                   target_prefix=parsed.target_prefixes())
     )
     content, headers = encode_infer_response(parsed, runner.name, str(runner.info.version), translations)
     return Response(content=content, headers=headers)

@@ -15,12 +15,13 @@ from serving.decoding.base import (
     normalize_score,
     pad_width,
 )
-from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process, sample
+from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process, sample, warp
 
 
 class GreedySearch:
     """Arg-max (or a sample) after the logits rules; one row per sentence. A sentence's score is its summed log-prob
-    after the rules, length-normalized; forced prefix tokens count neither in it nor in its length."""
+    after the rules (when sampling, before the warpers), length-normalized; forced prefix tokens count neither in it
+    nor in its length."""
 
     def __init__(self, caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,
                  prefixes: list[list[int]] | None = None, seeds: np.ndarray | None = None) -> None:
@@ -47,7 +48,7 @@ class GreedySearch:
             forced = last if last.any() else None
         log_probs = process(log_probs, options, self.bad, forced, self._history())
         if options.sampling:
-            next_ids = sample(log_probs, self.seeds, self.steps)
+            next_ids = sample(warp(log_probs, options), self.seeds, self.steps)
         else:
             next_ids = log_probs.argmax(axis=1)
         rows = np.arange(next_ids.size)

@@ -1,11 +1,13 @@
 """The logits rules greedy search, sampling and both beam searches apply to a step's log-probs, in transformers'
 order (``GenerationMixin._get_logits_processor``): repetition penalty, no-repeat n-grams, bad words (``disable_unk``
-adds the unknown id to them), minimum length, forced EOS; then, when sampling, temperature, top-k and top-p; then
-renormalization; last, a target prefix forces its tokens.
+adds the unknown id to them), minimum length, forced EOS; then renormalization; last, a target prefix forces its
+tokens.
 
 Each rule reads the rows' history the way transformers' ``input_ids`` hold it: the decoder start token, then the
 tokens generated so far (a row's own count: rows of one batch may be at different steps). ``min_length`` counts the
 tokens generated after the target prefix, as ``min_new_tokens`` counts those after the prompt.
+
+Sampling draws from the log-probs after the rules, warped (:func:`warp`).
 
 The rules act on log-probs, not logits (the decoder graphs return log-softmax). Every rule but the repetition
 penalty gives the same result either way; transformers applies that one to log-probs in beam search, as here, and to
@@ -53,8 +55,7 @@ def process(
     """The step's log-probs ``[R, V]`` after every rule of ``options`` (module docstring); modified in place when the
     backend's buffer allows. ``forced``: the rows at their last allowed step (EOS only), or None."""
     prefixed = history is not None and bool((history.steps < history.prefix_len).any())
-    sampling = options.sampling and (options.temperature != 1.0 or options.top_k > 0 or options.top_p < 1.0)
-    if not (bad.size or forced is not None or options.renormalize_logits or prefixed or sampling
+    if not (bad.size or forced is not None or options.renormalize_logits or prefixed
             or (history is not None and needs_history(options))):
         return log_probs
     log_probs = writable(log_probs)
@@ -70,8 +71,6 @@ def process(
     if forced is not None:
         log_probs[forced] = NEG_INF
         log_probs[forced, options.eos_id] = 0.0
-    if sampling:
-        log_probs = _warp(log_probs, options)
     if options.renormalize_logits:
         _log_softmax(log_probs)
     if prefixed:
@@ -127,11 +126,16 @@ def _ban_repeated_ngrams(log_probs: np.ndarray, history: RowHistory, options: Se
             log_probs[row, banned] = NEG_INF
 
 
-def _warp(scores: np.ndarray, options: SearchOptions) -> np.ndarray:
-    """transformers' sampling warpers in its order: temperature, top-k (ties with the k-th kept), top-p (the
-    smallest set whose probability reaches ``top_p``, at least one token)."""
-    if options.temperature != 1.0:
-        scores /= np.float32(options.temperature)
+def warp(log_probs: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """What sampling draws from (a new array; the log-probs after the rules stay as they are, for the score):
+    transformers' warpers in its order, temperature, top-k (ties with the k-th kept), top-p (the smallest set whose
+    probability reaches ``top_p``, at least one token). Warping after renormalization, as here, draws from the same
+    distribution as transformers' warping before it."""
+    top = log_probs.max(axis=1, keepdims=True)
+    top[~np.isfinite(top)] = 0.0
+    # Shifted so that each row's best is 0: a tiny temperature leaves it 0 and sends the others to -inf (greedy).
+    with np.errstate(over="ignore"):  # beyond float32: -inf, as meant
+        scores = ((log_probs - top).astype(np.float64) / options.temperature).astype(np.float32)
     vocab = scores.shape[1]
     if 0 < options.top_k < vocab:
         kth = -np.partition(-scores, options.top_k - 1, axis=1)[:, options.top_k - 1 : options.top_k]

@@ -107,14 +107,14 @@ def test_a_seed_makes_sampling_reproducible(translator: Translator) -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"do_sample": True, "beam_size": 4}, "do_sample draws one token at a time: beam_size must be 1, got 4"),
-    ({"temperature": 0.5}, "temperature applies to sampling: set do_sample to true"),
+    ({"do_sample": True, "beam_size": 4}, "sampling draws one token at a time: beam_size must be 1, got 4"),
+    ({"top_k": 5, "beam_size": 2}, "sampling draws one token at a time: beam_size must be 1, got 2"),
+    ({"temperature": 0.5, "do_sample": False}, "temperature applies to sampling, and do_sample is false"),
     ({"do_sample": True, "temperature": 0.0}, "temperature must be a number above 0, got 0.0"),
     ({"do_sample": True, "top_p": 1.5}, "top_p must be a number above 0 and at most 1, got 1.5"),
     ({"do_sample": True, "seed": -1}, "seed must be an integer from 0 to 2**64 - 1, got -1"),
-    ({"do_sample": True, "num_hypotheses": 2}, "num_hypotheses above 1 needs beam search, not do_sample"),
-    ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses must be at most beam_size (2), got 3"),
-    ({"max_length": 3, "min_length": 4}, "min_length must be at most max_length (3), got 4"),
+    ({"seed": 3, "num_hypotheses": 2}, "num_hypotheses above 1 needs beam search, not sampling"),
+    ({"do_sample": "yes"}, "do_sample must be true or false, got 'yes'"),
     ({"repetition_penalty": 0}, "repetition_penalty must be a number above 0, got 0"),
 ])
 def test_options_outside_their_range_are_named(options: dict[str, object], message: str) -> None:
@@ -123,11 +123,17 @@ def test_options_outside_their_range_are_named(options: dict[str, object], messa
     assert str(error.value) == message
 
 
-def test_num_hypotheses_alone_widens_the_default_beam(translator: Translator) -> None:
+def test_num_hypotheses_widens_the_beam(translator: Translator) -> None:
     beam = translator.info.decoding.beam_size
     wide = translator.search_options(DecodeOptions(num_hypotheses=beam + 2))
     assert (wide.beam_size, wide.num_hypotheses) == (beam + 2, beam + 2)
     result = translator.translate(corpus("en")[:2], DecodeOptions(num_hypotheses=3))
     assert all(len(t.alternatives) == 2 for t in result)
     assert all(t.score >= a.score for t in result for a in t.alternatives)  # type: ignore[operator]
+    assert translator.search_options(DecodeOptions(beam_size=2, num_hypotheses=3)).beam_size == 3
     assert translator.search_options(DecodeOptions(do_sample=True)).beam_size == 1
+    assert translator.search_options(DecodeOptions(temperature=0.5)).sampling  # a sampling option turns it on
+    assert not translator.search_options(DecodeOptions(beam_size=1)).sampling
+    # max_length wins over a longer min_length: EOS is forced at the cap
+    long_min = translator.translate(corpus("en")[:2], DecodeOptions(max_length=3, min_length=6))
+    assert all(t.output_tokens <= 3 for t in long_min)
