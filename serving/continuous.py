@@ -51,6 +51,7 @@ class _Group:
     options: SearchOptions
     caps: np.ndarray
     sources: list[list[int]]
+    prepared: Prepared  # the group as added; marks its translations (Prepared.mark)
     on_result: OnResult
     alive: Callable[[], bool]
     on_partial: OnPartial | None
@@ -122,7 +123,7 @@ class ContinuousDecoder:
             raise InvalidInput("no texts to translate")
         ids = range(self._next_id, self._next_id + len(prepared))
         self._next_id += len(prepared)
-        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, on_result, alive, on_partial)
+        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, prepared, on_result, alive, on_partial)
         self._joining.append(group)
         for index, sentence in enumerate(ids):
             self._owner[sentence] = (group, index)
@@ -217,7 +218,7 @@ class ContinuousDecoder:
             if len(group.results) == len(group.sources):
                 logger.debug("group of %d done in %.1f ms", len(group.sources),
                              (time.perf_counter() - group.started) * 1000)
-                _call(group.on_result, [group.results[i] for i in range(len(group.sources))])
+                _call(group.on_result, group.prepared.mark([group.results[i] for i in range(len(group.sources))]))
 
     def _stream_hook(self, ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """The searches' streaming hook: sentence ``ids[i]`` now reads ``tokens[i, :lengths[i]]``."""

@@ -33,7 +33,7 @@ from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
 from serving.encoding import encode_sorted
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
-from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, check_lengths
+from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, fit_sources
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "TokenIds", "Translation", "Translator"]
@@ -123,6 +123,7 @@ class Translator:
             decoding=manifest.decoding,
             source_vocab_size=architecture.source_vocab_size,
             target_vocab_size=architecture.target_vocab_size,
+            source_language=manifest.tokenizer.settings.get("source_lang") or None,
         )
         tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
         try:
@@ -147,10 +148,10 @@ class Translator:
 
         Arguments:
             texts: source texts; an empty text is translated as a source of just EOS.
-            options: beam size / max length overrides.
+            options: beam size / max length overrides, the over-long policy (``truncate``).
 
         Raises:
-            InputTooLong: a text has more tokens than the model has positions.
+            InputTooLong: a text has more tokens than the model has positions (unless ``options.truncate``).
         """
         return self._prepared(self.encode(texts), options)
 
@@ -173,9 +174,10 @@ class Translator:
         return self._prepared(sources, options)
 
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None) -> Prepared:
+        truncate = options is not None and options.truncate
+        sources, truncated = fit_sources(sources, self.info.max_input_tokens, truncate)
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
-        check_lengths(lengths, self.info.max_input_tokens)
-        return Prepared(sources, self.max_steps(lengths, options), self.search_options(options))
+        return Prepared(sources, self.max_steps(lengths, options), self.search_options(options), truncated)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
         """The search options a request resolves to (the package's defaults overridden by ``options``)."""
@@ -224,7 +226,7 @@ class Translator:
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
             self._translate_batch(batch, sources, lengths, prepared.caps, prepared.search, results, on_partial)
-        return [r for r in results if r is not None]
+        return prepared.mark([r for r in results if r is not None])
 
     def translate(
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None

@@ -66,6 +66,14 @@ class InferRequest:
             raise InvalidInput(f"parameter {name!r} must be an integer, got {value!r}")
         return value
 
+    def bool_parameter(self, name: str) -> bool:
+        value = self.parameters.get(name)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise InvalidInput(f"parameter {name!r} must be true or false, got {value!r}")
+        return value
+
 
 def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
     """The model metadata document (``GET /v2/models/{name}``)."""

@@ -12,7 +12,7 @@ does that at admission); the batchers carry prepared sentences (:meth:`Prepared.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral
 from typing import Any, Protocol
 
@@ -40,6 +40,17 @@ def positive_int(name: str, value: object) -> int | None:
     return int(value)
 
 
+def boolean(name: str, value: object) -> bool:
+    """``value`` when it is a bool (JSON's true or false): the one check of a request's switches.
+
+    Raises:
+        InvalidInput: ``"<name> must be true or false, got <value>"``.
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidInput(f"{name} must be true or false, got {value!r}")
+    return bool(value)
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """A request's decoding overrides (None: the package's default); hashable, so it is the batchers' batch key.
@@ -48,27 +59,33 @@ class DecodeOptions:
     Attributes:
         beam_size: beams (1: greedy search).
         max_length: at most this many generated tokens, EOS excluded.
+        truncate: the over-long policy: False (the default) refuses a source with more tokens than the model has
+            positions (``InputTooLong``); True cuts it to them, EOS kept last, and marks its translation
+            (``Translation.truncated``); see :func:`fit_sources`.
 
     Raises:
-        InvalidInput: a value that is not a positive integer.
+        InvalidInput: a value that is not a positive integer, ``truncate`` not a bool.
     """
 
     beam_size: int | None = None
     max_length: int | None = None
+    truncate: bool = False
 
     def __post_init__(self) -> None:
         positive_int("beam_size", self.beam_size)
         positive_int("max_length", self.max_length)
+        boolean("truncate", self.truncate)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any]) -> DecodeOptions:
-        """The options of Open Inference Protocol / Triton request parameters (``beam_size``, ``max_length``; other
-        parameters are not decoding options).
+        """The options of Open Inference Protocol / Triton request parameters (``beam_size``, ``max_length``,
+        ``truncate``; other parameters are not decoding options).
 
         Raises:
             InvalidInput: ``"parameter 'beam_size' must be a positive integer, got ..."``.
         """
-        return cls(*(positive_int(f"parameter {name!r}", parameters.get(name)) for name in ("beam_size", "max_length")))
+        numbers = (positive_int(f"parameter {name!r}", parameters.get(name)) for name in ("beam_size", "max_length"))
+        return cls(*numbers, truncate=boolean("parameter 'truncate'", parameters.get("truncate", False)))
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,8 @@ class ModelInfo:
         decoding: the package's decoding defaults.
         source_vocab_size: source vocabulary size.
         target_vocab_size: target vocabulary size.
+        source_language: the sources' language code when the manifest names one (``tokenizer.source_lang``), else
+            None (``serving.documents`` splits in it).
     """
 
     name: str
@@ -96,6 +115,7 @@ class ModelInfo:
     decoding: DecodingDefaults
     source_vocab_size: int
     target_vocab_size: int
+    source_language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,8 @@ class Translation:
         output_tokens: generated tokens, EOS excluded (``len(token_ids)``).
         score: length-normalized log-probability of the hypothesis (see ``serving.decoding.Hypothesis``).
         token_ids: generated ids, EOS excluded.
+        truncated: the source was cut to the model's positions (``DecodeOptions.truncate``); ``input_tokens`` is then
+            what the model read.
     """
 
     text: str
@@ -115,6 +137,7 @@ class Translation:
     output_tokens: int
     score: float | None
     token_ids: list[int]
+    truncated: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,11 +148,13 @@ class Prepared:
         sources: each sentence's source ids, EOS appended.
         caps: ``[N]`` int64, each sentence's cap on generated tokens, EOS included.
         search: the search options the request's :class:`DecodeOptions` resolve to.
+        truncated: each sentence's flag, whether its source was cut (:func:`fit_sources`); empty when none was.
     """
 
     sources: list[list[int]]
     caps: np.ndarray
     search: SearchOptions
+    truncated: tuple[bool, ...] = ()
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -141,11 +166,21 @@ class Prepared:
 
     def take(self, rows: Sequence[int]) -> Prepared:
         """The sentences ``rows``, in that order."""
-        return Prepared([self.sources[i] for i in rows], self.caps[np.asarray(rows, dtype=np.int64)], self.search)
+        truncated = tuple(self.truncated[i] for i in rows) if self.truncated else ()
+        return Prepared([self.sources[i] for i in rows], self.caps[np.asarray(rows, dtype=np.int64)], self.search,
+                        truncated)
 
     def split(self) -> list[Prepared]:
         """One :class:`Prepared` per sentence (a batcher's items)."""
-        return [Prepared([source], self.caps[i : i + 1], self.search) for i, source in enumerate(self.sources)]
+        return [Prepared([source], self.caps[i : i + 1], self.search, self.truncated[i : i + 1])
+                for i, source in enumerate(self.sources)]
+
+    def mark(self, translations: Sequence[Translation]) -> list[Translation]:
+        """``translations`` of these sentences, in order, each marked ``truncated`` when its source was cut (what
+        every ``Engine.run`` returns)."""
+        if not any(self.truncated):
+            return list(translations)
+        return [replace(t, truncated=True) if cut else t for t, cut in zip(translations, self.truncated, strict=True)]
 
     @staticmethod
     def join(parts: Sequence[Prepared]) -> Prepared:
@@ -161,7 +196,11 @@ class Prepared:
         first = parts[0].search
         if any(part.search != first for part in parts):
             raise ValueError("prepared sentences with different search options cannot share a batch")
-        return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first)
+        truncated: tuple[bool, ...] = ()
+        if any(part.truncated for part in parts):
+            truncated = tuple(cut for part in parts for cut in part.truncated or (False,) * len(part))
+        return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first,
+                        truncated)
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
@@ -176,6 +215,31 @@ def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
         tokens = int(array[index])
         raise InputTooLong(f"text {index} has {tokens} tokens; the model accepts at most {limit}",
                            index=index, tokens=tokens, limit=limit)
+
+
+def fit_sources(sources: list[list[int]], limit: int, truncate: bool) -> tuple[list[list[int]], tuple[bool, ...]]:
+    """The over-long policy, in one place: sources (EOS last) within the model's ``limit`` of positions.
+
+    Arguments:
+        sources: each sentence's source ids, EOS appended.
+        limit: the model's positions (``ModelInfo.max_input_tokens``).
+        truncate: False refuses an over-long source (:func:`check_lengths`); True keeps its first ``limit - 1`` ids
+            and its EOS.
+
+    Returns:
+        The sources and each one's flag, whether it was cut (empty when none was).
+
+    Raises:
+        InputTooLong: without ``truncate``, for the first source that is too long.
+    """
+    lengths = [len(source) for source in sources]
+    if not truncate:
+        check_lengths(lengths, limit)
+        return sources, ()
+    cut = tuple(length > limit for length in lengths)
+    if not any(cut):
+        return sources, ()
+    return [[*s[: limit - 1], s[-1]] if c else s for s, c in zip(sources, cut, strict=True)], cut
 
 
 class Engine(Protocol):

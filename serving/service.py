@@ -15,6 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from serving.batching import Pending
+from serving.documents import (
+    Document,
+    DocumentTranslation,
+    assemble,
+    sentences_of,
+    source_language,
+    split_documents,
+    too_long,
+)
 from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError
@@ -211,8 +220,8 @@ class TranslationService:
             index.append(entry)
         return index
 
-    def options(self, beam_size: int | None, max_length: int | None) -> DecodeOptions:
-        """Decoding options within the server's limits.
+    def options(self, beam_size: int | None, max_length: int | None, truncate: bool = False) -> DecodeOptions:
+        """Decoding options within the server's limits, and the over-long policy (``DecodeOptions.truncate``).
 
         Raises:
             InvalidInput: a value is not a positive integer, or above its limit (named in the message).
@@ -226,7 +235,7 @@ class TranslationService:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
                 raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
-        return DecodeOptions(beam_size=beam_size, max_length=max_length)
+        return DecodeOptions(beam_size=beam_size, max_length=max_length, truncate=truncate)
 
     def deadline(self, started: float, timeout_s: float | None) -> float:
         """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
@@ -237,8 +246,10 @@ class TranslationService:
             limit = min(limit, timeout_s)
         return started + limit
 
-    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions) -> Prepared:
+    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
+                      documents: Sequence[Document] | None = None) -> Prepared:
         """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
+        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits).
 
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
@@ -247,16 +258,13 @@ class TranslationService:
             InputTooLong: a sentence with more tokens than the model has positions.
         """
         s = self.settings
-        if not texts:
-            raise InvalidInput("no text to translate")
-        if len(texts) > s.max_sentences_per_request:
-            raise LimitExceeded(
-                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
-                "(max_sentences_per_request; use /v1/translate/bulk for more)",
-                limit="max_sentences_per_request",
-            )
+        if documents is None:
+            self._check_count(texts)
         total = 0
         for i, text in enumerate(texts):
+            total += len(text)
+            if documents is not None:
+                continue
             if not text.strip():
                 raise InvalidInput(f"text[{i}] is empty; nothing to translate")
             if len(text) > s.max_chars_per_sentence:
@@ -265,7 +273,6 @@ class TranslationService:
                     "(max_chars_per_sentence)",
                     limit="max_chars_per_sentence",
                 )
-            total += len(text)
         assert runner.translator is not None
         translator = runner.translator
         try:
@@ -276,10 +283,24 @@ class TranslationService:
         except InvalidText as e:  # the tokenizer does not know which text of the request it was
             raise e.about(f"text[{list(texts).index(e.text)}]") from None
         except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
+            if documents is not None:
+                e = too_long(e, documents)
+                raise InputTooLong(f"text[{e.index}] {e}", index=e.index, tokens=e.tokens, limit=e.limit) from None
             raise InputTooLong(
                 f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
                 index=e.index, tokens=e.tokens, limit=e.limit,
             ) from None
+
+    def _check_count(self, texts: Sequence[str]) -> None:
+        limit = self.settings.max_sentences_per_request
+        if not texts:
+            raise InvalidInput("no text to translate")
+        if len(texts) > limit:
+            raise LimitExceeded(
+                f"{len(texts)} sentences in one request; the limit is {limit} "
+                "(max_sentences_per_request; use /v1/translate/bulk for more)",
+                limit="max_sentences_per_request",
+            )
 
     async def admit(
         self,
@@ -291,8 +312,10 @@ class TranslationService:
         on_partial: OnPartial | None = None,
         tag: str = "",
         wait_for_room: bool = False,
+        documents: Sequence[Document] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
-        """Check and admit ``texts``; await ``pending.wait()`` for the translations.
+        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`); await ``pending.wait()``
+        for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
@@ -302,7 +325,7 @@ class TranslationService:
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options)
+            prepared = await self.prepare(runner, texts, options, documents)
         except BaseException:
             runner.active -= 1
             raise
@@ -330,6 +353,33 @@ class TranslationService:
         """Translate ``texts`` with ``model``: one translation per text, in order."""
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag)
         return runner, await pending.wait()
+
+    async def translate_documents(
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
+        tag: str = ""
+    ) -> tuple[ModelRunner, list[DocumentTranslation]]:
+        """Split each text into sentences (``serving.documents``, in the model's source language) and translate them
+        all in one admission, so that they batch together; one :class:`DocumentTranslation` per text, in order.
+
+        Limits: ``max_sentences_per_request`` counts the texts, ``max_document_sentences`` (or ``max_queue_size``,
+        when lower) their sentences together, ``max_chars_per_sentence`` applies to each sentence.
+
+        Raises:
+            LimitExceeded, InvalidInput, InputTooLong, ...: as :meth:`admit`; a sentence is named as
+                ``text[i] sentence j``.
+        """
+        runner = self.ready_model(model)
+        self._check_count(texts)
+        s = self.settings
+        most = min((s.max_document_sentences, "max_document_sentences"), (s.max_queue_size, "max_queue_size"))
+        try:
+            documents = split_documents(texts, source_language(runner.info), max_sentences=most,
+                                        max_chars=s.max_chars_per_sentence)
+        except InvalidText as e:
+            raise e.about(f"text[{list(texts).index(e.text)}]") from None
+        runner, pending = await self.admit(runner, sentences_of(documents), options, deadline, tag=tag,
+                                           documents=documents)
+        return runner, assemble(documents, await pending.wait())
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
                 input_s: float) -> None:

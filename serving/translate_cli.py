@@ -2,6 +2,10 @@
 
 One translation per output line, in input order; an empty (or blank) input line gives an empty output line. Stdin is
 read and translated in chunks, so output starts before the input ends and memory stays flat on large files.
+
+``--split-sentences`` translates each line as a document (``serving.documents``: split into sentences, the sentences
+of a chunk in one batch, joined with the line's own spaces). ``--truncate`` cuts a sentence longer than the model's
+positions instead of refusing it (exit 2 and one line, the default).
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model(parser, f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})")
     add_runtime(parser)
     add_decoding(parser, max_beam_size=MAX_BEAM_SIZE, max_length=MAX_OUTPUT_TOKENS)
+    parser.add_argument("--split-sentences", action="store_true",
+                        help="split each line into sentences, translate them as one batch and join them with the "
+                        "line's spaces (for lines of several sentences)")
+    parser.add_argument("--truncate", action="store_true",
+                        help="cut a sentence longer than the model's positions to them (default: refuse it, exit 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,14 +59,14 @@ def run(args: argparse.Namespace) -> int:
         translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
     except PackageError as e:
         raise UsageError(str(e)) from e
-    options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
+    options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length, truncate=args.truncate)
     subject = "argument" if args.text else "line"
     lines: Iterable[str] = args.text if args.text else _stdin_lines()
     line_number = 0
     try:
         for chunk in _chunks(lines, _CHUNK_LINES):
             try:
-                _write(_translate(translator, chunk, options, subject, line_number))
+                _write(_translate(translator, chunk, options, subject, line_number, args.split_sentences))
             except _BadLine as bad:  # the lines before it are written, then the one-line error
                 _write(bad.done)
                 raise UsageError(bad.message) from None
@@ -77,7 +86,8 @@ class _BadLine(Exception):
         self.done = done
 
 
-def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int) -> list[str]:
+def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int,
+               split: bool = False) -> list[str]:
     """One output line per input line (blank for a blank input).
 
     Raises:
@@ -88,7 +98,7 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
 
     todo = [i for i, text in enumerate(chunk) if text.strip()]
     try:
-        translations = translator.translate([chunk[i] for i in todo], options)
+        translations = _translations(translator, [chunk[i] for i in todo], options, split)
     except InvalidInput as e:
         index = getattr(e, "index", None)
         bad = chunk.index(e.text) if isinstance(e, InvalidText) else (todo[index] if isinstance(index, int)
@@ -97,11 +107,22 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
             raise UsageError(str(e)) from e
         where = f"{subject} {first + bad + 1}"
         message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
-        raise _BadLine(message, _translate(translator, chunk[:bad], options, subject, first) if bad else []) from e
+        done = _translate(translator, chunk[:bad], options, subject, first, split) if bad else []
+        raise _BadLine(message, done) from e
     outputs = [""] * len(chunk)
     for i, translation in zip(todo, translations, strict=True):
         outputs[i] = translation.text.replace("\r", " ").replace("\n", " ")
     return outputs
+
+
+def _translations(translator: Any, texts: list[str], options: Any, split: bool) -> list[Any]:
+    """The engine's translations of ``texts`` (each with ``text``); with ``split`` (``--split-sentences``), of
+    ``texts`` as documents."""
+    if split:
+        from serving.documents import translate_documents
+
+        return translate_documents(translator, texts, options)
+    return list(translator.translate(texts, options))
 
 
 def _write(outputs: list[str]) -> None:

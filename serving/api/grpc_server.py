@@ -177,7 +177,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _infer(self, runner: ModelRunner, parsed: InferRequest, started: float,
                      context: grpc.aio.ServicerContext) -> Any:
         service = self.service
-        options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))
+        options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"),
+                                  parsed.bool_parameter("truncate"))
         timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
         deadline = service.deadline(started, min(timeouts) if timeouts else None)
         runner, translations = await service.translate(runner, parsed.texts, options, deadline,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -26,6 +26,16 @@ def _json_integer(value: Any) -> Any:
 
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
+def _json_boolean(value: Any) -> Any:
+    """What JSON Schema calls a boolean: true and false, not 0, 1 or "true" (which lax pydantic would take)."""
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+JsonBool = Annotated[bool, BeforeValidator(_json_boolean)]
 
 
 
@@ -58,8 +68,40 @@ class TranslateRequest(BaseModel):
         json_schema_extra={"minimum": 1},
     )
 
+    split_sentences: JsonBool = Field(
+        default=False,
+        description="split each text into sentences, translate all of them in one batch and join the translations "
+        "with the text's own whitespace; each translation then lists its `sentences` (not on /v1/translate/stream)",
+    )
+    truncate: JsonBool = Field(
+        default=False,
+        description="a sentence longer than the model's positions (max_input_tokens): false refuses the request "
+        "(413), true cuts the sentence to them and marks its translation `truncated`",
+    )
+
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
+
+
+class TranslateStreamRequest(TranslateRequest):
+    """A sentence or a list of sentences to translate and stream (sentence splitting is not streamed)."""
+
+    split_sentences: Annotated[Literal[False], BeforeValidator(_json_boolean)] = Field(
+        default=False, description="not on the stream: split_sentences is a /v1/translate option"
+    )
+
+
+class SentenceOut(BaseModel):
+    """One sentence of a text translated with ``split_sentences``."""
+
+    source: str = Field(description="the sentence, text[start:end]")
+    text: str = Field(description="its translation")
+    start: int = Field(description="offset of its first character in the text (Unicode code points)")
+    end: int = Field(description="offset after its last character")
+    input_tokens: int = Field(description="source tokens, EOS included")
+    output_tokens: int = Field(description="target tokens generated, EOS excluded")
+    score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
+    truncated: bool = Field(default=False, description="the sentence was cut to the model's positions")
 
 
 class TranslationOut(BaseModel):
@@ -70,14 +112,40 @@ class TranslationOut(BaseModel):
     output_tokens: int = Field(description="target tokens generated, EOS excluded")
     score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
 
+    truncated: bool | None = Field(
+        default=None, description="present (true) when the source was cut to the model's positions (`truncate`)"
+    )
+    sentences: list[SentenceOut] | None = Field(
+        default=None, description="with `split_sentences`: each sentence of the text and its translation; `text` "
+        "is their translations joined with the text's whitespace"
+    )
+
     @classmethod
     def of(cls, translation: Any) -> TranslationOut:
-        return cls(
+        out = cls(
             text=translation.text,
             input_tokens=int(translation.input_tokens),
             output_tokens=int(translation.output_tokens),
             score=finite_score(translation.score),
         )
+        if getattr(translation, "truncated", False):  # set only then: other responses stay as they were
+            out.truncated = True
+        return out
+
+    @classmethod
+    def of_document(cls, document: Any) -> TranslationOut:
+        """A ``serving.documents.DocumentTranslation``: the joined text, token counts summed over its sentences."""
+        sentences = [
+            SentenceOut(source=s.source, text=s.translation.text, start=s.start, end=s.end,
+                        input_tokens=int(s.translation.input_tokens), output_tokens=int(s.translation.output_tokens),
+                        score=finite_score(s.translation.score), truncated=bool(s.translation.truncated))
+            for s in document.sentences
+        ]
+        out = cls(text=document.text, input_tokens=sum(s.input_tokens for s in sentences),
+                  output_tokens=sum(s.output_tokens for s in sentences), score=None, sentences=sentences)
+        if document.truncated:
+            out.truncated = True
+        return out
 
 
 class TranslateResponse(BaseModel):

@@ -31,6 +31,7 @@ from serving.api.schemas import (
     StreamPartial,
     TranslateRequest,
     TranslateResponse,
+    TranslateStreamRequest,
     TranslationOut,
     error_responses,
 )
@@ -46,22 +47,31 @@ _TRANSLATE_ERRORS = error_responses(400, 401, 404, 408, 413, 422, 500, 503, 504)
 router = APIRouter(prefix="/v1", tags=["v1"])
 
 
-def _response(runner: ModelRunner, translations: list[Any]) -> TranslateResponse:
+def _response(runner: ModelRunner, translations: list[Any], documents: list[Any] | None = None) -> TranslateResponse:
     info = runner.info
     return TranslateResponse(
         model=runner.name,
         version=str(info.version),
-        translations=[TranslationOut.of(t) for t in translations],
+        translations=[TranslationOut.of(t) for t in translations] if documents is None
+        else [TranslationOut.of_document(d) for d in documents],
     )
 
 
-@router.post("/translate", response_model=TranslateResponse, responses=_TRANSLATE_ERRORS)
+# Unset fields (truncated, sentences) are left out, so that answers without them are as they always were.
+@router.post("/translate", response_model=TranslateResponse, response_model_exclude_unset=True,
+             responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
-    """Translate one sentence or a list of sentences."""
-    options = service.options(body.beam_size, body.max_length)
+    """Translate one sentence or a list of sentences (with split_sentences: texts of several sentences)."""
+    options = service.options(body.beam_size, body.max_length, body.truncate)
     deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    tag = request_id(request)
+    if body.split_sentences:
+        runner, documents = await unless_disconnected(
+            request, service.translate_documents(body.model, body.texts(), options, deadline, tag=tag)
+        )
+        return _response(runner, [], documents)
     runner, translations = await unless_disconnected(
-        request, service.translate(body.model, body.texts(), options, deadline, tag=request_id(request))
+        request, service.translate(body.model, body.texts(), options, deadline, tag=tag)
     )
     return _response(runner, translations)
 
@@ -100,10 +110,10 @@ _STREAM_EVENT = {
     response_class=StreamingResponse,
 )
 async def translate_stream(
-    body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep
+    body: TranslateStreamRequest, request: Request, service: ServiceDep, _: ApiKeyDep
 ) -> StreamingResponse:
     """Translate and stream partial text as Server-Sent Events."""
-    options = service.options(body.beam_size, body.max_length)
+    options = service.options(body.beam_size, body.max_length, body.truncate)
     deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
@@ -152,7 +162,7 @@ async def _stream_events(
             text = translation.text
             if text.startswith(emitted[index]) and len(text) > len(emitted[index]):
                 yield _sse("partial", {"index": index, "delta": text[len(emitted[index]) :]})
-        yield _sse("final", _response(runner, translations).model_dump())
+        yield _sse("final", _response(runner, translations).model_dump(exclude_unset=True))
     finally:
         watcher.cancel()
         if not result.done():

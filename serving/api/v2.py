@@ -62,6 +62,9 @@ _INFER_REQUEST = {
                 "timeout": {"type": ["integer", "null"], "minimum": 0,
                             "description": "deadline in microseconds (0: the server's default)"},
                 "binary_data_output": {"type": "boolean"},
+                "truncate": {"type": ["boolean", "null"],
+                             "description": "cut a sentence longer than the model's positions instead of refusing "
+                                            "it (413)"},
             },
         },
         "inputs": {
@@ -254,7 +257,8 @@ async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, 
     runner = service.version(name, version)
     body = _decompress(await request.body(), request.headers.get("content-encoding"), service.settings.max_body_bytes)
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"))
-    options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"))
+    options = service.options(parsed.int_parameter("beam_size"), parsed.int_parameter("max_length"),
+                              parsed.bool_parameter("truncate"))
     timeout_us = parsed.int_parameter("timeout")
     deadline = service.deadline(request_started(request), None if not timeout_us else timeout_us / 1e6)
     runner, translations = await unless_disconnected(
