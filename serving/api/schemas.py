@@ -176,6 +176,8 @@ class Limits(BaseModel):
     max_output_tokens: int
     max_sentences_per_request: int
     max_chars_per_sentence: int
+    max_document_sentences: int = Field(description="most sentences of a request with split_sentences, all its texts "
+                                        "together (the lower of the settings max_document_sentences, max_queue_size)")
 
 
 class ModelsResponse(BaseModel):

@@ -178,6 +178,7 @@ async def list_models(service: ServiceDep) -> ModelsResponse:
         max_output_tokens=s.max_output_tokens,
         max_sentences_per_request=s.max_sentences_per_request,
         max_chars_per_sentence=s.max_chars_per_sentence,
+        max_document_sentences=min(s.max_document_sentences, s.max_queue_size),
     )
     return ModelsResponse(models=[_model_out(service, runner) for runner in service.models.values()], limits=limits)
 

@@ -145,6 +145,7 @@ def test_limits_of_a_split_request(serve: Any) -> None:
         texts = client.post("/v1/translate", json={"text": ["One.", "Two.", "Three."], "split_sentences": True})
         empty = client.post("/v1/translate", json={"text": ["One.", " \n"], "split_sentences": True})
         stream = client.post("/v1/translate/stream", json={"text": "One. Two.", "split_sentences": True})
+        limits = client.get("/v1/models").json()["limits"]
     assert long_document.status_code == 200  # 17 characters: the limit is a sentence's
     assert too_many.status_code == 413 and "(max_document_sentences)" in too_many.json()["error"]["message"]
     assert long_sentence.status_code == 413
@@ -152,6 +153,7 @@ def test_limits_of_a_split_request(serve: Any) -> None:
     assert texts.status_code == 413 and "(max_sentences_per_request" in texts.json()["error"]["message"]
     assert empty.status_code == 400 and "text[1] is empty" in empty.json()["error"]["message"]
     assert stream.status_code == 422 and "split_sentences" in stream.json()["error"]["message"]
+    assert limits["max_document_sentences"] == 3
 
 
 def test_the_document_states_the_limits_of_split_texts(client: Any) -> None:
