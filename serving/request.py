@@ -84,8 +84,9 @@ class DecodeOptions:
         Raises:
             InvalidInput: ``"parameter 'beam_size' must be a positive integer, got ..."``.
         """
-        numbers = (positive_int(f"parameter {name!r}", parameters.get(name)) for name in ("beam_size", "max_length"))
-        return cls(*numbers, truncate=boolean("parameter 'truncate'", parameters.get("truncate", False)))
+        beam_size, max_length = (positive_int(f"parameter {name!r}", parameters.get(name))
+                                 for name in ("beam_size", "max_length"))
+        return cls(beam_size, max_length, truncate=boolean("parameter 'truncate'", parameters.get("truncate", False)))
 
 
 @dataclass(frozen=True)
