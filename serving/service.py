@@ -257,22 +257,9 @@ class TranslationService:
             InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
             InputTooLong: a sentence with more tokens than the model has positions.
         """
-        s = self.settings
         if documents is None:
-            self._check_count(texts)
-        total = 0
-        for i, text in enumerate(texts):
-            total += len(text)
-            if documents is not None:
-                continue
-            if not text.strip():
-                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
-            if len(text) > s.max_chars_per_sentence:
-                raise LimitExceeded(
-                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
-                    "(max_chars_per_sentence)",
-                    limit="max_chars_per_sentence",
-                )
+            self._check_texts(texts)
+        total = sum(len(text) for text in texts)
         assert runner.translator is not None
         translator = runner.translator
         try:
@@ -291,16 +278,26 @@ class TranslationService:
                 index=e.index, tokens=e.tokens, limit=e.limit,
             ) from None
 
-    def _check_count(self, texts: Sequence[str]) -> None:
-        limit = self.settings.max_sentences_per_request
+    def _check_texts(self, texts: Sequence[str], *, sentences: bool = True) -> None:
+        """The request-size limits of ``texts``: their number and (``sentences``) each one's characters."""
+        s = self.settings
         if not texts:
             raise InvalidInput("no text to translate")
-        if len(texts) > limit:
+        if len(texts) > s.max_sentences_per_request:
             raise LimitExceeded(
-                f"{len(texts)} sentences in one request; the limit is {limit} "
+                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
                 "(max_sentences_per_request; use /v1/translate/bulk for more)",
                 limit="max_sentences_per_request",
             )
+        for i, text in enumerate(texts if sentences else ()):
+            if not text.strip():
+                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
+            if len(text) > s.max_chars_per_sentence:
+                raise LimitExceeded(
+                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
+                    "(max_chars_per_sentence)",
+                    limit="max_chars_per_sentence",
+                )
 
     async def admit(
         self,
@@ -369,7 +366,7 @@ class TranslationService:
                 ``text[i] sentence j``.
         """
         runner = self.ready_model(model)
-        self._check_count(texts)
+        self._check_texts(texts, sentences=False)  # a text is a document: its sentences' limits are checked below
         s = self.settings
         most = min((s.max_document_sentences, "max_document_sentences"), (s.max_queue_size, "max_queue_size"))
         try:
