@@ -117,7 +117,7 @@ class TranslationOut(BaseModel):
     )
     sentences: list[SentenceOut] | None = Field(
         default=None, description="with `split_sentences`: each sentence of the text and its translation; `text` "
-        "is their translations joined with the text's whitespace"
+        "is their translations joined with the text's whitespace, the token counts are their sums, `score` is null"
     )
 
     @classmethod

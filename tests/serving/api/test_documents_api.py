@@ -165,3 +165,17 @@ def test_the_document_states_the_limits_of_split_texts(client: Any) -> None:
     stream = schemas["TranslateStreamRequest"]
     assert stream["properties"]["split_sentences"]["const"] is False
     assert stream["properties"]["text"]["anyOf"][0]["maxLength"] == 2000
+
+
+def test_bulk_lines_are_truncated_when_asked(serve: Any) -> None:
+    import json
+
+    body = b'"a b c d e f"\n"fine"\n'
+    with serve(EchoTranslator(max_input_tokens=4), warmup=False) as client:
+        refused = client.post("/v1/translate/bulk", content=body, headers={"Content-Type": "application/x-ndjson"})
+        cut = client.post("/v1/translate/bulk?truncate=true", content=body,
+                          headers={"Content-Type": "application/x-ndjson"})
+    refused_lines = {line["index"]: line for line in map(json.loads, refused.text.splitlines())}
+    assert refused_lines[0]["error"]["status"] == 413 and "text" in refused_lines[1]
+    lines = {line["index"]: line for line in map(json.loads, cut.text.splitlines())}
+    assert (lines[0]["text"], lines[0]["truncated"]) == ("C B A", True) and "truncated" not in lines[1]
