@@ -212,7 +212,7 @@ def decoding_values(args: argparse.Namespace) -> dict[str, Any]:
     """The decoding options of :func:`add_decoding` and :func:`add_decoding_features` by their
     ``serving.request.OPTION_NAMES`` (None where not given)."""
     names = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty", "no_repeat_ngram_size",
-             "disable_unk", "temperature", "top_k", "top_p", "seed")
+             "disable_unk", "temperature", "top_k", "top_p", "seed", "truncate")
     return {name: getattr(args, name, None) for name in names}
 
 

@@ -51,11 +51,10 @@ class _Group:
     options: SearchOptions
     caps: np.ndarray
     sources: list[list[int]]
+    prepared: Prepared  # the group as added; marks its translations (Prepared.mark)
     on_result: OnResult
     alive: Callable[[], bool]
     on_partial: OnPartial | None
-    seeds: np.ndarray | None = None
-    prefixes: list[list[int]] | None = None
     results: dict[int, Translation] = field(default_factory=dict)
     partial: dict[int, str] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
@@ -124,8 +123,7 @@ class ContinuousDecoder:
             raise InvalidInput("no texts to translate")
         ids = range(self._next_id, self._next_id + len(prepared))
         self._next_id += len(prepared)
-        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, on_result, alive, on_partial,
-                       prepared.seeds, prepared.prefixes)
+        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, prepared, on_result, alive, on_partial)
         self._joining.append(group)
         for index, sentence in enumerate(ids):
             self._owner[sentence] = (group, index)
@@ -176,7 +174,7 @@ class ContinuousDecoder:
         for group in groups:
             rows = row_of[start : start + len(group.sources)]
             joining.append(Joining(group.options, np.asarray(group.ids, dtype=np.int64), group.caps, rows,
-                                   group.seeds, group.prefixes))
+                                   group.prepared.seeds, group.prepared.prefixes))
             start += len(group.sources)
         if not self._lanes or self._lanes[-1].width >= self.max_join_width:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
@@ -221,7 +219,7 @@ class ContinuousDecoder:
             if len(group.results) == len(group.sources):
                 logger.debug("group of %d done in %.1f ms", len(group.sources),
                              (time.perf_counter() - group.started) * 1000)
-                _call(group.on_result, [group.results[i] for i in range(len(group.sources))])
+                _call(group.on_result, group.prepared.mark([group.results[i] for i in range(len(group.sources))]))
 
     def _stream_hook(self, ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """The searches' streaming hook: sentence ``ids[i]`` now reads ``tokens[i, :lengths[i]]``."""

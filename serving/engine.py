@@ -35,7 +35,7 @@ from serving.decoding.rules import sentence_seeds
 from serving.encoding import encode_sorted
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
-from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, check_lengths
+from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, fit_sources
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "TokenIds", "Translation", "Translator"]
@@ -126,6 +126,7 @@ class Translator:
             decoding=manifest.decoding,
             source_vocab_size=architecture.source_vocab_size,
             target_vocab_size=architecture.target_vocab_size,
+            source_language=manifest.tokenizer.settings.get("source_lang") or None,
         )
         tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
         try:
@@ -151,12 +152,12 @@ class Translator:
 
         Arguments:
             texts: source texts; an empty text is translated as a source of just EOS.
-            options: decoding overrides.
+            options: decoding overrides, the over-long policy (``truncate``).
             target_prefix: for each text, the start its translation is forced to (CTranslate2's ``target_prefix``;
                 an empty string: none), or None.
 
         Raises:
-            InputTooLong: a text has more tokens than the model has positions.
+            InputTooLong: a text has more tokens than the model has positions (unless ``options.truncate``).
             InvalidInput: not one target prefix per text, or a prefix as long as the translation may be.
         """
         prefixes = None
@@ -187,8 +188,8 @@ class Translator:
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None,
                   prefixes: list[list[int]] | None = None) -> Prepared:
         options = options or DecodeOptions()
+        sources, truncated = fit_sources(sources, self.info.max_input_tokens, options.truncate)
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
-        check_lengths(lengths, self.info.max_input_tokens)
         caps = self.max_steps(lengths, options)
         if prefixes is not None and any(prefixes):
             prefix_lengths = np.array([len(prefix) for prefix in prefixes], dtype=np.int64)
@@ -202,7 +203,8 @@ class Translator:
         seeds = None
         if options.sampling:
             seeds = sentence_seeds(secrets.randbits(63) if options.seed is None else options.seed, len(sources))
-        return Prepared(sources, caps, self.search_options(options), seeds, prefixes)
+        return Prepared(sources, caps, self.search_options(options), truncated=truncated, seeds=seeds,
+                        prefixes=prefixes)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
         """The search options a request resolves to (the package's defaults overridden by ``options``)."""
@@ -269,7 +271,7 @@ class Translator:
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
             self._translate_batch(batch, prepared, lengths, results, on_partial)
-        return [r for r in results if r is not None]
+        return prepared.mark([r for r in results if r is not None])
 
     def translate(
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None

@@ -111,6 +111,7 @@ class InferRequest:
         return value
 
 
+
 def model_metadata(name: str, version: str, platform: str) -> dict[str, Any]:
     """The model metadata document (``GET /v2/models/{name}``)."""
     return {

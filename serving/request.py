@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral
 from typing import Any, Protocol
 
@@ -54,20 +54,23 @@ def _number(name: str, value: object, low: float, high: float | None, low_open: 
     return float(value)
 
 
-def _flag(name: str, value: object) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
+def boolean(name: str, value: object) -> bool:
+    """``value`` when it is a bool (JSON's true or false): the one check of a request's switches.
+
+    Raises:
+        InvalidInput: ``"<name> must be true or false, got <value>"``.
+    """
+    if not isinstance(value, bool | np.bool_):
         raise InvalidInput(f"{name} must be true or false, got {value!r}")
-    return value
+    return bool(value)
 
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 """The options that apply to sampling only (``do_sample``)."""
 
 OPTION_NAMES = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty",
-                "no_repeat_ngram_size", "disable_unk", "do_sample", *SAMPLING_OPTIONS)
-"""Every decoding option, as each surface names it (``/v1`` fields, ``/v2`` and gRPC parameters, CLI flags)."""
+                "no_repeat_ngram_size", "disable_unk", "do_sample", *SAMPLING_OPTIONS, "truncate")
+"""Every option of :class:`DecodeOptions`, as each surface names it (``/v1`` fields, ``/v2`` and gRPC parameters, CLI flags)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class DecodeOptions:
         top_k: sample among the k most likely tokens.
         top_p: sample among the most likely tokens whose probability reaches top_p (nucleus sampling).
         seed: makes sampling reproducible: the same seed gives the same output, however requests are batched.
+        truncate: the over-long policy: False (the default) refuses a source with more tokens than the model has
+            positions (``InputTooLong``); True cuts it to them, EOS kept last, and marks its translation
+            (``Translation.truncated``); see :func:`fit_sources`.
 
     Raises:
         InvalidInput: a value of the wrong type or out of range, or options that do not go together (named).
@@ -109,6 +115,7 @@ class DecodeOptions:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    truncate: bool = False
 
     def __post_init__(self) -> None:
         check_options({name: getattr(self, name) for name in OPTION_NAMES})
@@ -123,7 +130,7 @@ class DecodeOptions:
         """
         values = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
         check_options(values, label)
-        return cls(**{**values, "disable_unk": bool(values["disable_unk"])})
+        return cls(**{**values, "disable_unk": bool(values["disable_unk"]), "truncate": bool(values["truncate"])})
 
     @property
     def sampling(self) -> bool:
@@ -154,9 +161,9 @@ def check_options(values: Mapping[str, Any], label: Label = "{}") -> None:
     _number(name("repetition_penalty"), values.get("repetition_penalty"), 0.0, None)
     _number(name("temperature"), values.get("temperature"), 0.0, None)
     _number(name("top_p"), values.get("top_p"), 0.0, 1.0)
-    if values.get("do_sample") is not None:
-        _flag(name("do_sample"), values.get("do_sample"))
-    _flag(name("disable_unk"), values.get("disable_unk"))
+    for switch in ("do_sample", "disable_unk", "truncate"):
+        if values.get(switch) is not None:
+            boolean(name(switch), values.get(switch))
     seed = values.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64):
         raise InvalidInput(f"{name('seed')} must be an integer from 0 to 2**64 - 1, got {seed!r}")
@@ -192,6 +199,8 @@ class ModelInfo:
         decoding: the package's decoding defaults.
         source_vocab_size: source vocabulary size.
         target_vocab_size: target vocabulary size.
+        source_language: the sources' language code when the manifest names one (``tokenizer.source_lang``), else
+            None (``serving.documents`` splits in it).
     """
 
     name: str
@@ -203,6 +212,7 @@ class ModelInfo:
     decoding: DecodingDefaults
     source_vocab_size: int
     target_vocab_size: int
+    source_language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +227,8 @@ class Translation:
         token_ids: generated ids, EOS excluded.
         alternatives: the next best translations, best first (``num_hypotheses - 1``; their own
             ``alternatives`` empty).
+        truncated: the source was cut to the model's positions (``DecodeOptions.truncate``); ``input_tokens`` is then
+            what the model read.
     """
 
     text: str
@@ -225,6 +237,7 @@ class Translation:
     score: float | None
     token_ids: list[int]
     alternatives: tuple[Translation, ...] = ()
+    truncated: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +248,7 @@ class Prepared:
         sources: each sentence's source ids, EOS appended.
         caps: ``[N]`` int64, each sentence's cap on generated tokens, EOS included (a target prefix included).
         search: the search options the request's :class:`DecodeOptions` resolve to.
+        truncated: each sentence's flag, whether its source was cut (:func:`fit_sources`); empty when none was.
         seeds: ``[N]`` uint64, each sentence's sampling seed (``search.sampling``), else None.
         prefixes: each sentence's forced target prefix (target ids, no EOS), or None.
     """
@@ -242,6 +256,7 @@ class Prepared:
     sources: list[list[int]]
     caps: np.ndarray
     search: SearchOptions
+    truncated: tuple[bool, ...] = ()
     seeds: np.ndarray | None = None
     prefixes: list[list[int]] | None = None
 
@@ -257,12 +272,20 @@ class Prepared:
         """The sentences ``rows``, in that order."""
         index = np.asarray(rows, dtype=np.int64)
         return Prepared([self.sources[i] for i in rows], self.caps[index], self.search,
-                        None if self.seeds is None else self.seeds[index],
-                        None if self.prefixes is None else [self.prefixes[i] for i in rows])
+                        truncated=tuple(self.truncated[i] for i in rows) if self.truncated else (),
+                        seeds=None if self.seeds is None else self.seeds[index],
+                        prefixes=None if self.prefixes is None else [self.prefixes[i] for i in rows])
 
     def split(self) -> list[Prepared]:
         """One :class:`Prepared` per sentence (a batcher's items)."""
         return [self.take([i]) for i in range(len(self.sources))]
+
+    def mark(self, translations: Sequence[Translation]) -> list[Translation]:
+        """``translations`` of these sentences, in order, each marked ``truncated`` when its source was cut (what
+        every ``Engine.run`` returns)."""
+        if not any(self.truncated):
+            return list(translations)
+        return [replace(t, truncated=True) if cut else t for t, cut in zip(translations, self.truncated, strict=True)]
 
     @staticmethod
     def join(parts: Sequence[Prepared]) -> Prepared:
@@ -278,6 +301,9 @@ class Prepared:
         first = parts[0].search
         if any(part.search != first for part in parts):
             raise ValueError("prepared sentences with different search options cannot share a batch")
+        truncated: tuple[bool, ...] = ()
+        if any(part.truncated for part in parts):
+            truncated = tuple(cut for part in parts for cut in part.truncated or (False,) * len(part))
         seeds = None
         if any(part.seeds is not None for part in parts):
             seeds = np.concatenate([np.zeros(len(p), np.uint64) if p.seeds is None else p.seeds for p in parts])
@@ -285,7 +311,7 @@ class Prepared:
         if any(part.prefixes is not None for part in parts):
             prefixes = [prefix for p in parts for prefix in (p.prefixes or [[] for _ in p.sources])]
         return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first,
-                        seeds, prefixes)
+                        truncated=truncated, seeds=seeds, prefixes=prefixes)
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
@@ -300,6 +326,31 @@ def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
         tokens = int(array[index])
         raise InputTooLong(f"text {index} has {tokens} tokens; the model accepts at most {limit}",
                            index=index, tokens=tokens, limit=limit)
+
+
+def fit_sources(sources: list[list[int]], limit: int, truncate: bool) -> tuple[list[list[int]], tuple[bool, ...]]:
+    """The over-long policy, in one place: sources (EOS last) within the model's ``limit`` of positions.
+
+    Arguments:
+        sources: each sentence's source ids, EOS appended.
+        limit: the model's positions (``ModelInfo.max_input_tokens``).
+        truncate: False refuses an over-long source (:func:`check_lengths`); True keeps its first ``limit - 1`` ids
+            and its EOS.
+
+    Returns:
+        The sources and each one's flag, whether it was cut (empty when none was).
+
+    Raises:
+        InputTooLong: without ``truncate``, for the first source that is too long.
+    """
+    lengths = [len(source) for source in sources]
+    if not truncate:
+        check_lengths(lengths, limit)
+        return sources, ()
+    cut = tuple(length > limit for length in lengths)
+    if not any(cut):
+        return sources, ()
+    return [[*s[: limit - 1], s[-1]] if c else s for s, c in zip(sources, cut, strict=True)], cut
 
 
 class Engine(Protocol):

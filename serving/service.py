@@ -17,6 +17,15 @@ from typing import Any
 
 from serving.batching import Pending
 from serving.decoding import SearchOptions
+from serving.documents import (
+    Document,
+    DocumentTranslation,
+    assemble,
+    sentences_of,
+    source_language,
+    split_documents,
+    too_long,
+)
 from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError
@@ -246,8 +255,10 @@ class TranslationService:
         return started + limit
 
     async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
+                      documents: Sequence[Document] | None = None,
                       target_prefix: Sequence[str] | None = None) -> Prepared:
         """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
+        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits).
 
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
@@ -255,26 +266,9 @@ class TranslationService:
             InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
             InputTooLong: a sentence with more tokens than the model has positions.
         """
-        s = self.settings
-        if not texts:
-            raise InvalidInput("no text to translate")
-        if len(texts) > s.max_sentences_per_request:
-            raise LimitExceeded(
-                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
-                "(max_sentences_per_request; use /v1/translate/bulk for more)",
-                limit="max_sentences_per_request",
-            )
-        total = 0
-        for i, text in enumerate(texts):
-            if not text.strip():
-                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
-            if len(text) > s.max_chars_per_sentence:
-                raise LimitExceeded(
-                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
-                    "(max_chars_per_sentence)",
-                    limit="max_chars_per_sentence",
-                )
-            total += len(text)
+        if documents is None:
+            self._check_texts(texts)
+        total = sum(len(text) for text in texts)
         assert runner.translator is not None
         translator = runner.translator
         try:
@@ -288,10 +282,34 @@ class TranslationService:
                      else f"target_prefix[{list(target_prefix or []).index(e.text)}]")
             raise e.about(where) from None
         except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
+            if documents is not None:
+                e = too_long(e, documents)
+                raise InputTooLong(f"text[{e.index}] {e}", index=e.index, tokens=e.tokens, limit=e.limit) from None
             raise InputTooLong(
                 f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
                 index=e.index, tokens=e.tokens, limit=e.limit,
             ) from None
+
+    def _check_texts(self, texts: Sequence[str], *, sentences: bool = True) -> None:
+        """The request-size limits of ``texts``: their number and (``sentences``) each one's characters."""
+        s = self.settings
+        if not texts:
+            raise InvalidInput("no text to translate")
+        if len(texts) > s.max_sentences_per_request:
+            raise LimitExceeded(
+                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
+                "(max_sentences_per_request; use /v1/translate/bulk for more)",
+                limit="max_sentences_per_request",
+            )
+        for i, text in enumerate(texts if sentences else ()):
+            if not text.strip():
+                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
+            if len(text) > s.max_chars_per_sentence:
+                raise LimitExceeded(
+                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
+                    "(max_chars_per_sentence)",
+                    limit="max_chars_per_sentence",
+                )
 
     async def admit(
         self,
@@ -303,9 +321,11 @@ class TranslationService:
         on_partial: OnPartial | None = None,
         tag: str = "",
         wait_for_room: bool = False,
+        documents: Sequence[Document] | None = None,
         target_prefix: Sequence[str] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
-        """Check and admit ``texts``; await ``pending.wait()`` for the translations.
+        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`); await ``pending.wait()``
+        for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
@@ -315,7 +335,7 @@ class TranslationService:
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options, target_prefix)
+            prepared = await self.prepare(runner, texts, options, documents, target_prefix)
         except BaseException:
             runner.active -= 1
             raise
@@ -344,6 +364,33 @@ class TranslationService:
         """Translate ``texts`` with ``model``: one translation per text, in order."""
         runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
         return runner, await pending.wait()
+
+    async def translate_documents(
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
+        tag: str = ""
+    ) -> tuple[ModelRunner, list[DocumentTranslation]]:
+        """Split each text into sentences (``serving.documents``, in the model's source language) and translate them
+        all in one admission, so that they batch together; one :class:`DocumentTranslation` per text, in order.
+
+        Limits: ``max_sentences_per_request`` counts the texts, ``max_document_sentences`` (or ``max_queue_size``,
+        when lower) their sentences together, ``max_chars_per_sentence`` applies to each sentence.
+
+        Raises:
+            LimitExceeded, InvalidInput, InputTooLong, ...: as :meth:`admit`; a sentence is named as
+                ``text[i] sentence j``.
+        """
+        runner = self.ready_model(model)
+        self._check_texts(texts, sentences=False)  # a text is a document: its sentences' limits are checked below
+        s = self.settings
+        most = min((s.max_document_sentences, "max_document_sentences"), (s.max_queue_size, "max_queue_size"))
+        try:
+            documents = split_documents(texts, source_language(runner.info), max_sentences=most,
+                                        max_chars=s.max_chars_per_sentence)
+        except InvalidText as e:
+            raise e.about(f"text[{list(texts).index(e.text)}]") from None
+        runner, pending = await self.admit(runner, sentences_of(documents), options, deadline, tag=tag,
+                                           documents=documents)
+        return runner, assemble(documents, await pending.wait())
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
                 input_s: float) -> None:

@@ -67,7 +67,11 @@ class ServingSettings(BaseSettings):
         retry_after_s: the Retry-After value sent with that 503.
         request_timeout_s: default deadline of a request; a client may only shorten it.
         max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
-        max_chars_per_sentence: longest sentence accepted, in characters.
+        max_chars_per_sentence: longest sentence accepted, in characters (with ``split_sentences``: each sentence
+            after splitting).
+        max_document_sentences: most sentences of one /v1/translate request with ``split_sentences``, all its texts
+            together (the texts themselves count against ``max_sentences_per_request``); ``max_queue_size`` when
+            that is lower (more could never be queued).
         max_body_bytes: largest request body (bulk requests excepted).
         max_bulk_body_bytes: largest body of a bulk NDJSON request.
         bulk_window: sentences of one bulk request in flight at a time.
@@ -120,6 +124,7 @@ class ServingSettings(BaseSettings):
 
     max_sentences_per_request: int = Field(default=128, ge=1)
     max_chars_per_sentence: int = Field(default=2000, ge=1)
+    max_document_sentences: int = Field(default=256, ge=1)
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_bulk_body_bytes: int = Field(default=64 << 20, ge=1024)
     bulk_window: int = Field(default=64, ge=1)

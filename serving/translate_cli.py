@@ -2,6 +2,10 @@
 
 One translation per output line, in input order; an empty (or blank) input line gives an empty output line. Stdin is
 read and translated in chunks, so output starts before the input ends and memory stays flat on large files.
+
+``--split-sentences`` translates each line as a document (``serving.documents``: split into sentences, the sentences
+of a chunk in one batch, joined with the line's own spaces). ``--truncate`` cuts a sentence longer than the model's
+positions instead of refusing it (exit 2 and one line, the default).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime(parser)
     add_decoding(parser, max_beam_size=MAX_BEAM_SIZE, max_length=MAX_OUTPUT_TOKENS)
     add_decoding_features(parser)
+    parser.add_argument("--split-sentences", action="store_true",
+                        help="split each line into sentences, translate them as one batch and join them with the "
+                        "line's spaces (for lines of several sentences)")
+    parser.add_argument("--truncate", action="store_true",
+                        help="cut a sentence longer than the model's positions to them (default: refuse it, exit 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
     except InvalidInput as e:
         raise UsageError(str(e)) from e
+    if args.split_sentences and (args.target_prefix is not None or (options.num_hypotheses or 1) > 1):
+        raise UsageError("--split-sentences translates sentences and joins them: not with --target-prefix or "
+                         "--num-hypotheses above 1")
 
     try:
         translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
@@ -69,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for chunk in _chunks(lines, _CHUNK_LINES):
             try:
-                _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix))
+                _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
+                                  args.split_sentences))
             except _BadLine as bad:  # the lines before it are written, then the one-line error
                 _write(bad.done)
                 raise UsageError(bad.message) from None
@@ -90,7 +103,7 @@ class _BadLine(Exception):
 
 
 def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int,
-               target_prefix: str | None = None) -> list[str]:
+               target_prefix: str | None = None, split: bool = False) -> list[str]:
     """One output line per input line (blank for a blank input); with ``num_hypotheses`` above 1, the n-best lines
     of each input line, Marian's way: ``LINE ||| TEXT ||| SCORE`` (LINE counts from 0).
 
@@ -103,7 +116,7 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
     todo = [i for i, text in enumerate(chunk) if text.strip()]
     prefixes = None if target_prefix is None else [target_prefix] * len(todo)
     try:
-        translations = translator.run(translator.prepare([chunk[i] for i in todo], options, prefixes))
+        translations = _translations(translator, [chunk[i] for i in todo], options, split, prefixes)
     except InvalidInput as e:
         index = getattr(e, "index", None)
         bad = chunk.index(e.text) if isinstance(e, InvalidText) else (todo[index] if isinstance(index, int)
@@ -112,7 +125,7 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
             raise UsageError(str(e)) from e
         where = f"{subject} {first + bad + 1}"
         message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
-        done = _translate(translator, chunk[:bad], options, subject, first, target_prefix) if bad else []
+        done = _translate(translator, chunk[:bad], options, subject, first, target_prefix, split) if bad else []
         raise _BadLine(message, done) from e
     if (options.num_hypotheses or 1) > 1:
         return [f"{first + i} ||| {_one_line(t.text)} ||| {t.score:.6f}" for i, translation in zip(todo, translations,
@@ -125,6 +138,17 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
 
 def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
+
+
+def _translations(translator: Any, texts: list[str], options: Any, split: bool,
+                  prefixes: list[str] | None) -> list[Any]:
+    """The engine's translations of ``texts`` (each with ``text``); with ``split`` (``--split-sentences``), of
+    ``texts`` as documents."""
+    if split:
+        from serving.documents import translate_documents
+
+        return translate_documents(translator, texts, options)
+    return list(translator.run(translator.prepare(texts, options, prefixes)))
 
 
 def _write(outputs: list[str]) -> None:

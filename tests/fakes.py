@@ -3,7 +3,8 @@
 ``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``,
 ``prepare_ids``, ``run``, ``translate``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
 so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
-it meets new words) and checks the lengths with the engine's own check, and ``run`` sees ids only. It can be slowed
+it meets new words) and checks (or, with ``truncate``, cuts) the lengths with the engine's own check, and ``run`` sees
+ids only. It can be slowed
 down (``step_delay``) to make batching, overload, deadlines and streaming observable, and it records every batch it
 ran (as the texts its ids stand for).
 """
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from serving.decoding import SearchOptions
-from serving.request import DecodeOptions, OnPartial, Prepared, Translation, check_lengths
+from serving.request import DecodeOptions, OnPartial, Prepared, Translation, fit_sources
 
 EOS = 0
 
@@ -73,11 +74,11 @@ class EchoTranslator:
         options = options or DecodeOptions()  # target_prefix: the echo ignores it
         with self._lock:
             sources = [[*(self._id(word) for word in text.split()), EOS] for text in texts]
-        check_lengths([len(source) for source in sources], self.info.max_input_tokens)
+        sources, truncated = fit_sources(sources, self.info.max_input_tokens, options.truncate)
         cap = self.info.max_input_tokens if options.max_length is None else options.max_length + 1
         search = SearchOptions(eos_id=EOS, decoder_start_id=EOS, beam_size=options.beam_size or 1,
                                forced_eos=options.max_length is not None)
-        return Prepared(sources, np.full(len(sources), cap, dtype=np.int64), search)
+        return Prepared(sources, np.full(len(sources), cap, dtype=np.int64), search, truncated)
 
     def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
         with self._lock:
@@ -100,7 +101,7 @@ class EchoTranslator:
                 for i, words in enumerate(targets):
                     if step < len(words):
                         on_partial(i, " ".join(words[: step + 1]))
-        return [
+        return prepared.mark([
             Translation(
                 text=" ".join(words),
                 input_tokens=len(source),
@@ -109,7 +110,7 @@ class EchoTranslator:
                 token_ids=list(range(len(words))),
             )
             for words, source in zip(targets, prepared.sources, strict=True)
-        ]
+        ])
 
     def translate(
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None

@@ -117,9 +117,11 @@ async def translate_bulk(
     model: str | None = Query(default=None, description="model name (default: the server's first model)"),
     beam_size: int | None = Query(default=None, description="beam width (default: the model's)"),
     max_length: int | None = Query(default=None, description="most target tokens per sentence"),
+    truncate: bool = Query(default=False, description="cut a line longer than the model's positions instead of "
+                           "refusing it; its result then says `truncated: true`"),
 ) -> StreamingResponse:
     """Translate NDJSON lines; results stream back as NDJSON as they complete."""
-    options = service.options({"beam_size": beam_size, "max_length": max_length})
+    options = service.options({"beam_size": beam_size, "max_length": max_length, "truncate": truncate})
     service.ready_model(model)  # refuse before streaming: unknown model, not ready
     return DuplexStreamingResponse(
         _bulk(request, service, model, options),
@@ -164,7 +166,7 @@ async def _bulk(
             body: dict[str, Any] = {"index": index}
             if line_id is not None:
                 body["id"] = line_id
-            body.update(TranslationOut.of(translation).model_dump())
+            body.update(TranslationOut.of(translation).model_dump(exclude_unset=True))
             out.put_nowait((json.dumps(body, ensure_ascii=False) + "\n").encode())
         finally:
             window.release()

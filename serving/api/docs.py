@@ -63,19 +63,9 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
     maxima = {"beam_size": settings.max_beam_size, "max_length": settings.max_output_tokens,
               "num_hypotheses": settings.max_beam_size, "min_length": settings.max_output_tokens}
     schemas = document.get("components", {}).get("schemas", {})
-    request = schemas.get("TranslateRequest", {}).get("properties", {})
-    for name, maximum in maxima.items():
-        if name in request:
-            request[name]["maximum"] = maximum
-    if "text" in request:
-        sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
-        request["text"]["anyOf"] = [
-            sentence,
-            {"type": "array", "items": sentence, "minItems": 1, "maxItems": settings.max_sentences_per_request},
-        ]
     names = list(service.models)
-    if "model" in request:
-        request["model"]["enum"] = [*names, None]
+    for schema_name in ("TranslateRequest", "TranslateStreamRequest"):
+        _request_limits(schemas.get(schema_name, {}), service, maxima, names)
     versions = sorted({str(r.info.version) for r in service.models.values() if r.translator is not None})
     for path in document.get("paths", {}).values():
         for operation in path.values():
@@ -96,3 +86,31 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
             if "data" in tensor:
                 tensor["data"]["items"]["maxLength"] = settings.max_chars_per_sentence
     return document
+
+
+def _request_limits(schema: dict[str, Any], service: TranslationService, maxima: dict[str, int],
+                    names: list[str]) -> None:
+    """A /v1 request body's limits: the options' maxima, the model names, and the texts' limits, which
+    ``split_sentences`` changes (a text is then a document: each of its sentences is limited, not the text)."""
+    settings = service.settings
+    request = schema.get("properties", {})
+    for name, maximum in maxima.items():
+        if name in request:
+            request[name]["maximum"] = maximum
+    if "model" in request:
+        request["model"]["enum"] = [*names, None]
+    if "text" not in request:
+        return
+
+    def texts(item: dict[str, Any]) -> list[dict[str, Any]]:
+        return [item, {"type": "array", "items": item, "minItems": 1, "maxItems": settings.max_sentences_per_request}]
+
+    sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
+    if request.get("split_sentences", {}).get("const") is False:  # the stream: texts are sentences
+        request["text"]["anyOf"] = texts(sentence)
+        return
+    # Documents are limited by the body's size (max_body_bytes) and, once split, by max_document_sentences and
+    # max_chars_per_sentence per sentence (413 naming the setting).
+    request["text"]["anyOf"] = texts({"type": "string", "pattern": NOT_SPACE})
+    schema["if"] = {"properties": {"split_sentences": {"const": True}}, "required": ["split_sentences"]}
+    schema["else"] = {"properties": {"text": {"anyOf": texts(sentence)}}}

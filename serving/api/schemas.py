@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -40,16 +40,32 @@ def _json_number(value: Any) -> Any:
 JsonNumber = Annotated[float, BeforeValidator(_json_number)]
 
 _NOT_GIVEN = {"type": "null"}
-SAMPLING_EXCLUSIONS = {
-    # Sampling draws one token at a time: with any sampling option (or do_sample), beam_size and num_hypotheses are
-    # 1 (serving.request.check_options); JSON Schema states it as two shapes of the body.
-    "anyOf": [
-        {"properties": {"do_sample": {"enum": [False, None]}, "temperature": _NOT_GIVEN, "top_k": _NOT_GIVEN,
-                        "top_p": _NOT_GIVEN, "seed": _NOT_GIVEN}},
-        {"properties": {"do_sample": {"enum": [True, None]}, "beam_size": {"enum": [1, None]},
-                        "num_hypotheses": {"enum": [1, None]}}},
+OPTION_EXCLUSIONS = {
+    "allOf": [
+        # Sampling draws one token at a time: with any sampling option (or do_sample), beam_size and num_hypotheses
+        # are 1 (serving.request.check_options); JSON Schema states it as two shapes of the body.
+        {"anyOf": [
+            {"properties": {"do_sample": {"enum": [False, None]}, "temperature": _NOT_GIVEN, "top_k": _NOT_GIVEN,
+                            "top_p": _NOT_GIVEN, "seed": _NOT_GIVEN}},
+            {"properties": {"do_sample": {"enum": [True, None]}, "beam_size": {"enum": [1, None]},
+                            "num_hypotheses": {"enum": [1, None]}}},
+        ]},
+        # A target prefix starts a whole translation, and a split text's sentences have one translation each: neither
+        # with split_sentences.
+        {"anyOf": [{"properties": {"split_sentences": {"const": False}}},
+                   {"properties": {"target_prefix": _NOT_GIVEN, "num_hypotheses": {"enum": [1, None]}}}]},
     ]
 }
+
+
+def _json_boolean(value: Any) -> Any:
+    """What JSON Schema calls a boolean: true and false, not 0, 1 or "true" (which lax pydantic would take)."""
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+JsonBool = Annotated[bool, BeforeValidator(_json_boolean)]
 
 
 
@@ -66,7 +82,7 @@ class TranslateRequest(BaseModel):
         json_schema_extra={"examples": [{"text": "A man is riding a bicycle."}, {"text": ["Hello.", "Thank you."]},
                                         {"text": "Good morning.", "num_hypotheses": 3},
                                         {"text": "Good morning.", "temperature": 0.8, "top_p": 0.9, "seed": 1}],
-                           **SAMPLING_EXCLUSIONS},
+                           **OPTION_EXCLUSIONS},
     )
 
     # Ranges are checked by the service (400 naming the option and its range); the document states them
@@ -95,8 +111,8 @@ class TranslateRequest(BaseModel):
     no_repeat_ngram_size: JsonInt | None = Field(
         default=None, json_schema_extra={"minimum": 1}, description="no n-gram of this size occurs twice"
     )
-    disable_unk: bool = Field(default=False, description="never generate the unknown token")
-    do_sample: bool | None = Field(
+    disable_unk: JsonBool = Field(default=False, description="never generate the unknown token")
+    do_sample: JsonBool | None = Field(
         default=None,
         description="sample each token instead of searching (beam 1); default: sample when temperature, top_k, "
         "top_p or seed is given",
@@ -117,12 +133,24 @@ class TranslateRequest(BaseModel):
     )
     target_prefix: str | list[str] | None = Field(
         default=None,
-        description="the start each translation is forced to (one per text when text is a list; \"\": none)",
+        description="the start each translation is forced to (one per text when text is a list; \"\": none; not "
+        "with split_sentences)",
     )
     timeout_ms: JsonInt | None = Field(
         default=None,
         description="deadline in milliseconds; may only shorten the server's request timeout",
         json_schema_extra={"minimum": 1},
+    )
+
+    split_sentences: JsonBool = Field(
+        default=False,
+        description="split each text into sentences, translate all of them in one batch and join the translations "
+        "with the text's own whitespace; each translation then lists its `sentences` (not on /v1/translate/stream)",
+    )
+    truncate: JsonBool = Field(
+        default=False,
+        description="a sentence longer than the model's positions (max_input_tokens): false refuses the request "
+        "(413), true cuts the sentence to them and marks its translation `truncated`",
     )
 
     def texts(self) -> list[str]:
@@ -152,6 +180,27 @@ class HypothesisOut(BaseModel):
                    score=finite_score(translation.score))
 
 
+class TranslateStreamRequest(TranslateRequest):
+    """A sentence or a list of sentences to translate and stream (sentence splitting is not streamed)."""
+
+    split_sentences: Annotated[Literal[False], BeforeValidator(_json_boolean)] = Field(
+        default=False, description="not on the stream: split_sentences is a /v1/translate option"
+    )
+
+
+class SentenceOut(BaseModel):
+    """One sentence of a text translated with ``split_sentences``."""
+
+    source: str = Field(description="the sentence, text[start:end]")
+    text: str = Field(description="its translation")
+    start: int = Field(description="offset of its first character in the text (Unicode code points)")
+    end: int = Field(description="offset after its last character")
+    input_tokens: int = Field(description="source tokens, EOS included")
+    output_tokens: int = Field(description="target tokens generated, EOS excluded")
+    score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
+    truncated: bool = Field(default=False, description="the sentence was cut to the model's positions")
+
+
 class TranslationOut(BaseModel):
     """One translated sentence."""
 
@@ -164,18 +213,44 @@ class TranslationOut(BaseModel):
         description="with num_hypotheses above 1: every hypothesis, best first (the first is this one)",
     )
 
+    truncated: bool | None = Field(
+        default=None, description="present (true) when the source was cut to the model's positions (`truncate`)"
+    )
+    sentences: list[SentenceOut] | None = Field(
+        default=None, description="with `split_sentences`: each sentence of the text and its translation; `text` "
+        "is their translations joined with the text's whitespace, the token counts are their sums, `score` is null"
+    )
+
     @classmethod
     def of(cls, translation: Any) -> TranslationOut:
         hypotheses = None
         if translation.alternatives:
             hypotheses = [HypothesisOut.of(t) for t in (translation, *translation.alternatives)]
-        return cls(
+        out = cls(
             text=translation.text,
             input_tokens=int(translation.input_tokens),
             output_tokens=int(translation.output_tokens),
             score=finite_score(translation.score),
             hypotheses=hypotheses,
         )
+        if getattr(translation, "truncated", False):  # set only then: other responses stay as they were
+            out.truncated = True
+        return out
+
+    @classmethod
+    def of_document(cls, document: Any) -> TranslationOut:
+        """A ``serving.documents.DocumentTranslation``: the joined text, token counts summed over its sentences."""
+        sentences = [
+            SentenceOut(source=s.source, text=s.translation.text, start=s.start, end=s.end,
+                        input_tokens=int(s.translation.input_tokens), output_tokens=int(s.translation.output_tokens),
+                        score=finite_score(s.translation.score), truncated=bool(s.translation.truncated))
+            for s in document.sentences
+        ]
+        out = cls(text=document.text, input_tokens=sum(s.input_tokens for s in sentences),
+                  output_tokens=sum(s.output_tokens for s in sentences), score=None, sentences=sentences)
+        if document.truncated:
+            out.truncated = True
+        return out
 
 
 class TranslateResponse(BaseModel):
@@ -206,6 +281,8 @@ class Limits(BaseModel):
     max_output_tokens: int
     max_sentences_per_request: int
     max_chars_per_sentence: int
+    max_document_sentences: int = Field(description="most sentences of a request with split_sentences, all its texts "
+                                        "together (the lower of the settings max_document_sentences, max_queue_size)")
 
 
 class ModelsResponse(BaseModel):

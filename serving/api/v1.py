@@ -31,11 +31,12 @@ from serving.api.schemas import (
     StreamPartial,
     TranslateRequest,
     TranslateResponse,
+    TranslateStreamRequest,
     TranslationOut,
     error_responses,
 )
 from serving.api.streams import DuplexStreamingResponse, error_data
-from serving.errors import ModelNotFound, ServingError
+from serving.errors import InvalidInput, ModelNotFound, ServingError
 from serving.runner import ModelRunner
 from serving.service import TranslationService
 
@@ -46,22 +47,34 @@ _TRANSLATE_ERRORS = error_responses(400, 401, 404, 408, 413, 422, 500, 503, 504)
 router = APIRouter(prefix="/v1", tags=["v1"])
 
 
-def _response(runner: ModelRunner, translations: list[Any]) -> TranslateResponse:
+def _response(runner: ModelRunner, translations: list[Any], documents: list[Any] | None = None) -> TranslateResponse:
     info = runner.info
     return TranslateResponse(
         model=runner.name,
         version=str(info.version),
-        translations=[TranslationOut.of(t) for t in translations],
+        translations=[TranslationOut.of(t) for t in translations] if documents is None
+        else [TranslationOut.of_document(d) for d in documents],
     )
 
 
-@router.post("/translate", response_model=TranslateResponse, responses=_TRANSLATE_ERRORS)
+# Unset fields (truncated, sentences) are left out, so that answers without them are as they always were.
+@router.post("/translate", response_model=TranslateResponse, response_model_exclude_unset=True,
+             responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
-    """Translate one sentence or a list of sentences."""
+    """Translate one sentence or a list of sentences (with split_sentences: texts of several sentences)."""
     options = service.options(body.decoding())
     deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    tag = request_id(request)
+    if body.split_sentences:
+        if body.target_prefix is not None or (body.num_hypotheses or 1) > 1:
+            raise InvalidInput("split_sentences gives each sentence one translation: not with target_prefix or "
+                               "num_hypotheses above 1")
+        runner, documents = await unless_disconnected(
+            request, service.translate_documents(body.model, body.texts(), options, deadline, tag=tag)
+        )
+        return _response(runner, [], documents)
     runner, translations = await unless_disconnected(
-        request, service.translate(body.model, body.texts(), options, deadline, tag=request_id(request),
+        request, service.translate(body.model, body.texts(), options, deadline, tag=tag,
                                    target_prefix=body.target_prefixes())
     )
     return _response(runner, translations)
@@ -101,7 +114,7 @@ _STREAM_EVENT = {
     response_class=StreamingResponse,
 )
 async def translate_stream(
-    body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep
+    body: TranslateStreamRequest, request: Request, service: ServiceDep, _: ApiKeyDep
 ) -> StreamingResponse:
     """Translate and stream partial text as Server-Sent Events."""
     options = service.options(body.decoding())
@@ -154,7 +167,7 @@ async def _stream_events(
             text = translation.text
             if text.startswith(emitted[index]) and len(text) > len(emitted[index]):
                 yield _sse("partial", {"index": index, "delta": text[len(emitted[index]) :]})
-        yield _sse("final", _response(runner, translations).model_dump())
+        yield _sse("final", _response(runner, translations).model_dump(exclude_unset=True))
     finally:
         watcher.cancel()
         if not result.done():
@@ -170,6 +183,7 @@ async def list_models(service: ServiceDep) -> ModelsResponse:
         max_output_tokens=s.max_output_tokens,
         max_sentences_per_request=s.max_sentences_per_request,
         max_chars_per_sentence=s.max_chars_per_sentence,
+        max_document_sentences=min(s.max_document_sentences, s.max_queue_size),
     )
     return ModelsResponse(models=[_model_out(service, runner) for runner in service.models.values()], limits=limits)
 

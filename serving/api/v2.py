@@ -74,6 +74,9 @@ _INFER_REQUEST = {
                 "timeout": {"type": ["integer", "null"], "minimum": 0,
                             "description": "deadline in microseconds (0: the server's default)"},
                 "binary_data_output": {"type": "boolean"},
+                "truncate": {"type": ["boolean", "null"],
+                             "description": "cut a sentence longer than the model's positions instead of refusing "
+                                            "it (413)"},
             },
         },
         "inputs": {

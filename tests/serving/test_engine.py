@@ -160,6 +160,27 @@ def test_count_tokens_and_input_too_long(translator: Translator, hf: tuple[Any, 
     assert translator.translate([]) == []
 
 
+def test_truncate_cuts_an_over_long_source_to_the_positions(translator: Translator) -> None:
+    """The over-long policy: ``truncate`` keeps the first 127 ids and EOS, marks the translation, and the marks
+    follow the sentences through a batcher's split, take and join."""
+    too_long = " ".join(["word"] * 200)
+    options = DecodeOptions(beam_size=1, max_length=4, truncate=True)
+    prepared = translator.prepare(["fine", too_long], options)
+    full = translator.encode([too_long])[0]
+    assert prepared.sources[1] == [*full[:127], translator.ids.eos] and prepared.truncated == (False, True)
+    got = translator.run(prepared)
+    assert [t.truncated for t in got] == [False, True] and got[1].input_tokens == 128
+    assert got[1].token_ids == translator.run(translator.prepare_ids([full[:127]], options))[0].token_ids
+    rejoined = Prepared.join([*prepared.take([1, 0]).split(), translator.prepare(["x"], options)])
+    assert [t.truncated for t in translator.run(rejoined)] == [True, False, False]
+    assert translator.prepare(["fine"], options).truncated == ()
+    with pytest.raises(InvalidInput, match="truncate must be true or false, got 1"):
+        DecodeOptions(truncate=1)  # type: ignore[arg-type]
+    assert DecodeOptions.from_parameters({"truncate": True, "beam_size": 2}) == DecodeOptions(2, None, truncate=True)
+    with pytest.raises(InvalidInput, match="parameter 'truncate' must be true or false"):
+        DecodeOptions.from_parameters({"truncate": "yes"})
+
+
 def _recorder(calls: list[tuple[int, str]]) -> Any:
     return lambda index, text: calls.append((index, text))
 

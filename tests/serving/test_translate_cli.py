@@ -151,3 +151,22 @@ def test_options_out_of_range_name_the_range(package: Path, capsys: pytest.Captu
         _one_line_error(code, err, fragment)
     code, lines, _ = run(["-m", str(package), "--beam-size", str(cap), "--max-length", "3", "x"], capsys)
     assert code == 0 and len(lines) == 1
+
+
+def test_truncate_and_split_sentences(package: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    translator = Translator.load(package, threads=1)
+    options = DecodeOptions(beam_size=1, max_length=3, truncate=True)
+    too_long = " ".join(["word"] * 300)
+    base = ["-m", str(package), "--beam-size", "1", "--max-length", "3"]
+    code, lines, err = run([*base, "--truncate"], capsys, f"fine\n{too_long}\n", monkeypatch)
+    assert (code, err) == (0, "") and lines == [t.text for t in translator.translate(["fine", too_long], options)]
+    # A line of several sentences: each translated, joined with the line's spaces; an over-long one is refused by its
+    # line and sentence, after the lines before it are written.
+    line = "A man is riding a bicycle.  Two dogs play."
+    alone = [t.text for t in translator.translate(["A man is riding a bicycle.", "Two dogs play."], options)]
+    code, lines, err = run([*base, "--split-sentences"], capsys, f"{line}\n\nGood. {too_long}\n", monkeypatch)
+    assert lines == [f"{alone[0]}  {alone[1]}", ""]
+    _one_line_error(code, err, "line 3: sentence 1 is ", "the model takes at most 128")
+    code, lines, err = run([*base, "--split-sentences", "--truncate", line], capsys)
+    assert (code, lines) == (0, [f"{alone[0]}  {alone[1]}"])
