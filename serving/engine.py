@@ -4,7 +4,7 @@
 ``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
 the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
 beams, encodes each sub-batch once (``serving.encoding``), decodes it (``serving.decoding``), detokenizes, and
-returns the results in input order; ``translate`` is both. It knows nothing of HTTP; the server and ``batch-score``
+returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.scoring``). It knows nothing of HTTP; the server and ``batch-score``
 call it from one worker thread.
 
 Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
@@ -30,13 +30,15 @@ import numpy as np
 
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
-from serving.encoding import encode_sorted
+from serving.encoding import encode_sorted, length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
-from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, check_lengths
+from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation, check_lengths
+from serving.scoring import encode_pairs, score_references
 from serving.tokenizers import Tokenizer, load_tokenizer
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "TokenIds", "Translation", "Translator"]
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
+           "Translator"]
 
 logger = logging.getLogger(__name__)
 
@@ -239,15 +241,29 @@ class Translator:
 
     def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
         """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
-        order = np.argsort(-lengths, kind="stable")
-        batches: list[np.ndarray] = []
-        start = 0
-        while start < order.size:
-            longest = int(lengths[order[start]])
-            size = max(1, self.max_batch_tokens // max(1, longest * beam_size))
-            batches.append(order[start : start + size])
-            start += size
-        return batches
+        return length_batches(lengths, self.max_batch_tokens, beam_size)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+        """The model's log-likelihood of each target given its source, teacher-forced (``serving.scoring``).
+
+        Arguments:
+            sources: source texts.
+            targets: one target text per source (its tokens and EOS are scored).
+
+        Returns:
+            One :class:`ReferenceScore` per pair, in order.
+
+        Raises:
+            InvalidInput: not as many targets as sources, or a text that is not valid Unicode (``source[i]``,
+                ``target[i]``).
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        source_ids, target_ids = encode_pairs(self.tokenizer, sources, targets, self.ids.eos,
+                                              self.info.max_input_tokens)
+        return score_references(self.backend, self.encode_batch, source_ids, target_ids,
+                                decoder_start=self.ids.decoder_start, max_batch_tokens=self.max_batch_tokens,
+                                runtime=self.info.runtime)
 
     def _translate_batch(
         self,

@@ -1,6 +1,6 @@
 """A translation request through the engine: what a caller asks for (:class:`DecodeOptions`), what admission makes of
 it (:class:`Prepared`: token ids, caps and the resolved search options, no strings), what comes back
-(:class:`Translation`), and :class:`Engine`, the protocol every caller of the engine uses (the server's data plane,
+(:class:`Translation`; :class:`ReferenceScore` for reference scoring), and :class:`Engine`, the protocol every caller of the engine uses (the server's data plane,
 ``batch-score``'s local worker, the Triton model, ``mtgate validate``). ``serving.engine.Translator`` implements it;
 so does the test fake ``tests.fakes.EchoTranslator``.
 
@@ -11,6 +11,7 @@ does that at admission); the batchers carry prepared sentences (:meth:`Prepared.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -117,6 +118,35 @@ class Translation:
     token_ids: list[int]
 
 
+@dataclass(frozen=True)
+class ReferenceScore:
+    """The model's log-likelihood of a given translation (teacher-forced: ``serving.scoring``).
+
+    Attributes:
+        token_ids: the target's ids, EOS included (what the model was asked to predict).
+        token_log_probs: the natural-log probability of each of them given the source and the ones before it.
+        log_prob: their sum, the log-likelihood of the whole target.
+        tokens: how many (``len(token_ids)``, EOS included).
+        mean_log_prob: ``log_prob / tokens`` (what transformers' loss is the negative of).
+        perplexity: ``exp(-mean_log_prob)``.
+    """
+
+    token_ids: list[int]
+    token_log_probs: list[float]
+    log_prob: float
+    tokens: int
+    mean_log_prob: float
+    perplexity: float
+
+    @classmethod
+    def of(cls, token_ids: Sequence[int], token_log_probs: Sequence[float]) -> ReferenceScore:
+        """The score of a target from its ids and their log-probabilities (at least one: EOS)."""
+        values = [float(v) for v in token_log_probs]
+        total = math.fsum(values)
+        mean = total / max(1, len(values))
+        return cls([int(i) for i in token_ids], values, total, len(values), mean, math.exp(-mean))
+
+
 @dataclass(frozen=True, eq=False)
 class Prepared:
     """Sentences ready to decode, in request order: what ``Engine.prepare`` returns and the batchers carry.
@@ -164,8 +194,13 @@ class Prepared:
         return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first)
 
 
-def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
-    """Refuse sources longer than the model's positions: the one length check of a request.
+def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int, subject: str = "text {index}") -> None:
+    """Refuse sources (or targets to score) longer than the model's positions: the one length check of a request.
+
+    Arguments:
+        lengths: tokens of each text, EOS included.
+        limit: the model's positions.
+        subject: how the message names the text (``{index}`` is its index).
 
     Raises:
         InputTooLong: for the first text that is too long (``index``, ``tokens``, ``limit`` set).
@@ -174,7 +209,7 @@ def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
     if array.size and array.max() > limit:
         index = int(np.argmax(array > limit))
         tokens = int(array[index])
-        raise InputTooLong(f"text {index} has {tokens} tokens; the model accepts at most {limit}",
+        raise InputTooLong(f"{subject.format(index=index)} has {tokens} tokens; the model accepts at most {limit}",
                            index=index, tokens=tokens, limit=limit)
 
 
@@ -212,4 +247,14 @@ class Engine(Protocol):
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None
     ) -> list[Translation]:
         """``run(prepare(texts, options), on_partial)``."""
+        ...
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+        """The model's log-likelihood of each target given its source (reference scoring), in order.
+
+        Raises:
+            InvalidInput: not as many targets as sources, or a text that is not valid Unicode (named).
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
         ...
