@@ -144,7 +144,12 @@ class ReferenceScore:
         values = [float(v) for v in token_log_probs]
         total = math.fsum(values)
         mean = total / max(1, len(values))
-        return cls([int(i) for i in token_ids], values, total, len(values), mean, math.exp(-mean))
+        return cls([int(i) for i in token_ids], values, total, len(values), mean, perplexity(mean))
+
+
+def perplexity(mean_log_prob: float) -> float:
+    """``exp(-mean_log_prob)``; infinite where that overflows a float."""
+    return math.exp(-mean_log_prob) if -mean_log_prob < 709.0 else math.inf
 
 
 @dataclass(frozen=True, eq=False)
