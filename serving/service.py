@@ -3,7 +3,8 @@
 A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
 :meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
 texts (``serving.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
-the model's batcher (``serving.batching``) and returns the engine's translations.
+the model's batcher (``serving.batching``) and returns the engine's translations. :meth:`TranslationService.score`
+(reference scoring) checks the same limits and runs ``Engine.score`` on the model's worker thread.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from serving.batching import Pending
 from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
 from serving.metrics import ServingMetrics
 from serving.package import PackageError
-from serving.request import DecodeOptions, Engine, OnPartial, Prepared, Translation
+from serving.request import DecodeOptions, Engine, OnPartial, Prepared, ReferenceScore, Translation
 from serving.runner import ModelRunner
 from serving.settings import ServingSettings
 from serving.tokenizers.base import InvalidText
@@ -237,6 +238,67 @@ class TranslationService:
             limit = min(limit, timeout_s)
         return started + limit
 
+    def check_texts(self, texts: Sequence[str], subject: str = "text", work: str = "translate",
+                    more: str = "; use /v1/translate/bulk for more") -> int:
+        """Check a request's texts against the server's limits; returns their characters.
+
+        Arguments:
+            texts: the request's texts.
+            subject: what the messages call them (``text[3]``).
+            work: what the request does with them (``no text to translate``).
+            more: the end of the too-many-sentences message (where to send more).
+
+        Raises:
+            LimitExceeded: too many sentences, or a sentence too long in characters.
+            InvalidInput: no sentence, or an empty one.
+        """
+        s = self.settings
+        if not texts:
+            raise InvalidInput(f"no {subject} to {work}")
+        if len(texts) > s.max_sentences_per_request:
+            raise LimitExceeded(
+                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
+                f"(max_sentences_per_request{more})",
+                limit="max_sentences_per_request",
+            )
+        total = 0
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise InvalidInput(f"{subject}[{i}] is empty; nothing to {work}")
+            if len(text) > s.max_chars_per_sentence:
+                raise LimitExceeded(
+                    f"{subject}[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
+                    "(max_chars_per_sentence)",
+                    limit="max_chars_per_sentence",
+                )
+            total += len(text)
+        return total
+
+    async def score(
+        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], deadline: float
+    ) -> tuple[ModelRunner, list[ReferenceScore]]:
+        """The model's log-likelihood of each target given its source (``Engine.score``), computed on the model's
+        worker thread (never beside a batch of translations on the same runtime).
+
+        Raises:
+            ModelNotFound, ModelNotReady: no such model, or not ready.
+            InvalidInput, LimitExceeded: not one target per source, or texts beyond the server's limits.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            DeadlineExceeded: the deadline passed first.
+            InferenceFailed: the runtime failed.
+        """
+        runner = self.ready_model(model)
+        for subject, texts in (("source", sources), ("target", targets)):
+            self.check_texts(texts, subject, "score", "")
+        if len(sources) != len(targets):
+            raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets; scoring needs one target per "
+                               "source")
+        runner.active += 1  # until the request is done: a version switch waits for it
+        try:
+            return runner, await runner.score(list(sources), list(targets), deadline)
+        finally:
+            runner.active -= 1
+
     async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions) -> Prepared:
         """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
 
@@ -246,26 +308,7 @@ class TranslationService:
             InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
             InputTooLong: a sentence with more tokens than the model has positions.
         """
-        s = self.settings
-        if not texts:
-            raise InvalidInput("no text to translate")
-        if len(texts) > s.max_sentences_per_request:
-            raise LimitExceeded(
-                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
-                "(max_sentences_per_request; use /v1/translate/bulk for more)",
-                limit="max_sentences_per_request",
-            )
-        total = 0
-        for i, text in enumerate(texts):
-            if not text.strip():
-                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
-            if len(text) > s.max_chars_per_sentence:
-                raise LimitExceeded(
-                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
-                    "(max_chars_per_sentence)",
-                    limit="max_chars_per_sentence",
-                )
-            total += len(text)
+        total = self.check_texts(texts)
         assert runner.translator is not None
         translator = runner.translator
         try:

@@ -66,15 +66,19 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
     for name, maximum in maxima.items():
         if name in request:
             request[name]["maximum"] = maximum
-    if "text" in request:
-        sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
-        request["text"]["anyOf"] = [
-            sentence,
-            {"type": "array", "items": sentence, "minItems": 1, "maxItems": settings.max_sentences_per_request},
-        ]
+    sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
+    sentences = {"anyOf": [
+        sentence, {"type": "array", "items": sentence, "minItems": 1, "maxItems": settings.max_sentences_per_request},
+    ]}
+    score_request = schemas.get("ScoreRequest", {}).get("properties", {})
+    for properties, fields in ((request, ("text",)), (score_request, ("source", "target"))):
+        for name in fields:
+            if name in properties:
+                properties[name].update(copy.deepcopy(sentences))
     names = list(service.models)
-    if "model" in request:
-        request["model"]["enum"] = [*names, None]
+    for properties in (request, score_request):
+        if "model" in properties:
+            properties["model"]["enum"] = [*names, None]
     versions = sorted({str(r.info.version) for r in service.models.values() if r.translator is not None})
     for path in document.get("paths", {}).values():
         for operation in path.values():

@@ -1,4 +1,5 @@
-"""The ``/v1`` routes: translate, stream (Server-Sent Events) and the model list (bulk NDJSON: ``serving.api.bulk``).
+"""The ``/v1`` routes: translate, stream (Server-Sent Events), score (reference scoring) and the model list (bulk
+NDJSON: ``serving.api.bulk``).
 
 Each route is thin: request schema -> ``service.admit``/``translate`` (the batcher) -> response schema.
 """
@@ -28,6 +29,9 @@ from serving.api.schemas import (
     Limits,
     ModelOut,
     ModelsResponse,
+    ScoreOut,
+    ScoreRequest,
+    ScoreResponse,
     StreamPartial,
     TranslateRequest,
     TranslateResponse,
@@ -64,6 +68,16 @@ async def translate(body: TranslateRequest, request: Request, service: ServiceDe
         request, service.translate(body.model, body.texts(), options, deadline, tag=request_id(request))
     )
     return _response(runner, translations)
+
+
+@router.post("/score", response_model=ScoreResponse, responses=_TRANSLATE_ERRORS)
+async def score(body: ScoreRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> ScoreResponse:
+    """Score given translations: the model's log-likelihood of each target given its source."""
+    deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    runner, scores = await unless_disconnected(
+        request, service.score(body.model, body.sources(), body.targets(), deadline)
+    )
+    return ScoreResponse(model=runner.name, version=str(runner.info.version), scores=[ScoreOut.of(s) for s in scores])
 
 
 def _sse(event: str, data: Any) -> bytes:
