@@ -34,7 +34,7 @@ from serving.encoding import encode_sorted, length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
 from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation, check_lengths
-from serving.scoring import encode_pairs, score_references
+from serving.scoring import check_pairs, encode_texts, score_references
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
@@ -164,6 +164,10 @@ class Translator:
             InvalidInput: an id outside the source vocabulary.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
+        return self._prepared(self._source_ids(ids), options)
+
+    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Each sentence's ids with EOS appended, checked against the source vocabulary (InvalidInput)."""
         size = self.info.source_vocab_size
         sources: list[list[int]] = []
         for index, sentence in enumerate(ids):
@@ -172,7 +176,7 @@ class Translator:
             if bad is not None:
                 raise InvalidInput(f"text {index} holds the id {bad}, outside the source vocabulary of {size}")
             sources.append([*source, self.ids.eos])
-        return self._prepared(sources, options)
+        return sources
 
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None) -> Prepared:
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
@@ -259,9 +263,29 @@ class Translator:
             InputTooLong: a source or target with more tokens than the model has positions.
             InferenceFailed: the runtime failed.
         """
-        source_ids, target_ids = encode_pairs(self.tokenizer, sources, targets, self.ids.eos,
-                                              self.info.max_input_tokens)
-        return score_references(self.backend, self.encode_batch, source_ids, target_ids,
+        check_pairs(len(sources), len(targets))
+        limit = self.info.max_input_tokens
+        return self._score(encode_texts(self.tokenizer.encode, sources, self.ids.eos, limit, "source"), targets)
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        """:meth:`score` for sources already tokenized with this package's source vocabulary (without EOS, as
+        :meth:`prepare_ids` takes them).
+
+        Raises:
+            InvalidInput: not as many targets as sources, an id outside the source vocabulary, a target that is not
+                valid Unicode.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        check_pairs(len(ids), len(targets))
+        sources = self._source_ids(ids)
+        check_lengths([len(source) for source in sources], self.info.max_input_tokens, "source[{index}]")
+        return self._score(sources, targets)
+
+    def _score(self, sources: list[list[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,
+                                  "target")
+        return score_references(self.backend, self.encode_batch, sources, target_ids,
                                 decoder_start=self.ids.decoder_start, max_batch_tokens=self.max_batch_tokens,
                                 runtime=self.info.runtime)
 

@@ -263,3 +263,13 @@ class Engine(Protocol):
             InferenceFailed: the runtime failed.
         """
         ...
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        """:meth:`score` for sources already tokenized with the package's source vocabulary (without EOS).
+
+        Raises:
+            InvalidInput: not as many targets as sources, an id outside the source vocabulary, a bad target text.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        ...

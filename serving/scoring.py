@@ -22,7 +22,7 @@ from serving.decoding import take_rows
 from serving.encoding import length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.request import ReferenceScore, check_lengths
-from serving.tokenizers import InvalidText, Tokenizer
+from serving.tokenizers import InvalidText
 
 logger = logging.getLogger(__name__)
 
@@ -31,35 +31,39 @@ EncodeRows = Callable[[list[list[int]], np.ndarray], EncoderOutput]
 ``serving.engine.Translator.encode_batch``."""
 
 
-def encode_pairs(
-    tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str], eos: int, limit: int
-) -> tuple[list[list[int]], list[list[int]]]:
-    """Tokenize source/target pairs (EOS appended to both sides) and check them against the model's positions.
-
-    Arguments:
-        tokenizer: the package's tokenizer (``encode`` for sources, ``encode_target`` for targets).
-        sources, targets: the pairs' texts, as many of each.
-        eos: the EOS id.
-        limit: the model's positions (the longest source, and the longest target, EOS included).
+def check_pairs(sources: int, targets: int) -> None:
+    """Refuse a scoring request without one target per source.
 
     Raises:
-        InvalidInput: not as many targets as sources.
-        InvalidText: a text that is not valid Unicode, named ``source[i]`` or ``target[i]``.
-        InputTooLong: a source or target longer than ``limit`` (``index`` set).
+        InvalidInput: ``"2 sources and 1 targets; scoring needs one target per source"``.
     """
-    if len(sources) != len(targets):
-        raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets; scoring needs one target per source")
-    encoded: list[list[list[int]]] = []
-    for side, texts, encode in (("source", sources, tokenizer.encode), ("target", targets, tokenizer.encode_target)):
-        ids: list[list[int]] = []
-        for index, text in enumerate(texts):
-            try:
-                ids.append([*encode(text), eos])
-            except InvalidText as e:
-                raise e.about(f"{side}[{index}]") from None
-        check_lengths([len(i) for i in ids], limit, subject=f"{side}[{{index}}]")
-        encoded.append(ids)
-    return encoded[0], encoded[1]
+    if sources != targets:
+        raise InvalidInput(f"{sources} sources and {targets} targets; scoring needs one target per source")
+
+
+def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: int, limit: int,
+                 side: str) -> list[list[int]]:
+    """Tokenize one side of the pairs (EOS appended) and check it against the model's positions.
+
+    Arguments:
+        encode: the tokenizer's ``encode`` (sources) or ``encode_target`` (targets).
+        texts: the side's texts.
+        eos: the EOS id.
+        limit: the model's positions (the longest text, EOS included).
+        side: ``source`` or ``target``: how errors name a text (``target[3]``).
+
+    Raises:
+        InvalidText: a text that is not valid Unicode, named ``<side>[i]``.
+        InputTooLong: a text longer than ``limit``, named ``<side>[i]`` (``index`` set).
+    """
+    ids: list[list[int]] = []
+    for index, text in enumerate(texts):
+        try:
+            ids.append([*encode(text), eos])
+        except InvalidText as e:
+            raise e.about(f"{side}[{index}]") from None
+    check_lengths([len(i) for i in ids], limit, subject=f"{side}[{{index}}]")
+    return ids
 
 
 def score_references(

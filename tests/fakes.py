@@ -1,7 +1,7 @@
 """Fakes shared by unit tests of one layer.
 
 ``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``,
-``prepare_ids``, ``run``, ``translate``, ``score``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
+``prepare_ids``, ``run``, ``translate``, ``score``, ``score_ids``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
 so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
 it meets new words) and checks the lengths with the engine's own check, and ``run`` sees ids only. It can be slowed
 down (``step_delay``) to make batching, overload, deadlines and streaming observable, and it records every batch it
@@ -129,6 +129,11 @@ class EchoTranslator:
         return [ReferenceScore.of([*ids, EOS], [-1.0 if i < len(expected) and w == expected[i] else -2.0
                                                 for i, w in enumerate(words)] + [-0.5])
                 for expected, ids, words in scored]
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        with self._lock:
+            sources = [" ".join(self._words[i] for i in sentence) for sentence in ids]
+        return self.score(sources, targets)
 
     @property
     def batch_sizes(self) -> list[int]:

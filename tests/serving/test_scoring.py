@@ -115,3 +115,12 @@ def test_runtime_failure_is_inference_failed(tiny_package: Path) -> None:
     translator.backend = Broken()  # type: ignore[assignment]
     with pytest.raises(InferenceFailed, match="onnxruntime failed scoring a batch of 1: boom"):
         translator.score(["a"], ["b"])
+
+
+def test_score_ids_equals_score_of_the_texts(tiny_package: Path, pairs: tuple[list[str], list[str]]) -> None:
+    translator = Translator.load(tiny_package, threads=1)
+    sources, targets = pairs[0][:4], pairs[1][:4]
+    by_ids = translator.score_ids([translator.tokenizer.encode(s) for s in sources], targets)
+    assert by_ids == translator.score(sources, targets)
+    with pytest.raises(InvalidInput, match="outside the source vocabulary"):
+        translator.score_ids([[10**6]], ["a"])
