@@ -119,7 +119,8 @@ class ModelRunner:
             "model %s %s ready (%s/%s) in %.2fs", info.name, info.version, info.runtime, info.precision, elapsed
         )
 
-    async def score(self, sources: list[str], targets: list[str], deadline: float | None = None) -> list[ReferenceScore]:
+    async def score(self, sources: list[str], targets: list[str],
+                    deadline: float | None = None) -> list[ReferenceScore]:
         """``Engine.score`` on the worker thread, which owns the runtime: between batches of translations, never
         beside one (with step-level batching, once the decode loop is idle).
 
