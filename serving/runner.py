@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from pathlib import Path
 
 from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, StepBatcher, StepRunner
+from serving.batching.queue import as_serving_error
 from serving.errors import DeadlineExceeded, ModelNotReady
 from serving.metrics import ServingMetrics
 from serving.package import read_manifest
@@ -126,7 +127,8 @@ class ModelRunner:
 
         Raises:
             DeadlineExceeded: ``deadline`` (``time.monotonic()``) passed first; the scoring already started runs on.
-            ServingError: what the engine raises (InvalidInput, InputTooLong, InferenceFailed).
+            ServingError: what the engine raises (InvalidInput, InputTooLong, InferenceFailed; any other error
+                becomes InferenceFailed).
         """
         assert self.translator is not None and self.batcher is not None
         work = self.batcher.call_in_worker(self.translator.score, sources, targets)
@@ -135,6 +137,8 @@ class ModelRunner:
             return await asyncio.wait_for(work, timeout)
         except TimeoutError:
             raise DeadlineExceeded(f"request deadline passed while scoring {len(sources)} pairs") from None
+        except Exception as e:  # an engine's unexpected error is the runtime's failure (500), logged once
+            raise as_serving_error(e) from e
 
     def _warm_up(self) -> None:
         assert self.translator is not None

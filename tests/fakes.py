@@ -120,6 +120,10 @@ class EchoTranslator:
         """Each target word scores -1 where it is the echo's word at that place, else -2; EOS scores -0.5."""
         if len(sources) != len(targets):
             raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets")
+        if self.fail_on is not None and any(self.fail_on in t.split() for t in [*sources, *targets]):
+            raise RuntimeError(f"fake runtime failure on {self.fail_on!r}")
+        if self.step_delay:
+            time.sleep(self.step_delay * max(len(t.split()) + 1 for t in targets))
         for side, texts in (("source", sources), ("target", targets)):
             check_lengths([len(t.split()) + 1 for t in texts], self.info.max_input_tokens, f"{side}[{{index}}]")
         with self._lock:

@@ -65,6 +65,15 @@ def test_api_key_guards_score(serve: Any) -> None:
         assert r.status_code == 200, r.text
 
 
+def test_deadline_is_504_and_a_runtime_failure_500(serve: Any) -> None:
+    with serve(EchoTranslator(step_delay=0.1, fail_on="boom")) as client:
+        r = client.post("/v1/score", json={"source": "a", "target": "a b c d e", "timeout_ms": 50})
+        assert r.status_code == 504 and error_of(r)["code"] == "deadline_exceeded", r.text
+        r = client.post("/v1/score", json={"source": "boom", "target": "x"})
+        assert r.status_code == 500 and error_of(r)["code"] == "inference_failed", r.text
+        assert client.post("/v1/score", json={"source": "a", "target": "A"}).status_code == 200
+
+
 def test_openapi_states_the_limits(shared_client: Any) -> None:
     settings = ServingSettings(model_dirs=[Path("unused")])
     document = shared_client.get("/openapi.json").json()
