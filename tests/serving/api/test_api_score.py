@@ -66,7 +66,7 @@ def test_api_key_guards_score(serve: Any) -> None:
 
 
 def test_deadline_is_504_and_a_runtime_failure_500(serve: Any) -> None:
-    with serve(EchoTranslator(step_delay=0.1, fail_on="boom")) as client:
+    with serve(EchoTranslator(step_delay=0.1, fail_on="boom"), warmup=False) as client:
         r = client.post("/v1/score", json={"source": "a", "target": "a b c d e", "timeout_ms": 50})
         assert r.status_code == 504 and error_of(r)["code"] == "deadline_exceeded", r.text
         r = client.post("/v1/score", json={"source": "boom", "target": "x"})
