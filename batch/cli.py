@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     if args.server and args.model is not None:
         raise UsageError("give either -m/--model or --server, not both")
     if args.score_references and (args.server or args.ray is not None):
-        engine = "--server" if args.server else "--ray"
-        raise UsageError(f"--score-references needs a local model package (-m), not {engine}")
+        remote = "--server" if args.server else "--ray"
+        raise UsageError(f"--score-references needs a local model package (-m), not {remote}")
     if args.ray is not None:
         check_ray(args)
     num_shards, shard_index = _shard(args)
