@@ -7,6 +7,7 @@ A failure here (a full disk) leaves the committed chunks in place: the rerun ass
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from batch import scoring
 from batch.errors import JobError
 from batch.job import Job
 from batch.outputs import concatenate, write_file
-from batch.state import StateDir
+from batch.state import ChunkMeta, StateDir
+from serving.request import perplexity
 
 
 @dataclass
@@ -29,6 +31,18 @@ class RunStats:
     translated: int = 0
     source_tokens: int = 0
     target_tokens: int = 0
+
+
+def reference_scores(metas: list[ChunkMeta]) -> dict[str, Any]:
+    """The corpus figures of ``--score-references``: the references' log-likelihood under the model, over every
+    scored reference token (EOS included), and its perplexity."""
+    scored = sum(m.references_scored for m in metas)
+    tokens = sum(m.reference_tokens for m in metas)
+    log_prob = math.fsum(m.reference_log_prob for m in metas)
+    mean = log_prob / tokens if tokens else None
+    ppl = None if mean is None else perplexity(mean)
+    return {"references_scored": scored, "tokens": tokens, "log_prob": log_prob, "mean_log_prob": mean,
+            "perplexity": ppl if ppl is None or math.isfinite(ppl) else None}
 
 
 def assemble(job: Job, state: StateDir, n_chunks: int, stats: RunStats, engine_info: dict[str, Any]) -> dict[str, Any]:
@@ -74,5 +88,7 @@ def assemble(job: Job, state: StateDir, n_chunks: int, stats: RunStats, engine_i
         "source_tokens_per_second": round(stats.source_tokens / busy, 1) if done else 0.0,
         "scores": scoring.corpus_scores(hyps, refs),
     }
+    if job.score_references:
+        summary["reference_scores"] = reference_scores(ordered)
     write_file(job.summary, (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     return summary

@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--references", action="append", default=None, metavar="FILE",
                     help="reference file for plain-text input, one line per input line (repeat, or a glob, for "
                          "several inputs)")
+    io.add_argument("--score-references", action="store_true",
+                    help="also score each record's reference with the model (teacher-forced): ref_log_prob, "
+                         "ref_tokens and ref_perplexity in the output records, the corpus log-likelihood and "
+                         "perplexity in the summary (a local package only, not --server or --ray)")
     io.add_argument("--vocab", type=Path, default=None, metavar="FILE",
                     help="T2T .subwords vocabulary decoding int64 id features (default: the package's)")
     io.add_argument("--rejects", type=Path, default=None, metavar="FILE",
@@ -136,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     quiet_tensorflow(str(getattr(args, "log_level", None) or "WARNING").upper())
     if args.server and args.model is not None:
         raise UsageError("give either -m/--model or --server, not both")
+    if args.score_references and (args.server or args.ray is not None):
+        remote = "--server" if args.server else "--ray"
+        raise UsageError(f"--score-references needs a local model package (-m), not {remote}")
     if args.ray is not None:
         check_ray(args)
     num_shards, shard_index = _shard(args)
@@ -177,6 +184,10 @@ def run(args: argparse.Namespace) -> int:
                          "the inputs hold int64 token ids (T2T datagen); pass --vocab FILE.subwords to decode them")
     if not schema.needs_vocab:
         vocab_path = None
+    if args.score_references and schema.reference_key is None:
+        where = ("--references FILE (one reference line per input line)" if schema.format == "text"
+                 else "--reference-key KEY (the field holding each record's reference)")
+        raise UsageError(f"--score-references: the inputs have no references ({schema.describe()}); give {where}")
 
     output_format: Format = args.output_format or ("text" if schema.format == "text" else schema.format)
     output = shard_name(args.output or default_output(inputs, output_format), num_shards, shard_index)
@@ -190,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                   and (vocab_path == package_vocab or vocab_path.read_bytes() == package_vocab.read_bytes()))
     job = Job(inputs=inputs, schema=schema, vocab=vocab_path, output=output, output_format=output_format,
               rejects=rejects, summary=summary, chunk_size=args.chunk_size, num_shards=num_shards,
-              shard_index=shard_index, source_ids=source_ids)
+              shard_index=shard_index, source_ids=source_ids, score_references=args.score_references)
 
     if args.dry_run:
         try:

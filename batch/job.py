@@ -85,6 +85,8 @@ class Job:
         shard_index: which shard this run handles.
         source_ids: int64 id sources go to the engine as ids (``Record.source_ids``), not as decoded text: the
             records' vocabulary is the model package's own (local engine only).
+        score_references: also score each record's reference with the model (``--score-references``: its
+            log-likelihood and perplexity in the output records and the summary; local engine only).
     """
 
     inputs: list[InputFile]
@@ -98,6 +100,7 @@ class Job:
     num_shards: int = 1
     shard_index: int = 0
     source_ids: bool = False
+    score_references: bool = False
 
     @property
     def state_dir(self) -> Path:
@@ -117,7 +120,9 @@ class Job:
             for path in (item.path, item.references):
                 if path is not None:
                     files.append({"path": str(path.resolve()), "size": path.stat().st_size})
+        scoring = {"score_references": True} if self.score_references else {}  # runs without it keep their state
         return {
+            **scoring,
             "files": files,
             "format": self.inputs[0].format if self.inputs else None,
             "schema": self.schema.to_dict(),

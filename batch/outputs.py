@@ -21,9 +21,11 @@ from batch.inputs import InputFile
 from batch.job import Job
 from batch.records import Record, Translated
 from serving.files import atomic_write_bytes, atomic_writer
+from serving.request import perplexity
 
 OUTPUT_KEY = "outputs"
 SCORE_KEY = "score"
+REFERENCE_KEYS = ("ref_log_prob", "ref_tokens", "ref_perplexity")  # --score-references
 _OUTPUT_SUFFIX: dict[str, str] = {"tfrecord": ".tfrecord", "jsonl": ".jsonl", "text": ".txt"}
 
 
@@ -36,7 +38,9 @@ class OutputEncoder:
 
     TFRecord output copies the input Example and adds ``outputs`` (bytes) and ``score`` (float); inputs that are not
     Examples get ``inputs`` (and ``targets`` when there is a reference). JSONL output copies the input object (or
-    builds ``{"index", "source", "reference"}``) and adds ``outputs`` and ``score``.
+    builds ``{"index", "source", "reference"}``) and adds ``outputs`` and ``score``. A record whose reference was
+    scored (``--score-references``) also gets ``ref_log_prob`` (float), ``ref_tokens`` (int) and ``ref_perplexity``
+    (float; null in JSON where it overflows); text output has no room for them (the summary has the corpus figures).
     """
 
     def __init__(self, output_format: Format) -> None:
@@ -56,6 +60,9 @@ class OutputEncoder:
             obj[OUTPUT_KEY] = result.text
             score = _float_or_nan(result.score)
             obj[SCORE_KEY] = score if math.isfinite(score) else None
+            if result.ref_log_prob is not None:
+                log_prob, tokens, ppl = _reference_values(result)
+                obj |= dict(zip(REFERENCE_KEYS, (log_prob, tokens, ppl if math.isfinite(ppl) else None), strict=True))
             return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
         return (result.text.replace("\r", " ").replace("\n", " ") + "\n").encode("utf-8")
 
@@ -71,10 +78,23 @@ class OutputEncoder:
         features[OUTPUT_KEY].bytes_list.value.append(result.text.encode("utf-8"))
         features[SCORE_KEY].Clear()
         features[SCORE_KEY].float_list.value.append(_float_or_nan(result.score))
+        if result.ref_log_prob is not None:
+            log_prob, tokens, ppl = _reference_values(result)
+            for key in REFERENCE_KEYS:
+                features[key].Clear()
+            features["ref_log_prob"].float_list.value.append(log_prob)
+            features["ref_tokens"].int64_list.value.append(tokens)
+            features["ref_perplexity"].float_list.value.append(ppl)
         # deterministic: map entries in key order, so reruns and resumed runs write identical bytes.
         data: bytes = example.SerializeToString(deterministic=True)
         return data
 
+
+
+def _reference_values(result: Translated) -> tuple[float, int, float]:
+    """(log-likelihood, tokens, perplexity) of a record's scored reference."""
+    log_prob, tokens = float(result.ref_log_prob or 0.0), int(result.ref_tokens or 0)
+    return log_prob, tokens, perplexity(log_prob / max(1, tokens))
 
 
 def write_file(path: Path, data: bytes) -> None:

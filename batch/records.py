@@ -261,11 +261,14 @@ def _check_json(obj: dict[str, Any]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Translated:
-    """What the engine produced for one record."""
+    """What the engine produced for one record; with ``--score-references``, also the model's log-likelihood of the
+    record's reference (``ref_log_prob``, natural log, over ``ref_tokens`` tokens, EOS included)."""
 
     text: str
     score: float | None
     input_tokens: int | None
     output_tokens: int | None
+    ref_log_prob: float | None = None
+    ref_tokens: int | None = None
 
 

@@ -189,7 +189,9 @@ class RemoteChunkWorker:
         self.parameters = {k: v for k, v in (("beam_size", beam_size), ("max_length", max_length)) if v is not None}
         self._client = _client(target.url, target.ssl)
 
-    def translate_chunk(self, chunk: list[Source], progress: Any) -> list[Outcome]:
+    def translate_chunk(self, chunk: list[Source], progress: Any, references: Any = None) -> list[Outcome]:
+        if references is not None:  # batch.cli refuses --score-references with --server
+            raise ValueError("reference scoring needs a local model package")
         sources = [s for s in chunk if isinstance(s, str)]  # a server gets text (Job.source_ids is local only)
         assert len(sources) == len(chunk), "token ids cannot go to a server"
         order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), i))

@@ -29,6 +29,10 @@ def summary_line(summary: dict[str, Any], job: Job) -> str:
     scores = describe(summary.get("scores"))
     if scores:
         parts.append(f"; {scores}")
+    references = summary.get("reference_scores")
+    if references and references["tokens"]:
+        parts.append(f"; references: perplexity {references['perplexity'] or float('inf'):.2f}, mean log-prob "
+                     f"{references['mean_log_prob']:.4f} over {references['tokens']} tokens")
     parts.append(f" -> {job.output}")
     return "".join(parts)
 

@@ -60,6 +60,10 @@ class ParsedChunk:
     def records(self) -> list[Record]:
         return [p for p in self.parsed if isinstance(p, Record)]
 
+    def references(self) -> list[str | None]:
+        """Each record's reference (None: it has none)."""
+        return [r.reference for r in self.records]
+
     def sources(self, job: Job) -> list[Source]:
         """What the engine gets for each record: its ids when the job sends ids (``Job.source_ids``), else text."""
         return [r.source_ids if job.source_ids and r.source_ids is not None else r.source for r in self.records]
@@ -227,7 +231,8 @@ class LocalChunks:
                     committer.stats.startup = time.monotonic() - t0
                 while len(pending) >= executor.capacity:
                     collect(0.2)
-                pending[executor.submit(chunk, item.sources(job))] = item
+                references = item.references() if job.score_references else None
+                pending[executor.submit(chunk, item.sources(job), references)] = item
             while pending:
                 collect(0.2)
         finally:
@@ -256,7 +261,8 @@ class Committer:
         rejects: list[Reject] = []
         hyps: list[str] = []
         refs: list[str | None] = []
-        source_tokens = target_tokens = 0
+        source_tokens = target_tokens = reference_tokens = references_scored = 0
+        reference_log_prob = 0.0
         for entry, parsed in zip(item.entries, item.parsed, strict=True):
             if isinstance(parsed, Record):
                 outcome = next(results)
@@ -266,6 +272,10 @@ class Committer:
                     refs.append(parsed.reference)
                     source_tokens += outcome.input_tokens or 0
                     target_tokens += outcome.output_tokens or 0
+                    if outcome.ref_log_prob is not None:
+                        references_scored += 1
+                        reference_log_prob += outcome.ref_log_prob
+                        reference_tokens += outcome.ref_tokens or 0
                     continue
                 parsed = Reject(entry.index, entry.file, entry.position, outcome)
             rejects.append(parsed)
@@ -275,7 +285,8 @@ class Committer:
             raise RuntimeError(f"chunk {item.chunk}: the worker returned more outcomes than records")
         meta = ChunkMeta(chunk=item.chunk, records=len(hyps), data_bytes=0, rejects=[r.to_dict() for r in rejects],
                          hypotheses=hyps, references=refs, source_tokens=source_tokens, target_tokens=target_tokens,
-                         entries=len(item.entries), input_sha256=item.digest)
+                         entries=len(item.entries), input_sha256=item.digest, references_scored=references_scored,
+                         reference_log_prob=reference_log_prob, reference_tokens=reference_tokens)
         self.state.commit(meta, encode_items(items, job.output_format))
         stats.translated += len(hyps)
         stats.source_tokens += source_tokens

@@ -66,6 +66,9 @@ class ChunkMeta:
     target_tokens: int
     entries: int
     input_sha256: str = ""
+    references_scored: int = 0  # with --score-references: records whose reference was scored, their log-likelihood
+    reference_log_prob: float = 0.0
+    reference_tokens: int = 0
 
 
 class StateDir:

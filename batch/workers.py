@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 from batch.job import EngineConfig
 from batch.records import Translated
 from serving.errors import InputTooLong, ServingError
-from serving.request import DecodeOptions, Engine, Prepared, Translation
+from serving.request import DecodeOptions, Engine, Prepared, ReferenceScore, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,17 @@ def make_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -
 Progress = Callable[[int], None]
 
 
-class ChunkWorker(Protocol):
-    """Translates the sources of one chunk; an outcome per source, in order."""
+References = list[str | None]
+"""Each record's reference, in the order of a chunk's sources (None: the record has none), when the job scores them
+(``Job.score_references``; the local worker only)."""
 
-    def translate_chunk(self, sources: list[Source], progress: Progress) -> list[Outcome]: ...
+
+class ChunkWorker(Protocol):
+    """Translates the sources of one chunk; an outcome per source, in order (with ``references``, each translated
+    record that has one also gets its reference's score)."""
+
+    def translate_chunk(self, sources: list[Source], progress: Progress,
+                        references: References | None = None) -> list[Outcome]: ...
 
 
 class LocalChunkWorker:
@@ -74,7 +82,9 @@ class LocalChunkWorker:
 
     A source given as ids (:data:`Source`) goes to the engine as they are (``prepare_ids``). A source the engine
     refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other exception aborts the run
-    (the chunk is not committed, so a rerun retries it).
+    (the chunk is not committed, so a rerun retries it). With ``references``, the references of the translated
+    records are scored (``Engine.score``; ``score_ids`` for id sources); a reference the engine refuses (too long)
+    makes its record a reject too.
     """
 
     def __init__(self, translator: Engine, options: DecodeOptions | None, max_tokens: int,
@@ -95,7 +105,8 @@ class LocalChunkWorker:
         options = DecodeOptions(beam_size=config.beam_size, max_length=config.max_length)
         return cls(translator, options, config.max_tokens, config.max_batch_size)
 
-    def translate_chunk(self, sources: list[Source], progress: Progress) -> list[Outcome]:
+    def translate_chunk(self, sources: list[Source], progress: Progress,
+                        references: References | None = None) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(sources)
         prepared: dict[int, Prepared] = {}
         for i, source in enumerate(sources):
@@ -115,7 +126,39 @@ class LocalChunkWorker:
                 outcomes[i] = outcome
             progress(len(positions))
         assert all(o is not None for o in outcomes)
-        return outcomes  # type: ignore[return-value]
+        done: list[Outcome] = outcomes  # type: ignore[assignment]
+        if references is not None:
+            self._score_references(sources, references, done)
+        return done
+
+    def _score_references(self, sources: list[Source], references: References, outcomes: list[Outcome]) -> None:
+        """Add its reference's score to each translated record that has a reference (or make it a reject)."""
+        scored = [i for i, o in enumerate(outcomes) if isinstance(o, Translated) and references[i] is not None]
+        for group in ([i for i in scored if isinstance(sources[i], str)],
+                      [i for i in scored if not isinstance(sources[i], str)]):
+            if not group:
+                continue
+            try:
+                scores: list[ReferenceScore | str] = list(self._score([sources[i] for i in group],
+                                                                      [references[i] or "" for i in group]))
+            except ServingError:  # some pair is refused: score them one by one so that only that one is rejected
+                scores = []
+                for i in group:
+                    try:
+                        scores.append(self._score([sources[i]], [references[i] or ""])[0])
+                    except ServingError as e:
+                        scores.append(f"reference not scored: {e}")
+            for i, score in zip(group, scores, strict=True):
+                translated = outcomes[i]
+                assert isinstance(translated, Translated)
+                outcomes[i] = score if isinstance(score, str) else dataclasses.replace(
+                    translated, ref_log_prob=score.log_prob, ref_tokens=score.tokens)
+
+    def _score(self, sources: list[Source], references: list[str]) -> list[ReferenceScore]:
+        texts = [s for s in sources if isinstance(s, str)]
+        if len(texts) == len(sources):
+            return self.translator.score(texts, references)
+        return self.translator.score_ids([s for s in sources if not isinstance(s, str)], references)
 
     def _run(self, sentences: list[Prepared]) -> list[Outcome]:
         try:
@@ -146,7 +189,8 @@ class Executor(Protocol):
 
     capacity: int
 
-    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]: ...
+    def submit(self, chunk_id: int, sources: list[Source],
+               references: References | None = None) -> cf.Future[list[Outcome]]: ...
 
     def drain_progress(self) -> int: ...
 
@@ -175,8 +219,9 @@ class ThreadExecutor:
             self._local.worker = worker
         return worker
 
-    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]:
-        return self._pool.submit(lambda: self._worker().translate_chunk(sources, self._progress.put))
+    def submit(self, chunk_id: int, sources: list[Source],
+               references: References | None = None) -> cf.Future[list[Outcome]]:
+        return self._pool.submit(lambda: self._worker().translate_chunk(sources, self._progress.put, references))
 
     def drain_progress(self) -> int:
         n = 0
@@ -220,14 +265,14 @@ def _init_process(config: EngineConfig, progress: Any, parent_pid: int) -> None:
         _PROCESS_ERROR = str(e)
 
 
-def _process_chunk(chunk_id: int, sources: list[Source]) -> list[Outcome]:
+def _process_chunk(chunk_id: int, sources: list[Source], references: References | None) -> list[Outcome]:
     if _PROCESS_ERROR is not None:
         from serving.package import PackageError
 
         raise PackageError(_PROCESS_ERROR)
     assert _PROCESS_WORKER is not None
     progress = _PROCESS_PROGRESS
-    return _PROCESS_WORKER.translate_chunk(sources, lambda n: progress.put(n))
+    return _PROCESS_WORKER.translate_chunk(sources, lambda n: progress.put(n), references)
 
 
 class ProcessExecutor:
@@ -240,8 +285,9 @@ class ProcessExecutor:
                                             initargs=(config, self._progress, os.getpid()))
         self.capacity = 2 * config.workers
 
-    def submit(self, chunk_id: int, sources: list[Source]) -> cf.Future[list[Outcome]]:
-        return self._pool.submit(_process_chunk, chunk_id, sources)
+    def submit(self, chunk_id: int, sources: list[Source],
+               references: References | None = None) -> cf.Future[list[Outcome]]:
+        return self._pool.submit(_process_chunk, chunk_id, sources, references)
 
     def drain_progress(self) -> int:
         n = 0

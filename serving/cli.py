@@ -22,6 +22,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
                 "OpenNMT-py, tensor2tensor) into a model package", "convert"),
     "verify": ("converters.verify", "check a package's checksums and the parity of every artifact", "convert"),
     "translate": ("serving.translate_cli", "translate arguments or stdin lines", None),
+    "score": ("serving.score_cli", "score given translations: the model's log-likelihood of each, per token and in "
+              "total", None),
     "serve": ("serving.serve_cli", "run the HTTP server", None),
     "batch-score": ("batch.cli", "translate and score a TFRecord, JSONL or text file", "batch"),
     "loadtest": ("loadtest.cli", "run Locust against a server and gate on latency targets", "loadtest"),

@@ -4,7 +4,7 @@
 ``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
 the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
 beams, encodes each sub-batch once (``serving.encoding``), decodes it (``serving.decoding``), detokenizes, and
-returns the results in input order; ``translate`` is both. It knows nothing of HTTP; the server and ``batch-score``
+returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.scoring``). It knows nothing of HTTP; the server and ``batch-score``
 call it from one worker thread.
 
 Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
@@ -32,13 +32,24 @@ import numpy as np
 from serving.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
 from serving.decoding.rules import sentence_seeds
-from serving.encoding import encode_sorted
+from serving.encoding import encode_sorted, length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.package import PackageError, open_package
-from serving.request import DecodeOptions, ModelInfo, OnPartial, Prepared, Translation, fit_sources
+from serving.request import (
+    DecodeOptions,
+    ModelInfo,
+    OnPartial,
+    Prepared,
+    ReferenceScore,
+    Translation,
+    check_lengths,
+    fit_sources,
+)
+from serving.scoring import check_pairs, encode_texts, score_references
 from serving.tokenizers import Tokenizer, load_tokenizer
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "TokenIds", "Translation", "Translator"]
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
+           "Translator"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +186,10 @@ class Translator:
             InvalidInput: an id outside the source vocabulary.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
+        return self._prepared(self._source_ids(ids), options)
+
+    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Each sentence's ids with EOS appended, checked against the source vocabulary (InvalidInput)."""
         size = self.info.source_vocab_size
         sources: list[list[int]] = []
         for index, sentence in enumerate(ids):
@@ -183,7 +198,7 @@ class Translator:
             if bad is not None:
                 raise InvalidInput(f"text {index} holds the id {bad}, outside the source vocabulary of {size}")
             sources.append([*source, self.ids.eos])
-        return self._prepared(sources, options)
+        return sources
 
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None,
                   prefixes: list[list[int]] | None = None) -> Prepared:
@@ -286,15 +301,49 @@ class Translator:
 
     def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
         """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
-        order = np.argsort(-lengths, kind="stable")
-        batches: list[np.ndarray] = []
-        start = 0
-        while start < order.size:
-            longest = int(lengths[order[start]])
-            size = max(1, self.max_batch_tokens // max(1, longest * beam_size))
-            batches.append(order[start : start + size])
-            start += size
-        return batches
+        return length_batches(lengths, self.max_batch_tokens, beam_size)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+        """The model's log-likelihood of each target given its source, teacher-forced (``serving.scoring``).
+
+        Arguments:
+            sources: source texts.
+            targets: one target text per source (its tokens and EOS are scored).
+
+        Returns:
+            One :class:`ReferenceScore` per pair, in order.
+
+        Raises:
+            InvalidInput: not as many targets as sources, or a text that is not valid Unicode (``source[i]``,
+                ``target[i]``).
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        check_pairs(len(sources), len(targets))
+        limit = self.info.max_input_tokens
+        return self._score(encode_texts(self.tokenizer.encode, sources, self.ids.eos, limit, "source"), targets)
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        """:meth:`score` for sources already tokenized with this package's source vocabulary (without EOS, as
+        :meth:`prepare_ids` takes them).
+
+        Raises:
+            InvalidInput: not as many targets as sources, an id outside the source vocabulary, a target that is not
+                valid Unicode.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        check_pairs(len(ids), len(targets))
+        sources = self._source_ids(ids)
+        check_lengths([len(source) for source in sources], self.info.max_input_tokens, "source[{index}]")
+        return self._score(sources, targets)
+
+    def _score(self, sources: list[list[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,
+                                  "target")
+        return score_references(self.backend, self.encode_batch, sources, target_ids,
+                                decoder_start=self.ids.decoder_start, max_batch_tokens=self.max_batch_tokens,
+                                runtime=self.info.runtime)
 
     def _translate_batch(
         self,
@@ -307,7 +356,7 @@ class Translator:
         started = time.perf_counter()
         options = prepared.search
         hook = None if on_partial is None else self._stream_hook(batch, on_partial)
-        part = prepared.take(batch)
+        part = prepared.take(batch.tolist())
         try:
             encoded = self.encode_batch(prepared.sources, batch)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,

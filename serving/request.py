@@ -1,6 +1,6 @@
 """A translation request through the engine: what a caller asks for (:class:`DecodeOptions`), what admission makes of
 it (:class:`Prepared`: token ids, caps and the resolved search options, no strings), what comes back
-(:class:`Translation`), and :class:`Engine`, the protocol every caller of the engine uses (the server's data plane,
+(:class:`Translation`; :class:`ReferenceScore` for reference scoring), and :class:`Engine`, the protocol every caller of the engine uses (the server's data plane,
 ``batch-score``'s local worker, the Triton model, ``mtgate validate``). ``serving.engine.Translator`` implements it;
 so does the test fake ``tests.fakes.EchoTranslator``.
 
@@ -45,13 +45,13 @@ def _number(name: str, value: object, low: float, high: float | None, low_open: 
     """``value`` as a float when it is None or a finite number in the range (``low`` excluded when ``low_open``)."""
     if value is None:
         return None
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    number = float(value) if not isinstance(value, bool) and isinstance(value, int | float) else math.nan
+    ok = math.isfinite(number) and (number > low if low_open else number >= low) and (high is None or number <= high)
     if not ok:
         bound = f"above {low:g}" if low_open else f"at least {low:g}"
         upper = "" if high is None else f" and at most {high:g}"
         raise InvalidInput(f"{name} must be a number {bound}{upper}, got {value!r}")
-    return float(value)
+    return number
 
 
 def boolean(name: str, value: object) -> bool:
@@ -128,7 +128,7 @@ class DecodeOptions:
         Raises:
             InvalidInput: e.g. ``"parameter 'beam_size' must be a positive integer, got 0"`` (``label`` names them).
         """
-        values = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
+        values: dict[str, Any] = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
         check_options(values, label)
         return cls(**{**values, "disable_unk": bool(values["disable_unk"]), "truncate": bool(values["truncate"])})
 
@@ -165,7 +165,7 @@ def check_options(values: Mapping[str, Any], label: Label = "{}") -> None:
         if values.get(switch) is not None:
             boolean(name(switch), values.get(switch))
     seed = values.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise InvalidInput(f"{name('seed')} must be an integer from 0 to 2**64 - 1, got {seed!r}")
     beam_size, hypotheses = values.get("beam_size"), values.get("num_hypotheses")
     given = [key for key in SAMPLING_OPTIONS if values.get(key) is not None]
@@ -238,6 +238,40 @@ class Translation:
     token_ids: list[int]
     alternatives: tuple[Translation, ...] = ()
     truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ReferenceScore:
+    """The model's log-likelihood of a given translation (teacher-forced: ``serving.scoring``).
+
+    Attributes:
+        token_ids: the target's ids, EOS included (what the model was asked to predict).
+        token_log_probs: the natural-log probability of each of them given the source and the ones before it.
+        log_prob: their sum, the log-likelihood of the whole target.
+        tokens: how many (``len(token_ids)``, EOS included).
+        mean_log_prob: ``log_prob / tokens`` (what transformers' loss is the negative of).
+        perplexity: ``exp(-mean_log_prob)``.
+    """
+
+    token_ids: list[int]
+    token_log_probs: list[float]
+    log_prob: float
+    tokens: int
+    mean_log_prob: float
+    perplexity: float
+
+    @classmethod
+    def of(cls, token_ids: Sequence[int], token_log_probs: Sequence[float]) -> ReferenceScore:
+        """The score of a target from its ids and their log-probabilities (at least one: EOS)."""
+        values = [float(v) for v in token_log_probs]
+        total = math.fsum(values)
+        mean = total / max(1, len(values))
+        return cls([int(i) for i in token_ids], values, total, len(values), mean, perplexity(mean))
+
+
+def perplexity(mean_log_prob: float) -> float:
+    """``exp(-mean_log_prob)``; infinite where that overflows a float."""
+    return math.exp(-mean_log_prob) if -mean_log_prob < 709.0 else math.inf
 
 
 @dataclass(frozen=True, eq=False)
@@ -314,8 +348,13 @@ class Prepared:
                         truncated=truncated, seeds=seeds, prefixes=prefixes)
 
 
-def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
-    """Refuse sources longer than the model's positions: the one length check of a request.
+def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int, subject: str = "text {index}") -> None:
+    """Refuse sources (or targets to score) longer than the model's positions: the one length check of a request.
+
+    Arguments:
+        lengths: tokens of each text, EOS included.
+        limit: the model's positions.
+        subject: how the message names the text (``{index}`` is its index).
 
     Raises:
         InputTooLong: for the first text that is too long (``index``, ``tokens``, ``limit`` set).
@@ -324,7 +363,7 @@ def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int) -> None:
     if array.size and array.max() > limit:
         index = int(np.argmax(array > limit))
         tokens = int(array[index])
-        raise InputTooLong(f"text {index} has {tokens} tokens; the model accepts at most {limit}",
+        raise InputTooLong(f"{subject.format(index=index)} has {tokens} tokens; the model accepts at most {limit}",
                            index=index, tokens=tokens, limit=limit)
 
 
@@ -390,4 +429,24 @@ class Engine(Protocol):
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None
     ) -> list[Translation]:
         """``run(prepare(texts, options), on_partial)``."""
+        ...
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+        """The model's log-likelihood of each target given its source (reference scoring), in order.
+
+        Raises:
+            InvalidInput: not as many targets as sources, or a text that is not valid Unicode (named).
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
+        ...
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        """:meth:`score` for sources already tokenized with the package's source vocabulary (without EOS).
+
+        Raises:
+            InvalidInput: not as many targets as sources, an id outside the source vocabulary, a bad target text.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            InferenceFailed: the runtime failed.
+        """
         ...

@@ -5,6 +5,7 @@ batcher that runs its requests. ``serving.service`` routes requests to runners; 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -12,10 +13,11 @@ from collections.abc import Hashable
 from pathlib import Path
 
 from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, StepBatcher, StepRunner
-from serving.errors import ModelNotReady
+from serving.batching.queue import as_serving_error
+from serving.errors import DeadlineExceeded, ModelNotReady
 from serving.metrics import ServingMetrics
 from serving.package import read_manifest
-from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, Translation
+from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation
 from serving.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
@@ -117,6 +119,26 @@ class ModelRunner:
         logger.info(
             "model %s %s ready (%s/%s) in %.2fs", info.name, info.version, info.runtime, info.precision, elapsed
         )
+
+    async def score(self, sources: list[str], targets: list[str],
+                    deadline: float | None = None) -> list[ReferenceScore]:
+        """``Engine.score`` on the worker thread, which owns the runtime: between batches of translations, never
+        beside one (with step-level batching, once the decode loop is idle).
+
+        Raises:
+            DeadlineExceeded: ``deadline`` (``time.monotonic()``) passed first; the scoring already started runs on.
+            ServingError: what the engine raises (InvalidInput, InputTooLong, InferenceFailed; any other error
+                becomes InferenceFailed).
+        """
+        assert self.translator is not None and self.batcher is not None
+        work = self.batcher.call_in_worker(self.translator.score, sources, targets)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(f"request deadline passed while scoring {len(sources)} pairs") from None
+        except Exception as e:  # an engine's unexpected error is the runtime's failure (500), logged once
+            raise as_serving_error(e) from e
 
     def _warm_up(self) -> None:
         assert self.translator is not None

@@ -3,7 +3,8 @@
 A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
 :meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
 texts (``serving.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
-the model's batcher (``serving.batching``) and returns the engine's translations.
+the model's batcher (``serving.batching``) and returns the engine's translations. :meth:`TranslationService.score`
+(reference scoring) checks the same limits and runs ``Engine.score`` on the model's worker thread.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from serving.batching import Pending
 from serving.decoding import SearchOptions
@@ -26,10 +26,11 @@ from serving.documents import (
     split_documents,
     too_long,
 )
-from serving.errors import InputTooLong, InvalidInput, LimitExceeded, ModelNotFound, ModelNotReady, ServingError
+from serving.errors import InputTooLong, InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.limits import RequestLimits
 from serving.metrics import ServingMetrics
 from serving.package import PackageError
-from serving.request import DecodeOptions, Engine, OnPartial, Prepared, Translation
+from serving.request import DecodeOptions, Engine, OnPartial, Prepared, ReferenceScore, Translation
 from serving.runner import ModelRunner
 from serving.settings import ServingSettings
 from serving.tokenizers.base import InvalidText
@@ -56,6 +57,7 @@ class TranslationService:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.limits = RequestLimits(settings)
         if translators:
             runners = [ModelRunner(settings, metrics, translator=t) for t in translators]
         elif not runners:
@@ -222,37 +224,30 @@ class TranslationService:
             index.append(entry)
         return index
 
-    def options(self, values: Mapping[str, Any], label: str = "{}") -> DecodeOptions:
-        """The decoding options among ``values`` (``serving.request.OPTION_NAMES``), within the server's limits.
-
-        Arguments:
-            values: a request's options by name (a ``/v1`` body, ``/v2`` or gRPC parameters); others are ignored.
-            label: how messages name an option (``"parameter {!r}"`` for protocol parameters).
+    async def score(
+        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], deadline: float
+    ) -> tuple[ModelRunner, list[ReferenceScore]]:
+        """The model's log-likelihood of each target given its source (``Engine.score``), computed on the model's
+        worker thread (never beside a batch of translations on the same runtime).
 
         Raises:
-            InvalidInput: a value of the wrong type or out of range, or options that do not go together (named, with
-                the limit and its setting).
+            ModelNotFound, ModelNotReady: no such model, or not ready.
+            InvalidInput, LimitExceeded: not one target per source, or texts beyond the server's limits.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            DeadlineExceeded: the deadline passed first.
+            InferenceFailed: the runtime failed.
         """
-        s = self.settings
-        for name, limit, setting in (("beam_size", s.max_beam_size, "max_beam_size"),
-                                     ("num_hypotheses", s.max_beam_size, "max_beam_size"),
-                                     ("max_length", s.max_output_tokens, "max_output_tokens"),
-                                     ("min_length", s.max_output_tokens, "max_output_tokens")):
-            value = values.get(name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-                raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
-        return DecodeOptions.from_parameters(values, label)
-
-    def deadline(self, started: float, timeout_s: float | None) -> float:
-        """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
-        limit = self.settings.request_timeout_s
-        if timeout_s is not None:
-            if not timeout_s > 0:
-                raise InvalidInput(f"timeout must be positive, got {timeout_s!r}")
-            limit = min(limit, timeout_s)
-        return started + limit
+        runner = self.ready_model(model)
+        for subject, texts in (("source", sources), ("target", targets)):
+            self.limits.check_texts(texts, subject, "score", "")
+        if len(sources) != len(targets):
+            raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets; scoring needs one target per "
+                               "source")
+        runner.active += 1  # until the request is done: a version switch waits for it
+        try:
+            return runner, await runner.score(list(sources), list(targets), deadline)
+        finally:
+            runner.active -= 1
 
     async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
                       documents: Sequence[Document] | None = None,
@@ -266,9 +261,7 @@ class TranslationService:
             InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
             InputTooLong: a sentence with more tokens than the model has positions.
         """
-        if documents is None:
-            self._check_texts(texts)
-        total = sum(len(text) for text in texts)
+        total = self.limits.check_texts(texts) if documents is None else sum(len(text) for text in texts)
         assert runner.translator is not None
         translator = runner.translator
         try:
@@ -289,27 +282,6 @@ class TranslationService:
                 f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
                 index=e.index, tokens=e.tokens, limit=e.limit,
             ) from None
-
-    def _check_texts(self, texts: Sequence[str], *, sentences: bool = True) -> None:
-        """The request-size limits of ``texts``: their number and (``sentences``) each one's characters."""
-        s = self.settings
-        if not texts:
-            raise InvalidInput("no text to translate")
-        if len(texts) > s.max_sentences_per_request:
-            raise LimitExceeded(
-                f"{len(texts)} sentences in one request; the limit is {s.max_sentences_per_request} "
-                "(max_sentences_per_request; use /v1/translate/bulk for more)",
-                limit="max_sentences_per_request",
-            )
-        for i, text in enumerate(texts if sentences else ()):
-            if not text.strip():
-                raise InvalidInput(f"text[{i}] is empty; nothing to translate")
-            if len(text) > s.max_chars_per_sentence:
-                raise LimitExceeded(
-                    f"text[{i}] has {len(text)} characters; the limit is {s.max_chars_per_sentence} "
-                    "(max_chars_per_sentence)",
-                    limit="max_chars_per_sentence",
-                )
 
     async def admit(
         self,
@@ -380,7 +352,7 @@ class TranslationService:
                 ``text[i] sentence j``.
         """
         runner = self.ready_model(model)
-        self._check_texts(texts, sentences=False)  # a text is a document: its sentences' limits are checked below
+        self.limits.check_texts(texts, sentences=False)  # a text is a document: its sentences' limits are checked below
         s = self.settings
         most = min((s.max_document_sentences, "max_document_sentences"), (s.max_queue_size, "max_queue_size"))
         try:

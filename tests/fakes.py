@@ -1,7 +1,7 @@
 """Fakes shared by unit tests of one layer.
 
 ``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``,
-``prepare_ids``, ``run``, ``translate``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
+``prepare_ids``, ``run``, ``translate``, ``score``, ``score_ids``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
 so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
 it meets new words) and checks (or, with ``truncate``, cuts) the lengths with the engine's own check, and ``run`` sees
 ids only. It can be slowed
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from serving.decoding import SearchOptions
-from serving.request import DecodeOptions, OnPartial, Prepared, Translation, fit_sources
+from serving.errors import InvalidInput
+from serving.request import DecodeOptions, OnPartial, Prepared, ReferenceScore, Translation, check_lengths, fit_sources
 
 EOS = 0
 
@@ -116,6 +117,29 @@ class EchoTranslator:
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None
     ) -> list[Translation]:
         return self.run(self.prepare(texts, options), on_partial)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+        """Each target word scores -1 where it is the echo's word at that place, else -2; EOS scores -0.5."""
+        if len(sources) != len(targets):
+            raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets")
+        if self.fail_on is not None and any(self.fail_on in t.split() for t in [*sources, *targets]):
+            raise RuntimeError(f"fake runtime failure on {self.fail_on!r}")
+        if self.step_delay:
+            time.sleep(self.step_delay * max(len(t.split()) + 1 for t in targets))
+        for side, texts in (("source", sources), ("target", targets)):
+            check_lengths([len(t.split()) + 1 for t in texts], self.info.max_input_tokens, f"{side}[{{index}}]")
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+            scored = [(echo(s).split(), [self._id(w) for w in t.split()], t.split()) for s, t in zip(sources, targets,
+                                                                                                    strict=True)]
+        return [ReferenceScore.of([*ids, EOS], [-1.0 if i < len(expected) and w == expected[i] else -2.0
+                                                for i, w in enumerate(words)] + [-0.5])
+                for expected, ids, words in scored]
+
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+        with self._lock:
+            sources = [" ".join(self._words[i] for i in sentence) for sentence in ids]
+        return self.score(sources, targets)
 
     @property
     def batch_sizes(self) -> list[int]:

@@ -30,6 +30,9 @@ class IdsTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in text.split()]
 
+    def encode_target(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(map(str, ids))
 

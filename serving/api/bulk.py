@@ -121,7 +121,7 @@ async def translate_bulk(
                            "refusing it; its result then says `truncated: true`"),
 ) -> StreamingResponse:
     """Translate NDJSON lines; results stream back as NDJSON as they complete."""
-    options = service.options({"beam_size": beam_size, "max_length": max_length, "truncate": truncate})
+    options = service.limits.options({"beam_size": beam_size, "max_length": max_length, "truncate": truncate})
     service.ready_model(model)  # refuse before streaming: unknown model, not ready
     return DuplexStreamingResponse(
         _bulk(request, service, model, options),
@@ -152,7 +152,7 @@ async def _bulk(
         try:
             try:
                 text, line_id = _parse_bulk_line(raw)
-                deadline = service.deadline(time.monotonic(), None)
+                deadline = service.limits.deadline(time.monotonic(), None)
                 runner, pending = await service.admit(model, [text], options, deadline, tag=tag, wait_for_room=True)
                 (translation,) = await pending.wait()
             except ServingError as error:

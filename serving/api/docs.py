@@ -66,6 +66,16 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
     names = list(service.models)
     for schema_name in ("TranslateRequest", "TranslateStreamRequest"):
         _request_limits(schemas.get(schema_name, {}), service, maxima, names)
+    sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
+    sentences = {"anyOf": [
+        sentence, {"type": "array", "items": sentence, "minItems": 1, "maxItems": settings.max_sentences_per_request},
+    ]}
+    score_request = schemas.get("ScoreRequest", {}).get("properties", {})
+    for name in ("source", "target"):
+        if name in score_request:
+            score_request[name].update(copy.deepcopy(sentences))
+    if "model" in score_request:
+        score_request["model"]["enum"] = [*names, None]
     versions = sorted({str(r.info.version) for r in service.models.values() if r.translator is not None})
     for path in document.get("paths", {}).values():
         for operation in path.values():

@@ -177,9 +177,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _infer(self, runner: ModelRunner, parsed: InferRequest, started: float,
                      context: grpc.aio.ServicerContext) -> Any:
         service = self.service
-        options = service.options(parsed.decoding(), "parameter {!r}")
+        options = service.limits.options(parsed.decoding(), "parameter {!r}")
         timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
-        deadline = service.deadline(started, min(timeouts) if timeouts else None)
+        deadline = service.limits.deadline(started, min(timeouts) if timeouts else None)
         runner, translations = await service.translate(runner, parsed.texts, options, deadline,
                                                        tag=parsed.id or "", target_prefix=parsed.target_prefixes())
         values = output_values(translations)

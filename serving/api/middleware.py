@@ -23,7 +23,9 @@ from serving.api.errors import RequestTimeout, Unauthorized, error_response, hea
 from serving.errors import LimitExceeded, ServingError
 from serving.service import TranslationService
 
-INFERENCE_PATH = re.compile(r"^/v1/translate(/stream|/bulk)?/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$")
+INFERENCE_PATH = re.compile(
+    r"^/v1/translate(/stream|/bulk)?/?$|^/v1/score/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$"
+)
 BULK_PATH = "/v1/translate/bulk"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

@@ -40,7 +40,7 @@ def _json_number(value: Any) -> Any:
 JsonNumber = Annotated[float, BeforeValidator(_json_number)]
 
 _NOT_GIVEN = {"type": "null"}
-OPTION_EXCLUSIONS = {
+OPTION_EXCLUSIONS: dict[str, Any] = {
     "allOf": [
         # Sampling draws one token at a time: with any sampling option (or do_sample), beam_size and num_hypotheses
         # are 1 (serving.request.check_options); JSON Schema states it as two shapes of the body.
@@ -131,10 +131,9 @@ class TranslateRequest(BaseModel):
         default=None, json_schema_extra={"minimum": 0, "maximum": 2**64 - 1},
         description="makes sampling reproducible: the same seed, the same translations, however requests are batched",
     )
-    target_prefix: str | list[str] | None = Field(
+    target_prefix: str | None = Field(
         default=None,
-        description="the start each translation is forced to (one per text when text is a list; \"\": none; not "
-        "with split_sentences)",
+        description="the start every translation is forced to (\"\": none; not with split_sentences)",
     )
     timeout_ms: JsonInt | None = Field(
         default=None,
@@ -161,10 +160,8 @@ class TranslateRequest(BaseModel):
         return self.model_dump(include=set(OPTION_NAMES))
 
     def target_prefixes(self) -> list[str] | None:
-        """One target prefix per text, or None."""
-        if self.target_prefix is None:
-            return None
-        return [self.target_prefix] if isinstance(self.target_prefix, str) else list(self.target_prefix)
+        """The target prefix once per text, or None."""
+        return None if self.target_prefix is None else [self.target_prefix] * len(self.texts())
 
 
 class HypothesisOut(BaseModel):
@@ -261,6 +258,54 @@ class TranslateResponse(BaseModel):
     translations: list[TranslationOut]
 
 
+class ScoreRequest(BaseModel):
+    """Source/target pairs whose targets the model scores (its log-likelihood of each, teacher-forced)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"source": "A man is riding a bicycle.", "target": "Ein Mann fährt Fahrrad."},
+                                        {"source": ["Hello.", "Thank you."], "target": ["Hallo.", "Danke."]}]},
+    )
+
+    source: str | list[str] = Field(description="one source sentence, or a list")
+    target: str | list[str] = Field(description="the translation to score of each source (as many as sources)")
+    model: str | None = Field(default=None, description="model name (default: the server's first model)")
+    timeout_ms: JsonInt | None = Field(
+        default=None,
+        description="deadline in milliseconds; may only shorten the server's request timeout",
+        json_schema_extra={"minimum": 1},
+    )
+
+    def sources(self) -> list[str]:
+        return [self.source] if isinstance(self.source, str) else list(self.source)
+
+    def targets(self) -> list[str]:
+        return [self.target] if isinstance(self.target, str) else list(self.target)
+
+
+class ScoreOut(BaseModel):
+    """The model's log-likelihood of one target (natural logarithms)."""
+
+    log_prob: float = Field(description="the log-probability of the whole target, EOS included")
+    tokens: int = Field(description="target tokens scored, EOS included")
+    mean_log_prob: float = Field(description="log_prob / tokens (transformers' loss is its negative)")
+    perplexity: float | None = Field(description="exp(-mean_log_prob); null where it overflows")
+    token_log_probs: list[float] = Field(description="the log-probability of each target token, EOS last")
+
+    @classmethod
+    def of(cls, score: Any) -> ScoreOut:
+        return cls(log_prob=score.log_prob, tokens=int(score.tokens), mean_log_prob=score.mean_log_prob,
+                   perplexity=finite_score(score.perplexity), token_log_probs=list(score.token_log_probs))
+
+
+class ScoreResponse(BaseModel):
+    """Scores in the order of the request's pairs."""
+
+    model: str
+    version: str
+    scores: list[ScoreOut]
+
+
 class ModelOut(BaseModel):
     """A served model."""
 
@@ -316,10 +361,10 @@ _ERROR_TEXT = {
     408: "the request body did not arrive within body_timeout_s, or the server shut down first",
     413: "a size limit was exceeded; the message names the setting",
     422: "the body or a parameter does not match the schema",
-    500: "the runtime failed while translating",
+    500: "the runtime failed while translating (or scoring)",
     501: "an operation this server does not offer (the message says why)",
     503: "queue full (with Retry-After), model not ready, or server draining (with Retry-After)",
-    504: "the request's deadline passed before its translation was done",
+    504: "the request's deadline passed before its translation (or scores) was done",
 }
 
 

@@ -1,4 +1,5 @@
-"""The ``/v1`` routes: translate, stream (Server-Sent Events) and the model list (bulk NDJSON: ``serving.api.bulk``).
+"""The ``/v1`` routes: translate, stream (Server-Sent Events), score (reference scoring) and the model list (bulk
+NDJSON: ``serving.api.bulk``).
 
 Each route is thin: request schema -> ``service.admit``/``translate`` (the batcher) -> response schema.
 """
@@ -28,6 +29,9 @@ from serving.api.schemas import (
     Limits,
     ModelOut,
     ModelsResponse,
+    ScoreOut,
+    ScoreRequest,
+    ScoreResponse,
     StreamPartial,
     TranslateRequest,
     TranslateResponse,
@@ -62,8 +66,8 @@ def _response(runner: ModelRunner, translations: list[Any], documents: list[Any]
              responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
     """Translate one sentence or a list of sentences (with split_sentences: texts of several sentences)."""
-    options = service.options(body.decoding())
-    deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    options = service.limits.options(body.decoding())
+    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     tag = request_id(request)
     if body.split_sentences:
         if body.target_prefix is not None or (body.num_hypotheses or 1) > 1:
@@ -78,6 +82,16 @@ async def translate(body: TranslateRequest, request: Request, service: ServiceDe
                                    target_prefix=body.target_prefixes())
     )
     return _response(runner, translations)
+
+
+@router.post("/score", response_model=ScoreResponse, responses=_TRANSLATE_ERRORS)
+async def score(body: ScoreRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> ScoreResponse:
+    """Score given translations: the model's log-likelihood of each target given its source."""
+    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    runner, scores = await unless_disconnected(
+        request, service.score(body.model, body.sources(), body.targets(), deadline)
+    )
+    return ScoreResponse(model=runner.name, version=str(runner.info.version), scores=[ScoreOut.of(s) for s in scores])
 
 
 def _sse(event: str, data: Any) -> bytes:
@@ -117,8 +131,8 @@ async def translate_stream(
     body: TranslateStreamRequest, request: Request, service: ServiceDep, _: ApiKeyDep
 ) -> StreamingResponse:
     """Translate and stream partial text as Server-Sent Events."""
-    options = service.options(body.decoding())
-    deadline = service.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    options = service.limits.options(body.decoding())
+    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
 

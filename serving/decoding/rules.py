@@ -150,7 +150,7 @@ def warp(log_probs: np.ndarray, options: SearchOptions) -> np.ndarray:
         remove[:, -1] = False
         rows = np.broadcast_to(np.arange(scores.shape[0])[:, None], order.shape)
         scores[rows[remove], order[remove]] = NEG_INF
-    return scores
+    return np.asarray(scores)
 
 
 def sample(scores: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -163,7 +163,7 @@ def sample(scores: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> np.ndarr
     chosen = (cumulative <= threshold[:, None]).sum(axis=1)
     # Never a token of probability 0 (a rounding edge at the top end): the last allowed token instead.
     last_allowed = scores.shape[1] - 1 - np.argmax((probs > 0)[:, ::-1], axis=1)
-    return np.minimum(chosen, last_allowed).astype(np.int64)
+    return np.asarray(np.minimum(chosen, last_allowed), dtype=np.int64)
 
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)

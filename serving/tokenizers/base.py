@@ -68,6 +68,10 @@ class UnicodeChecked:
         check_text(text)
         return self.inner.encode(text)
 
+    def encode_target(self, text: str) -> list[int]:
+        check_text(text)
+        return self.inner.encode_target(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.inner.decode(ids)
 
@@ -76,14 +80,19 @@ class UnicodeChecked:
 class Tokenizer(Protocol):
     """Text <-> token ids for one model.
 
-    ``encode`` returns the source ids *without* EOS (the engine appends the package's EOS id); ``decode`` turns
+    ``encode`` returns the source ids *without* EOS (the engine appends the package's EOS id); ``encode_target``
+    the same for target text (reference scoring: the target side's model and vocabulary); ``decode`` turns
     target ids back into text, skipping special tokens. The engine cuts a hypothesis at its first EOS before decoding.
-    The tokenizers ``load_tokenizer`` returns raise :class:`InvalidText` (:func:`check_text`) from ``encode`` for text
+    The tokenizers ``load_tokenizer`` returns raise :class:`InvalidText` (:func:`check_text`) from both encodes for text
     that is not valid Unicode.
     """
 
     def encode(self, text: str) -> list[int]:
         """Source text to ids, without EOS."""
+        ...
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text to ids, without EOS (as the model was trained to produce them)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:

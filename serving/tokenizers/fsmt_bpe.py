@@ -16,6 +16,11 @@ Encoding (``FSMTTokenizer.tokenize`` + ``convert_tokens_to_ids``):
 3. Each Moses token: BPE (split into characters, ``</w>`` glued to the last one, then repeatedly merge the adjacent
    pair with the best rank); each piece -> its id, unknown pieces -> ``<unk>``.
 
+Target text (``encode_target``, reference scoring): the same stages with the target language's Moses and
+``vocab-tgt.json``, as fairseq prepares its targets. (transformers' ``FSMTTokenizer`` has no target mode: it
+tokenizes ``text_target=`` like a source; ``FSMTTokenizer`` built with the target vocabulary and languages swapped is
+what this equals.)
+
 Decoding (``decode(ids, skip_special_tokens=True)``): special ids dropped, ids -> target tokens, glued
 (``</w>`` -> space), split into words and ``MosesDetokenizer(target lang)``-ed.
 """
@@ -26,6 +31,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +102,16 @@ class FsmtBpeTokenizer:
         if UNK_TOKEN not in self._encoder:
             raise ValueError(f"{source_vocab}: the vocabulary has no {UNK_TOKEN!r} entry")
         self._unk = self._encoder[UNK_TOKEN]
-        self._decoder = {i: token for token, i in _load_vocab(target_vocab).items()}
+        self._target_encoder = _load_vocab(target_vocab)
+        self._target_unk = self._target_encoder.get(UNK_TOKEN, self._unk)
+        self._decoder = {i: token for token, i in self._target_encoder.items()}
         self._ranks = _load_merges(merges)
         self._lower = do_lower_case
         self._clean_up = clean_up_tokenization_spaces
         self._target_lang = target_lang
-        self._normalizer = sacremoses.MosesPunctNormalizer(lang=source_lang)
-        self._moses = sacremoses.MosesTokenizer(lang=source_lang)
+        self._moses = _Moses(sacremoses.MosesPunctNormalizer(lang=source_lang), sacremoses.MosesTokenizer(lang=source_lang))
+        self._target_moses = _Moses(sacremoses.MosesPunctNormalizer(lang=target_lang),
+                                    sacremoses.MosesTokenizer(lang=target_lang))
         self._detokenizer = sacremoses.MosesDetokenizer(lang=target_lang)
         specials = [t for t in SPECIAL_TOKENS if t in self._encoder]
         # transformers looks the special ids up in the source vocabulary, for decoding too.
@@ -121,21 +130,34 @@ class FsmtBpeTokenizer:
         Raises:
             InvalidText: the text is not valid Unicode (a lone surrogate).
         """
+        return self._encode(text, self._moses, self._encoder, self._unk)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text to ids, without EOS: target-language Moses, BPE, ``vocab-tgt.json`` (module docstring).
+
+        Raises:
+            InvalidText: the text is not valid Unicode (a lone surrogate).
+        """
+        return self._encode(text, self._target_moses, self._target_encoder, self._target_unk)
+
+    def _encode(self, text: str, moses: _Moses, vocab: dict[str, int], unk: int) -> list[int]:
         check_text(text)
         ids: list[int] = []
         for i, chunk in enumerate(self._special_split.split(text)):
             if i % 2:  # re.split puts the separators (the special tokens) at odd positions
-                ids.append(self._encoder[chunk])
+                ids.append(vocab.get(chunk, unk))
             elif chunk.strip():
-                ids.extend(self._encoder.get(piece, self._unk) for piece in self.pieces(chunk))
+                ids.extend(vocab.get(piece, unk) for piece in self.pieces(chunk, moses))
         return ids
 
-    def pieces(self, text: str) -> list[str]:
-        """The BPE pieces of a chunk of text without special tokens (``FSMTTokenizer._tokenize``)."""
+    def pieces(self, text: str, moses: _Moses | None = None) -> list[str]:
+        """The BPE pieces of a chunk of text without special tokens (``FSMTTokenizer._tokenize``), through the
+        source language's Moses unless ``moses`` is given."""
+        moses = moses or self._moses
         if self._lower:
             text = text.lower()
-        text = remove_non_printing_char(self._normalizer.normalize(replace_unicode_punct(text)))
-        words: list[str] = self._moses.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
+        text = remove_non_printing_char(moses.normalizer.normalize(replace_unicode_punct(text)))
+        words: list[str] = moses.tokenizer.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
         out: list[str] = []
         for word in words:
             if word:
@@ -185,6 +207,14 @@ class FsmtBpeTokenizer:
             for old, new in _CLEAN_UP:
                 text = text.replace(old, new)
         return text
+
+
+@dataclass(frozen=True)
+class _Moses:
+    """One language's Moses preprocessing: the punctuation normalizer and the tokenizer."""
+
+    normalizer: Any
+    tokenizer: Any
 
 
 def _load_vocab(path: Path) -> dict[str, int]:

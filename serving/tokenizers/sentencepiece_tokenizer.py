@@ -11,6 +11,10 @@
    character the SentencePiece model does not know comes out as its surface string, not as ``<unk>``, and only maps
    to ``<unk>`` if vocab.json lacks it too -- which is why we look pieces up by string and never by SentencePiece id.
 
+Target text (``encode_target``, what ``MarianTokenizer(text_target=...)`` does in its target mode) goes through the
+same stages with the *target* SentencePiece model and, for separate vocabularies, ``target_vocab.json`` (its own
+``<unk>`` for unknown pieces); the special tokens keep their ``vocab.json`` ids, as transformers' added tokens do.
+
 Decoding (``decode(ids, skip_special_tokens=True)``) drops the ids of ``</s>``, ``<unk>``, ``<pad>``, turns the others
 into piece strings (unknown ids become ``<unk>``, which is then dropped as well), decodes them with the *target*
 SentencePiece model, replaces any leftover ``▁`` with a space and strips the result.
@@ -60,8 +64,9 @@ class SentencePieceTokenizer:
         if UNK_TOKEN not in self._vocab:
             raise ValueError(f"{vocab}: the vocabulary has no {UNK_TOKEN!r} entry")
         self._unk_id = self._vocab[UNK_TOKEN] if unk_id is None else int(unk_id)
-        decode_vocab = self._vocab if target_vocab is None else _load_vocab(target_vocab)
-        self._pieces = {i: piece for piece, i in decode_vocab.items()}
+        self._target_vocab = self._vocab if target_vocab is None else _load_vocab(target_vocab)
+        self._target_unk_id = self._unk_id if target_vocab is None else self._target_vocab.get(UNK_TOKEN, self._unk_id)
+        self._pieces = {i: piece for piece, i in self._target_vocab.items()}
         specials = [t for t in (EOS_TOKEN, UNK_TOKEN, PAD_TOKEN) if t in self._vocab]
         self._special_ids = frozenset(self._vocab[t] for t in specials)
         self._special_split = re.compile("(" + "|".join(re.escape(t) for t in specials) + ")")
@@ -77,19 +82,30 @@ class SentencePieceTokenizer:
         Raises:
             InvalidText: the text is not valid Unicode (SentencePiece would fail converting it to UTF-8).
         """
+        return self._encode(text, self._source, self._vocab, self._unk_id)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text to ids, without EOS (``MarianTokenizer(text_target=text).labels[:-1]``).
+
+        Raises:
+            InvalidText: the text is not valid Unicode.
+        """
+        return self._encode(text, self._target, self._target_vocab, self._target_unk_id)
+
+    def _encode(self, text: str, model: sentencepiece.SentencePieceProcessor, vocab: dict[str, int],
+                unk: int) -> list[int]:
         check_text(text)
-        vocab, unk = self._vocab, self._unk_id
         ids: list[int] = []
         for i, chunk in enumerate(self._special_split.split(text)):
             if i % 2:  # re.split puts the separators (the special tokens) at odd positions
-                ids.append(vocab[chunk])
+                ids.append(self._vocab[chunk])
                 continue
             if not chunk:
                 continue
             if chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
                 ids.append(vocab.get(chunk[: end + 2], unk))
                 chunk = chunk[end + 2 :]
-            ids.extend(vocab.get(piece, unk) for piece in self._source.encode(chunk, out_type=str))
+            ids.extend(vocab.get(piece, unk) for piece in model.encode(chunk, out_type=str))
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -138,6 +138,10 @@ class SubwordTextEncoder:
             ids.extend(word_ids)
         return ids
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target text to ids, without EOS: T2T models share one vocabulary between both sides."""
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Subtoken ids to text. Ids outside the vocabulary decode to nothing; callers cut at EOS beforehand."""
         subtokens = self._subtokens

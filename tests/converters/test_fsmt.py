@@ -214,6 +214,16 @@ def test_tokenizer_matches_fsmt_tokenizer(models: dict[str, Any]) -> None:
     assert ours.decode([EOS_ID, PAD_ID, 10**6]) == theirs.decode([EOS_ID, PAD_ID, 10**6], skip_special_tokens=True)
     with pytest.raises(InvalidText, match="lone surrogate U\\+D800"):
         ours.encode("A man \ud800 rides.")
+    with pytest.raises(InvalidText, match="lone surrogate U\\+D800"):
+        ours.encode_target("Ein Mann \ud800 fährt.")
+    # Targets: German Moses + BPE + vocab-tgt.json, i.e. FSMTTokenizer with the target side as its source (it has no
+    # target mode of its own).
+    target_side = transformers.FSMTTokenizer(langs=["de", "en"], src_vocab_file=str(source / "vocab-tgt.json"),
+                                             tgt_vocab_file=str(source / "vocab-src.json"),
+                                             merges_file=str(source / "merges.txt"))
+    mismatches = [s for s in sentences if ours.encode_target(s) != target_side(s).input_ids[:-1]]
+    assert not mismatches, mismatches[:5]
+    assert any(ours.encode_target(s) != ours.encode(s) for s in sentences)
     # Round trip (Moses escaping, BPE, detokenizing): every Multi30k sentence without a character the tiny vocabulary
     # lacks comes back exactly (392 of these 400).
     known = [(s, d) for s, d, i in zip(sentences[:400], decoded, ids, strict=False) if 3 not in i]

@@ -118,7 +118,7 @@ def test_every_command_outside_the_plain_install_names_a_known_extra() -> None:
     needed = {extra for _, _, extra in _SUBCOMMANDS.values() if extra is not None}
     assert needed <= set(EXTRAS) <= extras
     assert {name for name, (_, _, extra) in _SUBCOMMANDS.items() if extra is None} == {
-        "translate", "serve", "export-triton"}
+        "translate", "score", "serve", "export-triton"}
 
 
 def test_this_venv_has_every_extra() -> None:

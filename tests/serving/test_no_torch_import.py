@@ -1,7 +1,7 @@
 """The serving path never imports torch or transformers.
 
 A fresh interpreter imports ``serving.engine`` and ``serving.translate_cli``, loads a converted package on both
-runtimes, translates (greedy, beam, streaming) and runs ``mtgate translate``; then no module of torch or transformers
+runtimes, translates (greedy, beam, streaming), scores a reference and runs ``mtgate translate``; then no module of torch or transformers
 may be in ``sys.modules``. (The package is converted in this test process, which does use torch.)
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys
 package = sys.argv[1]
-import serving.engine, serving.translate_cli
+import serving.engine, serving.translate_cli, serving.scoring, serving.score_cli
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
 
@@ -28,6 +28,7 @@ for runtime in ("onnxruntime", "openvino"):
     translator = Translator.load(package, runtime=runtime, threads=1)
     translator.translate(["A dog runs.", ""], DecodeOptions(beam_size=1), on_partial=lambda i, t: partials.append(t))
     translator.translate(["A dog runs."], DecodeOptions(beam_size=4))
+    translator.score(["A dog runs."], ["Ein Hund rennt."])
 code = main(["translate", "-m", package, "--threads", "1", "Two men talk."])
 banned = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
 sys.stderr.write(json.dumps({"code": code, "banned": banned, "partials": len(partials)}) + "\n")

@@ -11,7 +11,7 @@ import pytest
 from serving.package import PackageError
 from serving.tokenizers import load_tokenizer
 from serving.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
-from tests.utils.marian_factory import corpus, write_tokenizer_files
+from tests.utils.marian_factory import corpus, write_separate_tokenizer_files, write_tokenizer_files
 
 EDGE_CASES = [
     "",
@@ -59,6 +59,28 @@ def test_encode_matches_marian_tokenizer(hf_tokenizer, tokenizer: SentencePieceT
         expected = hf_tokenizer(text).input_ids
         assert expected[-1] == hf_tokenizer.eos_token_id
         assert tokenizer.encode(text) == expected[:-1], text
+
+
+def test_encode_target_matches_marian_tokenizer_text_target(hf_tokenizer, tokenizer: SentencePieceTokenizer) -> None:  # type: ignore[no-untyped-def]
+    texts = corpus("de")[:150] + corpus("en")[:30] + EDGE_CASES
+    for text in texts:
+        expected = hf_tokenizer(text_target=text).input_ids
+        assert expected[-1] == hf_tokenizer.eos_token_id
+        assert tokenizer.encode_target(text) == expected[:-1], text
+    assert any(tokenizer.encode_target(t) != tokenizer.encode(t) for t in texts)  # the target model is used
+
+
+def test_encode_target_with_separate_vocabularies(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    write_separate_tokenizer_files(tmp_path, spm_pieces=200, source_extra=3)
+    theirs = transformers.MarianTokenizer(str(tmp_path / "source.spm"), str(tmp_path / "target.spm"),
+                                          str(tmp_path / "vocab.json"), target_vocab_file=str(tmp_path /
+                                                                                           "target_vocab.json"),
+                                          separate_vocabs=True)
+    ours = SentencePieceTokenizer(tmp_path / "source.spm", tmp_path / "target.spm", tmp_path / "vocab.json",
+                                  target_vocab=tmp_path / "target_vocab.json")
+    for text in corpus("de")[:100] + EDGE_CASES:
+        assert ours.encode_target(text) == theirs(text_target=text).input_ids[:-1], text
 
 
 def test_decode_matches_marian_tokenizer(hf_tokenizer, tokenizer: SentencePieceTokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -112,6 +134,8 @@ def test_text_that_is_not_unicode_is_refused_by_every_loaded_tokenizer(
     # SentencePiece cannot take it at all (it used to raise pybind11's RuntimeError "Unable to cast ...").
     with pytest.raises(InvalidText, match="lone surrogate U\\+D[89A-F][0-9A-F]{2} at character") as caught:
         tokenizer.encode(text)
+    with pytest.raises(InvalidText, match="lone surrogate"):
+        tokenizer.encode_target(text)
     assert caught.value.text == text and caught.value.about("text[3]").message.startswith("text[3] holds")
     # T2T's encoder escapes it, as T2T does; the tokenizer a package loads refuses it like SentencePiece.
     (tmp_path / "vocab.subwords").write_text("'<pad>'\n'<EOS>'\n'a_'\n'b_'\n", encoding="utf-8")
@@ -119,6 +143,8 @@ def test_text_that_is_not_unicode_is_refused_by_every_loaded_tokenizer(
     loaded = load_tokenizer(tmp_path, {"kind": "t2t_subword", "files": {"vocab": "vocab.subwords"}})
     with pytest.raises(InvalidText):
         loaded.encode(text)
-    assert loaded.encode("a b") == [2, 3]
+    with pytest.raises(InvalidText):
+        loaded.encode_target(text)
+    assert loaded.encode("a b") == loaded.encode_target("a b") == [2, 3]
     if text.endswith("\udcff"):  # what surrogateescape makes of the byte 0xff
         assert "an undecodable byte 0xff" in str(caught.value)

@@ -62,6 +62,7 @@ def test_every_route_answers_as_its_document_says(live: Any, tiny_package: Path)
                     assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
         assert httpx.post(url + "/v1/translate", json={"text": "still serving"}).status_code == 200
     assert 200 in statuses["POST /v1/translate"] and 200 in statuses["POST /v2/models/{name}/infer"]
+    assert 200 in statuses["POST /v1/score"]
     assert {400, 422} & statuses["POST /v1/translate"]
 
 
@@ -70,7 +71,8 @@ def test_v1_routes_never_answer_5xx(live: Any) -> None:
         spec = httpx.get(url + "/openapi.json").json()
         schema = schemathesis.openapi.from_dict(spec).include(path_regex="^/v1/")
         operations = [result.ok() for result in schema.get_all_operations()]
-        assert {op.path for op in operations} >= {"/v1/translate", "/v1/translate/stream", "/v1/translate/bulk"}
+        assert {op.path for op in operations} >= {"/v1/translate", "/v1/translate/stream", "/v1/translate/bulk",
+                                                   "/v1/score"}
         seen: dict[str, set[int]] = {}
         with httpx.Client(base_url=url, timeout=10) as client:
             for operation in operations:
@@ -103,7 +105,7 @@ def test_the_documented_not_space_pattern_is_python_s() -> None:
     assert disagree == []
 
 
-@pytest.mark.parametrize("path", ["/v1/translate", "/v1/translate/stream", "/v2/models/{name}/infer"])
+@pytest.mark.parametrize("path", ["/v1/translate", "/v1/translate/stream", "/v1/score", "/v2/models/{name}/infer"])
 def test_documented_statuses_cover_what_the_routes_answer(client: Any, path: str) -> None:
     spec = client.get("/openapi.json").json()
     documented = {int(code) for code in spec["paths"][path]["post"]["responses"]}

@@ -71,7 +71,7 @@ def test_n_best_lists(server: ServerProcess, offline: Translator) -> None:
         assert [h["text"] for h in hypotheses] == [translation.text] + [a.text for a in translation.alternatives]
         assert hypotheses[0]["text"] == item["text"] and hypotheses[0]["score"] == item["score"]
         scores = [h["score"] for h in hypotheses]
-        assert scores == sorted(scores, reverse=True) and len(set(h["text"] for h in hypotheses)) == 3
+        assert scores == sorted(scores, reverse=True) and len({h["text"] for h in hypotheses}) == 3
     assert "hypotheses" not in _v1(server).json()["translations"][0]  # only when asked for
 
 
@@ -88,16 +88,17 @@ def test_every_protocol_decodes_as_the_engine(server: ServerProcess, offline: Tr
 
 
 def test_target_prefix(server: ServerProcess, offline: Translator) -> None:
-    prefixes = ["Ein Mann", "", "Zwei Hunde", "Eine Frau"]
-    expected = offline.run(offline.prepare(TEXTS, DecodeOptions(beam_size=2), prefixes))
-    got = _texts(_v1(server, beam_size=2, target_prefix=prefixes))
-    assert got == [t.text for t in expected]
-    assert got[0].startswith("Ein Mann") and got[2].startswith("Zwei Hunde")
-    shared = [t.text for t in offline.run(offline.prepare(TEXTS[:2], DecodeOptions(), ["Ein Mann"] * 2))]
-    assert _texts(_v2(server, TEXTS[:2], {"target_prefix": "Ein Mann"})) == shared
-    assert _grpc(server, TEXTS[:2], {"target_prefix": "Ein Mann"}) == shared
-    wrong = _v1(server, target_prefix=["Ein Mann"])
-    assert wrong.status_code == 400 and wrong.json()["error"]["message"] == "1 target prefixes for 4 texts"
+    expected = offline.run(offline.prepare(TEXTS, DecodeOptions(beam_size=2), ["Ein Mann"] * len(TEXTS)))
+    got = _texts(_v1(server, beam_size=2, target_prefix="Ein Mann"))
+    assert got == [t.text for t in expected] and all(text.startswith("Ein Mann") for text in got)
+    assert got != _texts(_v1(server, beam_size=2))
+    shared = [t.text for t in offline.run(offline.prepare(TEXTS[:2], DecodeOptions(), ["Zwei Hunde"] * 2))]
+    assert _texts(_v2(server, TEXTS[:2], {"target_prefix": "Zwei Hunde"})) == shared
+    assert _grpc(server, TEXTS[:2], {"target_prefix": "Zwei Hunde"}) == shared
+    wrong = _v1(server, target_prefix="Ein Mann", split_sentences=True)
+    assert wrong.status_code == 400, wrong.text
+    assert wrong.json()["error"]["message"] == ("split_sentences gives each sentence one translation: not with "
+                                                "target_prefix or num_hypotheses above 1")
 
 
 def test_options_that_do_not_go_together_are_named(server: ServerProcess) -> None:

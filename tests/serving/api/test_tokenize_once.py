@@ -32,6 +32,9 @@ class CountingTokenizer:
             self.calls += 1
         return self.inner.encode(text)
 
+    def encode_target(self, text: str) -> list[int]:
+        return self.inner.encode_target(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.inner.decode(ids)
 
