@@ -75,6 +75,7 @@ class ContinuousDecoder:
         self._lanes: list[Lane] = []
         self._joining: list[_Group] = []
         self._owner: dict[int, tuple[_Group, int]] = {}  # sentence id -> (group, index in the group)
+        self._to_score: list[tuple[_Group, list[Translation]]] = []  # done groups awaiting their token scores
         self._next_id = 0
 
     @property
@@ -149,11 +150,13 @@ class ContinuousDecoder:
                 self.fail(InferenceFailed(f"{self.translator.info.runtime} failed on a step of {lane.rows} rows: {e}"))
                 return
         self._lanes = [lane for lane in self._lanes if lane.blocks]
+        if self._to_score:
+            self._score_finished()
 
     def fail(self, error: ServingError) -> None:
         """Fail every group (decoding or joining) with ``error`` and empty the decoder."""
-        groups = {id(group): group for group, _ in self._owner.values()}
-        self._lanes, self._joining, self._owner = [], [], {}
+        groups = {id(group): group for group, _ in [*self._owner.values(), *self._to_score]}
+        self._lanes, self._joining, self._owner, self._to_score = [], [], {}, []
         for group in groups.values():
             _call(group.on_result, error)
 
@@ -219,7 +222,26 @@ class ContinuousDecoder:
             if len(group.results) == len(group.sources):
                 logger.debug("group of %d done in %.1f ms", len(group.sources),
                              (time.perf_counter() - group.started) * 1000)
-                _call(group.on_result, group.prepared.mark([group.results[i] for i in range(len(group.sources))]))
+                translations = [group.results[i] for i in range(len(group.sources))]
+                if group.options.return_scores:  # scored after the step: the decoder's buffers are in use now
+                    self._to_score.append((group, translations))
+                    continue
+                _call(group.on_result, group.prepared.mark(translations))
+
+    def _score_finished(self) -> None:
+        """Give the groups that asked for token scores (``return_scores``) their translations, scored."""
+        done, self._to_score = self._to_score, []
+        for lane in self._lanes:  # scoring runs the decoder too: no lane may keep the backend's reused buffers
+            lane.detach()
+        for group, translations in done:
+            try:
+                result: list[Translation] | ServingError = group.prepared.mark(
+                    self.translator.with_token_scores(group.sources, translations))
+            except ServingError as e:
+                result = e
+            except Exception as e:
+                result = InferenceFailed(f"{self.translator.info.runtime} failed scoring tokens: {e}")
+            _call(group.on_result, result)
 
     def _stream_hook(self, ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """The searches' streaming hook: sentence ``ids[i]`` now reads ``tokens[i, :lengths[i]]``."""

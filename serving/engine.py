@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +253,7 @@ class Translator:
             temperature=1.0 if options.temperature is None else float(options.temperature),
             top_k=options.top_k or 0,
             top_p=1.0 if options.top_p is None else float(options.top_p),
+            return_scores=options.return_scores,
         )
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
@@ -286,7 +287,23 @@ class Translator:
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
             self._translate_batch(batch, prepared, lengths, results, on_partial)
-        return prepared.mark([r for r in results if r is not None])
+        translations = [r for r in results if r is not None]
+        if prepared.search.return_scores:
+            translations = self.with_token_scores(sources, translations)
+        return prepared.mark(translations)
+
+    def with_token_scores(self, sources: list[list[int]], translations: list[Translation]) -> list[Translation]:
+        """``translations`` (and their alternatives) with ``token_scores``: each output token and EOS after them
+        scored teacher-forced (``serving.scoring``), in one pass; ``sources[i]`` is the source of
+        ``translations[i]``."""
+        flat = [(i, t) for i, translation in enumerate(translations) for t in (translation, *translation.alternatives)]
+        scored = score_references(self.backend, self.encode_batch, [sources[i] for i, _ in flat],
+                                  [[*t.token_ids, self.ids.eos] for _, t in flat], decoder_start=self.ids.decoder_start,
+                                  max_batch_tokens=self.max_batch_tokens, runtime=self.info.runtime)
+        scores = iter(tuple(score.token_log_probs) for score in scored)
+        return [replace(t, token_scores=next(scores),
+                        alternatives=tuple(replace(a, token_scores=next(scores)) for a in t.alternatives))
+                for t in translations]
 
     def translate(
         self, texts: Sequence[str], options: DecodeOptions | None = None, on_partial: OnPartial | None = None

@@ -69,7 +69,7 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 """The options that apply to sampling only (``do_sample``)."""
 
 OPTION_NAMES = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty",
-                "no_repeat_ngram_size", "disable_unk", "do_sample", *SAMPLING_OPTIONS, "truncate")
+                "no_repeat_ngram_size", "disable_unk", "do_sample", *SAMPLING_OPTIONS, "truncate", "return_scores")
 """Every option of :class:`DecodeOptions`, as each surface names it (``/v1`` fields, ``/v2`` and gRPC parameters, CLI flags)."""
 
 
@@ -98,6 +98,7 @@ class DecodeOptions:
         truncate: the over-long policy: False (the default) refuses a source with more tokens than the model has
             positions (``InputTooLong``); True cuts it to them, EOS kept last, and marks its translation
             (``Translation.truncated``); see :func:`fit_sources`.
+        return_scores: also each output token's log-probability (``Translation.token_scores``).
 
     Raises:
         InvalidInput: a value of the wrong type or out of range, or options that do not go together (named).
@@ -116,6 +117,7 @@ class DecodeOptions:
     top_p: float | None = None
     seed: int | None = None
     truncate: bool = False
+    return_scores: bool = False
 
     def __post_init__(self) -> None:
         check_options({name: getattr(self, name) for name in OPTION_NAMES})
@@ -130,7 +132,8 @@ class DecodeOptions:
         """
         values: dict[str, Any] = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
         check_options(values, label)
-        return cls(**{**values, "disable_unk": bool(values["disable_unk"]), "truncate": bool(values["truncate"])})
+        switches = {name: bool(values[name]) for name in ("disable_unk", "truncate", "return_scores")}
+        return cls(**{**values, **switches})
 
     @property
     def sampling(self) -> bool:
@@ -161,7 +164,7 @@ def check_options(values: Mapping[str, Any], label: Label = "{}") -> None:
     _number(name("repetition_penalty"), values.get("repetition_penalty"), 0.0, None)
     _number(name("temperature"), values.get("temperature"), 0.0, None)
     _number(name("top_p"), values.get("top_p"), 0.0, 1.0)
-    for switch in ("do_sample", "disable_unk", "truncate"):
+    for switch in ("do_sample", "disable_unk", "truncate", "return_scores"):
         if values.get(switch) is not None:
             boolean(name(switch), values.get(switch))
     seed = values.get("seed")
@@ -227,6 +230,9 @@ class Translation:
         token_ids: generated ids, EOS excluded.
         alternatives: the next best translations, best first (``num_hypotheses - 1``; their own
             ``alternatives`` empty).
+        token_scores: with ``return_scores``, the model's log-probability of each of ``token_ids`` and, last, of EOS
+            after them (``output_tokens + 1`` entries, teacher-forced as ``Engine.score`` scores a reference: their
+            sum is its log-likelihood when ``text`` tokenizes back to ``token_ids``).
         truncated: the source was cut to the model's positions (``DecodeOptions.truncate``); ``input_tokens`` is then
             what the model read.
     """
@@ -238,6 +244,7 @@ class Translation:
     token_ids: list[int]
     alternatives: tuple[Translation, ...] = ()
     truncated: bool = False
+    token_scores: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,11 @@ class TranslateRequest(BaseModel):
         json_schema_extra={"minimum": 1},
     )
 
+    return_scores: JsonBool = Field(
+        default=False,
+        description="also each output token's log-probability, and EOS's last (`token_scores`, teacher-forced as "
+        "/v1/score scores a reference)",
+    )
     split_sentences: JsonBool = Field(
         default=False,
         description="split each text into sentences, translate all of them in one batch and join the translations "
@@ -170,11 +175,21 @@ class HypothesisOut(BaseModel):
     text: str
     output_tokens: int = Field(description="target tokens generated, EOS excluded")
     score: float | None = Field(default=None, description="the decoder's (length-normalized) log-probability")
+    token_scores: list[float | None] | None = Field(
+        default=None, exclude_if=lambda value: value is None,
+        description="with return_scores: each output token's log-probability, EOS's last",
+    )
 
     @classmethod
     def of(cls, translation: Any) -> HypothesisOut:
         return cls(text=translation.text, output_tokens=int(translation.output_tokens),
-                   score=finite_score(translation.score))
+                   score=finite_score(translation.score), token_scores=token_scores(translation))
+
+
+def token_scores(translation: Any) -> list[float | None] | None:
+    """A translation's token scores as JSON carries them (None: not asked for)."""
+    scores = getattr(translation, "token_scores", None)
+    return None if scores is None else [finite_score(float(v)) for v in scores]
 
 
 class TranslateStreamRequest(TranslateRequest):
@@ -209,6 +224,10 @@ class TranslationOut(BaseModel):
         default=None, exclude_if=lambda value: value is None,
         description="with num_hypotheses above 1: every hypothesis, best first (the first is this one)",
     )
+    token_scores: list[float | None] | None = Field(
+        default=None, exclude_if=lambda value: value is None,
+        description="with return_scores: each output token's log-probability, EOS's last",
+    )
 
     truncated: bool | None = Field(
         default=None, description="present (true) when the source was cut to the model's positions (`truncate`)"
@@ -229,6 +248,7 @@ class TranslationOut(BaseModel):
             output_tokens=int(translation.output_tokens),
             score=finite_score(translation.score),
             hypotheses=hypotheses,
+            token_scores=token_scores(translation),
         )
         if getattr(translation, "truncated", False):  # set only then: other responses stay as they were
             out.truncated = True

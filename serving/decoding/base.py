@@ -41,6 +41,8 @@ class SearchOptions:
         temperature: sampling temperature.
         top_k: sample among the ``top_k`` most likely tokens (0: all).
         top_p: sample among the most likely tokens whose probability reaches ``top_p`` (1: all).
+        return_scores: the engine also scores each output token (``Translation.token_scores``); the search is the
+            same.
     """
 
     eos_id: int
@@ -60,6 +62,7 @@ class SearchOptions:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    return_scores: bool = False
 
 
 @dataclass

@@ -124,3 +124,37 @@ def test_score_ids_equals_score_of_the_texts(tiny_package: Path, pairs: tuple[li
     assert by_ids == translator.score(sources, targets)
     with pytest.raises(InvalidInput, match="outside the source vocabulary"):
         translator.score_ids([[10**6]], ["a"])
+
+
+def test_return_scores_gives_each_output_token_its_log_probability(tiny_package: Path) -> None:
+    """``return_scores``: ``token_scores`` are the teacher-forced log-probabilities of the output ids and of EOS
+    after them (n-best alternatives too), the same in both batching modes."""
+    from serving.continuous import ContinuousDecoder
+    from serving.engine import DecodeOptions
+    from serving.scoring import score_batch
+
+    translator = Translator.load(tiny_package)
+    texts = corpus("en")[40:44]
+    options = DecodeOptions(num_hypotheses=2, max_length=6, return_scores=True)
+    results = translator.translate(texts, options)
+    plain = translator.translate(texts, DecodeOptions(num_hypotheses=2, max_length=6))
+    assert [t.token_ids for t in results] == [t.token_ids for t in plain] and plain[0].token_scores is None
+    sources = translator.encode(texts)
+    for i, translation in enumerate(results):
+        for hypothesis in (translation, *translation.alternatives):
+            assert hypothesis.token_scores is not None and len(hypothesis.token_scores) == hypothesis.output_tokens + 1
+            encoded = translator.encode_batch([sources[i]], np.array([0]))
+            expected = score_batch(translator.backend, encoded, [[*hypothesis.token_ids, translator.ids.eos]],
+                                   translator.ids.decoder_start)[0]
+            np.testing.assert_allclose(hypothesis.token_scores, expected, rtol=0, atol=1e-5)
+    decoder = ContinuousDecoder(translator)
+    got: dict[str, Any] = {}
+    decoder.add(translator.prepare(texts, options), lambda value: got.setdefault("scored", value))
+    decoder.add(translator.prepare(texts[:2], DecodeOptions(beam_size=1)), lambda value: got.setdefault("other", value))
+    while not decoder.idle:
+        decoder.step()
+    for step_level, alone in zip(got["scored"], results, strict=True):
+        assert step_level.token_ids == alone.token_ids
+        np.testing.assert_allclose(step_level.token_scores, alone.token_scores, rtol=0, atol=1e-5)
+    assert [t.token_ids for t in got["other"]] == [t.token_ids for t in translator.translate(texts[:2],
+                                                                                             DecodeOptions(beam_size=1))]

@@ -75,6 +75,17 @@ def test_n_best_lists(server: ServerProcess, offline: Translator) -> None:
     assert "hypotheses" not in _v1(server).json()["translations"][0]  # only when asked for
 
 
+def test_token_scores(server: ServerProcess, offline: Translator) -> None:
+    expected = offline.translate(TEXTS, DecodeOptions(num_hypotheses=2, return_scores=True))
+    items = _v1(server, num_hypotheses=2, return_scores=True).json()["translations"]
+    for item, translation in zip(items, expected, strict=True):
+        assert len(item["token_scores"]) == item["output_tokens"] + 1
+        assert item["token_scores"] == pytest.approx(list(translation.token_scores or ()), abs=1e-5)
+        assert item["hypotheses"][1]["token_scores"] == pytest.approx(
+            list(translation.alternatives[0].token_scores or ()), abs=1e-5)
+    assert "token_scores" not in _v1(server).json()["translations"][0]
+
+
 @pytest.mark.parametrize("options", [SAMPLED, RULES], ids=["sampled", "rules"])
 def test_every_protocol_decodes_as_the_engine(server: ServerProcess, offline: Translator,
                                               options: dict[str, Any]) -> None:
