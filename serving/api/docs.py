@@ -16,7 +16,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from serving.api.schemas import NOT_SPACE
+from serving.api.json_types import NOT_SPACE
 from serving.service import TranslationService
 
 ASSETS = "/docs/assets"

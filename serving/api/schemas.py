@@ -3,41 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from serving.api.json_types import JsonBool, JsonInt, JsonNumber, finite_score, json_boolean
 from serving.request import OPTION_NAMES
-
-# A character Python's str.strip() keeps (the service refuses a text with none: "is empty"). JSON Schema's \S is
-# ECMA-262's, which differs (it counts U+FEFF as space and U+001C..U+001F, U+0085 as text), so the class is
-# spelled out; tests/serving/api/test_api_fuzz.py checks it against str.isspace over every code point.
-NOT_SPACE = "[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-
-
-def _json_integer(value: Any) -> Any:
-    """What JSON Schema calls an integer: 4 and 4.0, not true or "4" (which lax pydantic would take as 1 and 4)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("must be an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError("must be an integer")
-        return int(value)
-    return value
-
-
-JsonInt = Annotated[int, BeforeValidator(_json_integer)]
-
-
-def _json_number(value: Any) -> Any:
-    """What JSON Schema calls a number: 4 and 0.5, not true or "0.5" (which lax pydantic would take)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("must be a number")
-    return value
-
-
-JsonNumber = Annotated[float, BeforeValidator(_json_number)]
 
 _NOT_GIVEN = {"type": "null"}
 OPTION_EXCLUSIONS: dict[str, Any] = {
@@ -56,22 +27,6 @@ OPTION_EXCLUSIONS: dict[str, Any] = {
                    {"properties": {"target_prefix": _NOT_GIVEN, "num_hypotheses": {"enum": [1, None]}}}]},
     ]
 }
-
-
-def _json_boolean(value: Any) -> Any:
-    """What JSON Schema calls a boolean: true and false, not 0, 1 or "true" (which lax pydantic would take)."""
-    if not isinstance(value, bool):
-        raise ValueError("must be true or false")
-    return value
-
-
-JsonBool = Annotated[bool, BeforeValidator(_json_boolean)]
-
-
-
-def finite_score(score: float | None) -> float | None:
-    """A score JSON can carry (NaN and infinities become None)."""
-    return score if score is not None and math.isfinite(score) else None
 
 
 class TranslateRequest(BaseModel):
@@ -195,7 +150,7 @@ def token_scores(translation: Any) -> list[float | None] | None:
 class TranslateStreamRequest(TranslateRequest):
     """A sentence or a list of sentences to translate and stream (sentence splitting is not streamed)."""
 
-    split_sentences: Annotated[Literal[False], BeforeValidator(_json_boolean)] = Field(
+    split_sentences: Annotated[Literal[False], BeforeValidator(json_boolean)] = Field(
         default=False, description="not on the stream: split_sentences is a /v1/translate option"
     )
 
@@ -400,136 +355,6 @@ def error_responses(*codes: int, oip: bool = False) -> dict[int | str, dict[str,
         elif code == 401:
             responses[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}}
     return responses
-
-
-class LiveResponse(BaseModel):
-    """``GET /v2/health/live``."""
-
-    live: bool
-
-
-class ReadyResponse(BaseModel):
-    """``GET /v2/health/ready``: 200 with ``true`` once every model is loaded and warm, else 503 with ``false``."""
-
-    ready: bool
-
-
-class ModelReadyResponse(BaseModel):
-    """``GET /v2/models/{name}/ready``: 200 with ``true`` when the model can take requests, else 503 with ``false``
-    and, as Triton answers, an ``error`` message."""
-
-    name: str
-    ready: bool
-    error: str | None = None
-
-
-class ServerMetadata(BaseModel):
-    """``GET /v2``."""
-
-    name: str
-    version: str
-    extensions: list[str]
-
-
-class TensorMetadata(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-class ModelMetadata(BaseModel):
-    """``GET /v2/models/{name}``."""
-
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-class ConfigTensor(BaseModel):
-    name: str
-    data_type: str
-    dims: list[int]
-
-
-class ModelConfig(BaseModel):
-    """``GET /v2/models/{name}/config``: Triton's ModelConfig in JSON (``serving.oip.model_config``)."""
-
-    name: str
-    platform: str
-    backend: str
-    max_batch_size: int
-    input: list[ConfigTensor]
-    output: list[ConfigTensor]
-    dynamic_batching: dict[str, Any]
-    instance_group: list[dict[str, Any]]
-
-
-class StatDuration(BaseModel):
-    count: int
-    ns: int
-
-
-class InferenceStatistics(BaseModel):
-    success: StatDuration
-    fail: StatDuration
-    queue: StatDuration
-    compute_input: StatDuration
-    compute_infer: StatDuration
-    compute_output: StatDuration
-    cache_hit: StatDuration
-    cache_miss: StatDuration
-
-
-class BatchSizeStatistics(BaseModel):
-    batch_size: int
-    compute_input: StatDuration
-    compute_infer: StatDuration
-    compute_output: StatDuration
-
-
-class ModelStatisticsEntry(BaseModel):
-    name: str
-    version: str
-    last_inference: int = Field(description="milliseconds since the epoch of the last batch, 0 before any")
-    inference_count: int = Field(description="sentences translated")
-    execution_count: int = Field(description="engine batches run")
-    inference_stats: InferenceStatistics
-    batch_stats: list[BatchSizeStatistics]
-    memory_usage: list[dict[str, Any]]
-
-
-class ModelStatisticsResponse(BaseModel):
-    """``GET /v2/models[/{name}[/versions/{v}]]/stats``: Triton's statistics extension (``serving.statistics``)."""
-
-    model_stats: list[ModelStatisticsEntry]
-
-
-class RepositoryModel(BaseModel):
-    """One entry of ``POST /v2/repository/index`` (Triton's model repository extension)."""
-
-    name: str
-    version: str
-    state: str = Field(description="READY, LOADING, or UNAVAILABLE (then `reason` says why)")
-    reason: str | None = None
-
-
-class OutputTensor(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any] | None = Field(default=None, description="absent when the tensor is sent as binary data")
-    parameters: dict[str, Any] | None = Field(default=None, description="binary_data_size for binary outputs")
-
-
-class InferResponse(BaseModel):
-    """The JSON of an infer response (with binary outputs: its header, followed by the tensors' bytes)."""
-
-    id: str | None = None
-    model_name: str
-    model_version: str
-    outputs: list[OutputTensor]
 
 
 class StreamPartial(BaseModel):

@@ -16,8 +16,11 @@ from fastapi.responses import JSONResponse
 
 from serving import __version__
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
+from serving.api.json_types import NOT_SPACE
 from serving.api.schemas import (
-    NOT_SPACE,
+    error_responses,
+)
+from serving.api.schemas_v2 import (
     InferResponse,
     LiveResponse,
     ModelConfig,
@@ -27,7 +30,6 @@ from serving.api.schemas import (
     ReadyResponse,
     RepositoryModel,
     ServerMetadata,
-    error_responses,
 )
 from serving.errors import InvalidInput, LimitExceeded, NotSupported
 from serving.oip import (

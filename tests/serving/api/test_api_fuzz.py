@@ -98,7 +98,7 @@ def test_the_documented_not_space_pattern_is_python_s() -> None:
     """The schema's "has a non-space character" pattern agrees with str.strip(), which the service uses."""
     import re
 
-    from serving.api.schemas import NOT_SPACE
+    from serving.api.json_types import NOT_SPACE
 
     pattern = re.compile(NOT_SPACE)
     disagree = [hex(c) for c in range(0x110000) if (pattern.match(chr(c)) is None) != chr(c).isspace()]
