@@ -110,7 +110,7 @@ class LocalChunkWorker:
                         references: References | None = None) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(sources)
         prepared: dict[int, Prepared] = {}
-        prefix = None if self.target_prefix is None else [self.target_prefix]
+        prefix = {} if self.target_prefix is None else {"target_prefix": [self.target_prefix]}
         # Sampling with a seed: the chunk is one engine call, so sentence i gets the i-th stream of the seed
         # (serving.decoding.rules.sentence_seeds), as in Engine.prepare(chunk): a rerun or a resumed run, which cut the
         # same chunks (--chunk-size), samples the same translations, whatever the batches.
@@ -118,8 +118,8 @@ class LocalChunkWorker:
         seeds = None if seed is None else sentence_seeds(seed, len(sources))
         for i, source in enumerate(sources):
             try:
-                one = (self.translator.prepare([source], self.options, prefix) if isinstance(source, str)
-                       else self.translator.prepare_ids([source], self.options, prefix))
+                one = (self.translator.prepare([source], self.options, **prefix) if isinstance(source, str)
+                       else self.translator.prepare_ids([source], self.options, **prefix))
                 prepared[i] = one if seeds is None else dataclasses.replace(one, seeds=seeds[i:i + 1])
             except InputTooLong as e:
                 outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
