@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from batch.engines import check_ray, model_dir_of, package_engine, package_info, ray_engine, server_engine
+from batch.engines import check_ray, decoding_of, model_dir_of, package_engine, package_info, ray_engine, server_engine
 from batch.errors import InputError, IOFailure, JobError
 from batch.framing import FORMATS, Format
 from batch.inputs import resolve_inputs
@@ -33,11 +33,13 @@ from serving.cli import UsageError, missing_extra
 from serving.cli_options import (
     OneLineParser,
     add_decoding,
+    add_decoding_features,
     add_log_level,
     add_max_batch_size,
     add_max_batch_tokens,
     add_model,
     add_runtime,
+    add_truncate,
     non_negative_int,
     positive_int,
 )
@@ -67,7 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "Ray started here (no ADDRESS, or local; inside a Ray job, $RAY_ADDRESS), the cluster "
                           "running on this machine (auto), HOST:PORT or ray://HOST:PORT (needs mtgate[ray])")
     add_runtime(src, threads_help="runtime threads per worker (default: cores / workers)")
-    add_decoding(src)
+    decoding = parser.add_argument_group("decoding", "as mtgate translate's (one translation per record: no "
+                                          "n-best); sampled output is reproducible only with --seed")
+    add_decoding(decoding)
+    add_decoding_features(decoding, n_best=False)
+    add_truncate(decoding, refused="the record is a reject")
     io = parser.add_argument_group("input and output")
     io.add_argument("-o", "--output", type=Path, default=None, metavar="OUT",
                     help="output file, in an existing writable directory (default: INPUT.scored.EXT beside the "
@@ -145,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--score-references needs a local model package (-m), not {remote}")
     if args.ray is not None:
         check_ray(args)
+    decoding = decoding_of(args)  # bad options or combinations: exit 2 before any work, as mtgate translate
     num_shards, shard_index = _shard(args)
     try:
         inputs = resolve_inputs(args.inputs, args.input_format, args.references)
@@ -222,15 +229,17 @@ def run(args: argparse.Namespace) -> int:
     chunk_runner: ChunkRunner | None = None
     make_executor: Callable[[], Executor] | None = None
     if args.server:
-        engine, make_executor, engine_info = server_engine(args)
+        engine, make_executor, engine_info = server_engine(args, decoding)
     elif args.ray is not None:
         assert model_dir is not None
-        engine, chunk_runner, ray_info = ray_engine(args, model_dir, manifest)
+        engine, chunk_runner, ray_info = ray_engine(args, model_dir, manifest, decoding)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads, "ray": ray_info}
     else:
         assert model_dir is not None
-        engine, make_executor = package_engine(args, model_dir, manifest)
+        engine, make_executor = package_engine(args, model_dir, manifest, decoding)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads}
+    if decoding:
+        engine_info["decoding"] = dict(decoding)
 
     logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
     from serving.package import PackageError

@@ -57,8 +57,35 @@ def package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[st
     return manifest, vocab
 
 
-def server_engine(args: argparse.Namespace) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
-    """(engine, executor factory, engine info) for ``--server``: one client per worker thread."""
+Decoding = tuple[tuple[str, Any], ...]
+"""``EngineConfig.decoding``: the decoding options beyond ``--beam-size`` and ``--max-length``."""
+
+
+def decoding_of(args: argparse.Namespace) -> Decoding:
+    """The decoding options of the command line, checked as ``mtgate translate`` checks them (before any work).
+
+    Raises:
+        UsageError: a bad value or options that do not go together (named by their flags), or
+            ``--num-hypotheses`` above 1 (batch-score writes one translation per record).
+    """
+    from serving.cli_options import decoding_values, flag_name
+    from serving.errors import InvalidInput
+    from serving.request import DecodeOptions
+
+    try:
+        options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
+    except InvalidInput as e:
+        raise UsageError(str(e)) from e
+    if (options.num_hypotheses or 1) > 1:
+        raise UsageError(f"--num-hypotheses {options.num_hypotheses}: batch-score writes one translation per record "
+                         "(n-best lists: mtgate translate --num-hypotheses)")
+    return EngineConfig.decoding_of(options, args.target_prefix)
+
+
+def server_engine(args: argparse.Namespace,
+                  decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
+    """(engine, executor factory, engine info) for ``--server``: one client per worker thread; the decoding options
+    go with every request as its parameters."""
     from batch.remote import RemoteChunkWorker, RemoteError, connect
 
     try:
@@ -68,11 +95,11 @@ def server_engine(args: argparse.Namespace) -> tuple[EngineConfig, Callable[[], 
     workers = args.workers or _REMOTE_WORKERS
     engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
-                          model_name=target.model)
+                          model_name=target.model, decoding=decoding)
+    parameters = engine.parameters()
 
     def make_executor() -> Executor:
-        return ThreadExecutor(lambda: RemoteChunkWorker(target, engine.max_batch_size, engine.beam_size,
-                                                        engine.max_length), threads=workers)
+        return ThreadExecutor(lambda: RemoteChunkWorker(target, engine.max_batch_size, parameters), threads=workers)
 
     return engine, make_executor, target.describe()
 
@@ -92,8 +119,8 @@ def check_ray(args: argparse.Namespace) -> None:
         raise UsageError(f"--ray {missing}")
 
 
-def ray_engine(args: argparse.Namespace, model_dir: Path,
-                manifest: dict[str, Any]) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
+def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],
+               decoding: Decoding = ()) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
     """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
     the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
     from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
@@ -112,7 +139,7 @@ def ray_engine(args: argparse.Namespace, model_dir: Path,
         actors, threads = plan_actors(args.workers, args.threads, session.cpus)
     engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.backend, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=actors, threads=threads)
+                          max_batch_size=args.max_batch_size, workers=actors, threads=threads, decoding=decoding)
     where = "a local Ray" if session.started_here else f"Ray at {session.address}"
     dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
     sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
@@ -120,15 +147,15 @@ def ray_engine(args: argparse.Namespace, model_dir: Path,
     return engine, RayChunks(engine, actors, threads, debug), session.describe()
 
 
-def package_engine(args: argparse.Namespace, model_dir: Path,
-                    manifest: dict[str, Any]) -> tuple[EngineConfig, Callable[[], Executor]]:
+def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],
+                   decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor]]:
     """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
     workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
                                         model_bytes(model_dir, manifest, args.backend, args.precision),
                                         available_memory())
     engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=workers, threads=threads)
+                          max_batch_size=args.max_batch_size, workers=workers, threads=threads, decoding=decoding)
 
     def make_executor() -> Executor:
         if engine.workers > 1:

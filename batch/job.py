@@ -15,6 +15,7 @@ from typing import Any
 from batch.framing import Format
 from batch.inputs import InputFile
 from batch.schema import Schema
+from serving.request import OPTION_NAMES, DecodeOptions
 
 STATE_SUFFIX = ".partial"
 
@@ -35,6 +36,10 @@ class EngineConfig:
         threads: runtime threads per worker.
         server: Open Inference Protocol server URL; when set, ``model_dir`` is not used.
         model_name: model name on the server.
+        decoding: the other decoding options given (``serving.request.OPTION_NAMES`` beyond ``beam_size`` and
+            ``max_length``, and ``target_prefix``, the start of every translation), as sorted ``(name, value)``
+            pairs, only those that differ from the default (hashable and picklable: every worker, process and Ray
+            actor builds the same :meth:`options` from it; :meth:`parameters` are what a server gets).
     """
 
     model_dir: Path | None = None
@@ -48,6 +53,32 @@ class EngineConfig:
     threads: int = 1
     server: str | None = None
     model_name: str | None = None
+    decoding: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def decoding_of(options: DecodeOptions, target_prefix: str | None = None) -> tuple[tuple[str, Any], ...]:
+        """:attr:`decoding` for ``options`` and a target prefix: what is not the default (no ``beam_size`` and
+        ``max_length``, which have fields of their own; no ``num_hypotheses``: one translation per record)."""
+        items = [(name, getattr(options, name)) for name in OPTION_NAMES
+                 if name not in ("beam_size", "max_length", "num_hypotheses")]
+        if target_prefix:
+            items.append(("target_prefix", target_prefix))
+        return tuple(sorted((name, value) for name, value in items if value is not None and value is not False))
+
+    @property
+    def target_prefix(self) -> str | None:
+        """The start every translation is forced to (``--target-prefix``), or None."""
+        return dict(self.decoding).get("target_prefix")
+
+    def options(self) -> DecodeOptions:
+        """The :class:`~serving.request.DecodeOptions` every local worker translates with."""
+        given = {name: value for name, value in self.decoding if name != "target_prefix"}
+        return DecodeOptions(beam_size=self.beam_size, max_length=self.max_length, **given)
+
+    def parameters(self) -> dict[str, Any]:
+        """The Open Inference Protocol request parameters of these options (what ``--server`` sends)."""
+        given = {"beam_size": self.beam_size, "max_length": self.max_length}
+        return {name: value for name, value in (*given.items(), *self.decoding) if value is not None}
 
     def fingerprint(self) -> dict[str, Any]:
         """What changes translations (not workers/threads: a job may resume with other parallelism)."""
@@ -57,6 +88,8 @@ class EngineConfig:
             "max_tokens": self.max_tokens,
             "max_batch_size": self.max_batch_size,
         }
+        if self.decoding:  # a run without these options keeps the fingerprint it always had (its state resumes)
+            out["decoding"] = dict(self.decoding)
         if self.server:
             out |= {"server": self.server, "model_name": self.model_name}
         else:

@@ -182,11 +182,12 @@ def connect(server: str, model_name: str | None = None, version: str = "", api_k
 class RemoteChunkWorker:
     """Translates chunks by sending length-sorted batches to the server (one instance per thread)."""
 
-    def __init__(self, target: ServerTarget, max_batch_size: int, beam_size: int | None = None,
-                 max_length: int | None = None) -> None:
+    def __init__(self, target: ServerTarget, max_batch_size: int, parameters: dict[str, Any] | None = None) -> None:
+        """``parameters``: the decoding options sent with every request (``EngineConfig.parameters``: the OIP
+        parameter names, e.g. ``beam_size``, ``temperature``, ``target_prefix``)."""
         self.target = target
         self.max_batch_size = max_batch_size
-        self.parameters = {k: v for k, v in (("beam_size", beam_size), ("max_length", max_length)) if v is not None}
+        self.parameters = dict(parameters or {})
         self._client = _client(target.url, target.ssl)
 
     def translate_chunk(self, chunk: list[Source], progress: Any, references: Any = None) -> list[Outcome]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from batch.job import EngineConfig
 from batch.records import Translated
+from serving.decoding.rules import sentence_seeds
 from serving.errors import InputTooLong, ServingError
 from serving.request import DecodeOptions, Engine, Prepared, ReferenceScore, Translation
 
@@ -88,11 +89,12 @@ class LocalChunkWorker:
     """
 
     def __init__(self, translator: Engine, options: DecodeOptions | None, max_tokens: int,
-                 max_batch_size: int) -> None:
+                 max_batch_size: int, target_prefix: str | None = None) -> None:
         self.translator = translator
         self.options = options
         self.max_tokens = max_tokens
         self.max_batch_size = max_batch_size
+        self.target_prefix = target_prefix or None
 
     @classmethod
     def load(cls, config: EngineConfig) -> LocalChunkWorker:
@@ -102,17 +104,23 @@ class LocalChunkWorker:
         assert config.model_dir is not None
         translator = Translator.load(config.model_dir, runtime=config.runtime, precision=config.precision,
                                      threads=config.threads)
-        options = DecodeOptions(beam_size=config.beam_size, max_length=config.max_length)
-        return cls(translator, options, config.max_tokens, config.max_batch_size)
+        return cls(translator, config.options(), config.max_tokens, config.max_batch_size, config.target_prefix)
 
     def translate_chunk(self, sources: list[Source], progress: Progress,
                         references: References | None = None) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(sources)
         prepared: dict[int, Prepared] = {}
+        prefix = {} if self.target_prefix is None else {"target_prefix": [self.target_prefix]}
+        # Sampling with a seed: the chunk is one engine call, so sentence i gets the i-th stream of the seed
+        # (serving.decoding.rules.sentence_seeds), as in Engine.prepare(chunk): a rerun or a resumed run, which cut the
+        # same chunks (--chunk-size), samples the same translations, whatever the batches.
+        seed = self.options.seed if self.options is not None and self.options.sampling else None
+        seeds = None if seed is None else sentence_seeds(seed, len(sources))
         for i, source in enumerate(sources):
             try:
-                prepared[i] = (self.translator.prepare([source], self.options) if isinstance(source, str)
-                               else self.translator.prepare_ids([source], self.options))
+                one = (self.translator.prepare([source], self.options, **prefix) if isinstance(source, str)
+                       else self.translator.prepare_ids([source], self.options, **prefix))
+                prepared[i] = one if seeds is None else dataclasses.replace(one, seeds=seeds[i:i + 1])
             except InputTooLong as e:
                 outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
             except ServingError as e:

@@ -185,11 +185,14 @@ def add_decoding(parser: argparse.ArgumentParser | Any, *, max_beam_size: int | 
                         help=f"at most N generated tokens per sentence, EOS excluded{cap}; default: the package's")
 
 
-def add_decoding_features(parser: argparse.ArgumentParser | Any) -> None:
+def add_decoding_features(parser: argparse.ArgumentParser | Any, *, n_best: bool = True) -> None:
     """n-best, the logits rules, sampling and the target prefix (``serving.request.DecodeOptions``, whose check
-    names options that do not go together); :func:`decoding_values` reads them back."""
+    names options that do not go together); :func:`decoding_values` reads them back. ``n_best=False``: a command
+    that writes one translation per input (``batch-score``) still parses ``--num-hypotheses`` but says only 1
+    goes (it refuses more itself)."""
     parser.add_argument("--num-hypotheses", type=positive_int, metavar="N",
-                        help="n-best: N translations per sentence, best first (widens the beam to at least N)")
+                        help="n-best: N translations per sentence, best first (widens the beam to at least N)"
+                        if n_best else "only 1 here: one translation per input (n-best lists: mtgate translate)")
     parser.add_argument("--min-length", type=positive_int, metavar="N",
                         help="at least N generated tokens per sentence before EOS (after the target prefix)")
     parser.add_argument("--repetition-penalty", type=positive_float, metavar="X",
@@ -208,8 +211,15 @@ def add_decoding_features(parser: argparse.ArgumentParser | Any) -> None:
                         help="force every translation to start with TEXT (CTranslate2's target_prefix)")
 
 
+def add_truncate(parser: argparse.ArgumentParser | Any, refused: str = "refuse it, exit 2") -> None:
+    """``--truncate``: the over-long policy (``serving.request.DecodeOptions.truncate``); ``refused`` says what the
+    command does without it."""
+    parser.add_argument("--truncate", action="store_true",
+                        help=f"cut a sentence longer than the model's positions to them (default: {refused})")
+
+
 def decoding_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The decoding options of :func:`add_decoding` and :func:`add_decoding_features` by their
+    """The decoding options of :func:`add_decoding`, :func:`add_decoding_features` and :func:`add_truncate` by their
     ``serving.request.OPTION_NAMES`` (None where not given)."""
     names = ("beam_size", "max_length", "num_hypotheses", "min_length", "repetition_penalty", "no_repeat_ngram_size",
              "disable_unk", "temperature", "top_k", "top_p", "seed", "truncate")

@@ -171,22 +171,28 @@ class Translator:
             InputTooLong: a text has more tokens than the model has positions (unless ``options.truncate``).
             InvalidInput: not one target prefix per text, or a prefix as long as the translation may be.
         """
-        prefixes = None
-        if target_prefix is not None:
-            if len(target_prefix) != len(texts):
-                raise InvalidInput(f"{len(target_prefix)} target prefixes for {len(texts)} texts")
-            prefixes = [self.tokenizer.encode_target(prefix) if prefix else [] for prefix in target_prefix]
-        return self._prepared(self.encode(texts), options, prefixes)
+        return self._prepared(self.encode(texts), options, self._prefix_ids(target_prefix, len(texts)))
 
-    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                    target_prefix: Sequence[str] | None = None) -> Prepared:
         """:meth:`prepare` for sentences already tokenized with this package's source vocabulary: each sentence's
-        ids as the tokenizer gives them, without EOS (e.g. tensor2tensor records, with their EOS cut off).
+        ids as the tokenizer gives them, without EOS (e.g. tensor2tensor records, with their EOS cut off);
+        ``target_prefix`` as :meth:`prepare` takes it (text, one per sentence).
 
         Raises:
-            InvalidInput: an id outside the source vocabulary.
+            InvalidInput: an id outside the source vocabulary, not one target prefix per sentence, or a prefix as
+                long as the translation may be.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
-        return self._prepared(self._source_ids(ids), options)
+        return self._prepared(self._source_ids(ids), options, self._prefix_ids(target_prefix, len(ids)))
+
+    def _prefix_ids(self, target_prefix: Sequence[str] | None, count: int) -> list[list[int]] | None:
+        """Each sentence's target prefix as target ids (no EOS; [] for ""), or None (InvalidInput: not ``count``)."""
+        if target_prefix is None:
+            return None
+        if len(target_prefix) != count:
+            raise InvalidInput(f"{len(target_prefix)} target prefixes for {count} texts")
+        return [self.tokenizer.encode_target(prefix) if prefix else [] for prefix in target_prefix]
 
     def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each sentence's ids with EOS appended, checked against the source vocabulary (InvalidInput)."""

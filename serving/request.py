@@ -415,11 +415,13 @@ class Engine(Protocol):
         """
         ...
 
-    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
-        """:meth:`prepare` for sentences already tokenized with the package's source vocabulary (without EOS).
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                    target_prefix: Sequence[str] | None = None) -> Prepared:
+        """:meth:`prepare` for sentences already tokenized with the package's source vocabulary (without EOS);
+        ``target_prefix`` as :meth:`prepare` takes it.
 
         Raises:
-            InvalidInput: an id outside the source vocabulary.
+            InvalidInput: an id outside the source vocabulary, or a target prefix :meth:`prepare` refuses.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
         ...

@@ -23,6 +23,7 @@ from serving.cli_options import (
     add_decoding_features,
     add_model,
     add_runtime,
+    add_truncate,
     decoding_values,
     flag_name,
 )
@@ -43,8 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-sentences", action="store_true",
                         help="split each line into sentences, translate them as one batch and join them with the "
                         "line's spaces (for lines of several sentences)")
-    parser.add_argument("--truncate", action="store_true",
-                        help="cut a sentence longer than the model's positions to them (default: refuse it, exit 2)")
+    add_truncate(parser)
 
 
 def run(args: argparse.Namespace) -> int:

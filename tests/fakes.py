@@ -81,10 +81,11 @@ class EchoTranslator:
                                forced_eos=options.max_length is not None)
         return Prepared(sources, np.full(len(sources), cap, dtype=np.int64), search, truncated)
 
-    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Prepared:
+    def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                    target_prefix: Sequence[str] | None = None) -> Prepared:
         with self._lock:
             texts = [" ".join(self._words[i] for i in sentence) for sentence in ids]
-        return self.prepare(texts, options)
+        return self.prepare(texts, options, target_prefix)
 
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
         with self._lock:

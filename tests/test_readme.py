@@ -166,6 +166,8 @@ EXPECT: dict[str, str] = {
     "batch-score data/test.tfrecord -m models/en-de -o data/test.scored.tfrecord":
         f"batch-score: {TEST_LINES} of {TEST_LINES} records translated",
     "batch-score data/test.en --references data/test.de --server http://127.0.0.1:8000 -o data/test.hyp.de": "BLEU",
+    "batch-score data/test.en -m models/en-de -o data/test.sampled.de --temperature 0.8 --top-k 20 --seed 7":
+        f"batch-score: {TEST_LINES} of {TEST_LINES} records translated",
     LOADTEST: ": report reports/loadtest-",
     LOADTEST_ADHOC: ": report reports/loadtest-",
     VALIDATE: "report: reports/validate-",
