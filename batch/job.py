@@ -15,7 +15,7 @@ from typing import Any
 from batch.framing import Format
 from batch.inputs import InputFile
 from batch.schema import Schema
-from serving.request import OPTION_NAMES, DecodeOptions
+from serving.options import OPTION_NAMES, DecodeOptions
 
 STATE_SUFFIX = ".partial"
 

@@ -228,39 +228,13 @@ class Translator:
                         prefixes=prefixes)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
-        """The search options a request resolves to (the package's defaults overridden by ``options``)."""
-        options = options or DecodeOptions()
-        defaults = self.info.decoding
-        hypotheses = options.num_hypotheses or 1
-        if options.sampling:
-            beam_size = 1
-        else:
-            beam_size = max(defaults.beam_size if options.beam_size is None else options.beam_size, hypotheses)
-        bad_word_ids = tuple(defaults.bad_word_ids)
-        if options.disable_unk:
-            if self.ids.unk is None:
-                raise InvalidInput("disable_unk: this model has no unknown token")
-            bad_word_ids = (*bad_word_ids, self.ids.unk)
-        return SearchOptions(
-            eos_id=self.ids.eos,
-            decoder_start_id=self.ids.decoder_start,
-            beam_size=beam_size,
-            length_penalty=defaults.length_penalty,
-            length_penalty_kind=defaults.length_penalty_kind,
-            bad_word_ids=bad_word_ids,
-            forced_eos=defaults.forced_eos or options.max_length is not None,
-            early_stopping=defaults.early_stopping,
-            renormalize_logits=defaults.renormalize_logits,
-            num_hypotheses=hypotheses,
-            min_length=options.min_length or 0,
-            repetition_penalty=1.0 if options.repetition_penalty is None else float(options.repetition_penalty),
-            no_repeat_ngram_size=options.no_repeat_ngram_size or 0,
-            sampling=options.sampling,
-            temperature=1.0 if options.temperature is None else float(options.temperature),
-            top_k=options.top_k or 0,
-            top_p=1.0 if options.top_p is None else float(options.top_p),
-            return_scores=options.return_scores,
-        )
+        """The search options a request resolves to (the package's defaults overridden by ``options``).
+
+        Raises:
+            InvalidInput: ``disable_unk`` for a model without an unknown token.
+        """
+        ids = self.ids
+        return (options or DecodeOptions()).resolve(self.info.decoding, ids.eos, ids.decoder_start, ids.unk)
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
         """Per-sentence cap on generated tokens, EOS included (module docstring)."""

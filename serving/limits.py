@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from serving.errors import InvalidInput, LimitExceeded
-from serving.request import DecodeOptions, Label
+from serving.options import DecodeOptions, Label
 from serving.settings import ServingSettings
 
 

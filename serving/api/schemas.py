@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from serving.api.json_types import JsonBool, JsonInt, JsonNumber, finite_score, json_boolean
-from serving.request import OPTION_NAMES
+from serving.options import OPTION_NAMES
 
 _NOT_GIVEN = {"type": "null"}
 OPTION_EXCLUSIONS: dict[str, Any] = {
