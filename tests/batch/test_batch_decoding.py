@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,7 @@ from batch.engines import decoding_of  # noqa: E402
 from batch.job import EngineConfig  # noqa: E402
 from serving.request import DecodeOptions  # noqa: E402
 from tests.batch.helpers import assert_one_line_error, run_cli  # noqa: E402
-from tests.utils.server import wait_until_ready  # noqa: E402
+from tests.serving.api.servers import start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 12
@@ -163,31 +159,11 @@ def test_a_run_without_the_options_keeps_its_fingerprint(tiny_onnx_package: Path
     assert pickle.loads(pickle.dumps(with_options)) == with_options and hash(with_options)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def server(tiny_onnx_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MTGATE_")}
-    with log.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "-m", str(tiny_onnx_package), "--port",
-                                 str(port), "--threads", "1"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(url, proc, 120, lambda: "\n" + log.read_text()[-3000:])
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def server(tiny_onnx_package: Path) -> Iterator[str]:
+    proc = start_server(tiny_onnx_package)
+    yield proc.url
+    proc.stop()
 
 
 def test_options_reach_the_server(tmp_path: Path, source: Path, server: str, translator: Any) -> None:
