@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from serving.backends import Backend
-from serving.decoding import Search, SearchOptions
+from serving.decoding import Search
 from serving.engine import Translator
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.lane import Joining, Lane
@@ -48,10 +48,7 @@ class _Group:
     """The sentences of one :meth:`ContinuousDecoder.add` call."""
 
     ids: range  # sentence ids: text i of the group is sentence ids[i]
-    options: SearchOptions
-    caps: np.ndarray
-    sources: list[list[int]]
-    prepared: Prepared  # the group as added; marks its translations (Prepared.mark)
+    prepared: Prepared  # the group's sentences, options and caps; marks its translations (Prepared.mark)
     on_result: OnResult
     alive: Callable[[], bool]
     on_partial: OnPartial | None
@@ -124,7 +121,7 @@ class ContinuousDecoder:
             raise InvalidInput("no texts to translate")
         ids = range(self._next_id, self._next_id + len(prepared))
         self._next_id += len(prepared)
-        group = _Group(ids, prepared.search, prepared.caps, prepared.sources, prepared, on_result, alive, on_partial)
+        group = _Group(ids, prepared, on_result, alive, on_partial)
         self._joining.append(group)
         for index, sentence in enumerate(ids):
             self._owner[sentence] = (group, index)
@@ -166,7 +163,7 @@ class ContinuousDecoder:
         groups = [group for group in groups if _alive(group) or self._abandon(group)]
         if not groups:
             return
-        sources = [source for group in groups for source in group.sources]
+        sources = [source for group in groups for source in group.prepared.sources]
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
         order = np.argsort(-lengths, kind="stable")
         encoded = self.translator.encode_batch(sources, order)
@@ -175,10 +172,11 @@ class ContinuousDecoder:
         joining: list[Joining] = []
         start = 0
         for group in groups:
-            rows = row_of[start : start + len(group.sources)]
-            joining.append(Joining(group.options, np.asarray(group.ids, dtype=np.int64), group.caps, rows,
-                                   group.prepared.seeds, group.prepared.prefixes))
-            start += len(group.sources)
+            rows = row_of[start : start + len(group.prepared.sources)]
+            part = group.prepared
+            joining.append(Joining(part.search, np.asarray(group.ids, dtype=np.int64), part.caps, rows, part.seeds,
+                                   part.prefixes))
+            start += len(group.prepared.sources)
         if not self._lanes or self._lanes[-1].width >= self.max_join_width:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
                 lane.detach()
@@ -218,12 +216,12 @@ class ContinuousDecoder:
             if owner is None:
                 continue
             group, index = owner
-            group.results[index] = self.translator.translation(hypothesis, len(group.sources[index]))
-            if len(group.results) == len(group.sources):
-                logger.debug("group of %d done in %.1f ms", len(group.sources),
+            group.results[index] = self.translator.translation(hypothesis, len(group.prepared.sources[index]))
+            if len(group.results) == len(group.prepared.sources):
+                logger.debug("group of %d done in %.1f ms", len(group.prepared.sources),
                              (time.perf_counter() - group.started) * 1000)
-                translations = [group.results[i] for i in range(len(group.sources))]
-                if group.options.return_scores:  # scored after the step: the decoder's buffers are in use now
+                translations = [group.results[i] for i in range(len(group.prepared.sources))]
+                if group.prepared.search.return_scores:  # scored after the step: the decoder's buffers are in use now
                     self._to_score.append((group, translations))
                     continue
                 _call(group.on_result, group.prepared.mark(translations))
@@ -236,7 +234,7 @@ class ContinuousDecoder:
         for group, translations in done:
             try:
                 result: list[Translation] | ServingError = group.prepared.mark(
-                    self.translator.with_token_scores(group.sources, translations))
+                    self.translator.with_token_scores(group.prepared.sources, translations))
             except ServingError as e:
                 result = e
             except Exception as e:

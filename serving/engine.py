@@ -4,8 +4,8 @@
 ``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
 the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
 beams, encodes each sub-batch once (``serving.encoding``), decodes it (``serving.decoding``), detokenizes, and
-returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.scoring``). It knows nothing of HTTP; the server and ``batch-score``
-call it from one worker thread.
+returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.scoring``). It
+knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
 
 Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
 

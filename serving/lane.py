@@ -15,7 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.backends import Backend
-from serving.decoding import OnTokens, Search, SearchOptions, is_identity, start_search, take_rows
+from serving.decoding import (
+    OnTokens,
+    Search,
+    SearchOptions,
+    is_identity,
+    join_prefixes,
+    join_seeds,
+    start_search,
+    take_rows,
+)
 from serving.package import MASK_VALUE
 
 
@@ -83,12 +92,8 @@ class Lane:
         for options, members in by_options.items():
             ids = np.concatenate([member.ids for member in members])
             caps = np.concatenate([member.caps for member in members])
-            seeds = prefixes = None
-            if any(member.seeds is not None for member in members):
-                seeds = np.concatenate([np.zeros(m.ids.size, np.uint64) if m.seeds is None else m.seeds
-                                        for m in members])
-            if any(member.prefixes is not None for member in members):
-                prefixes = [p for m in members for p in (m.prefixes or [[] for _ in range(m.ids.size)])]
+            seeds = join_seeds([(m.ids.size, m.seeds) for m in members])
+            prefixes = join_prefixes([(m.ids.size, m.prefixes) for m in members])
             search = start_search(caps, options, on_tokens, ids=ids, joinable=True, prefixes=prefixes, seeds=seeds)
             rows = np.repeat(np.concatenate([member.rows for member in members]), search.tokens.shape[0] // ids.size)
             index = next((i for i, block in enumerate(self.blocks) if block.options == options), None)

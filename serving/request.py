@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving.decoding import SearchOptions
+from serving.decoding import SearchOptions, join_prefixes, join_seeds
 from serving.errors import InputTooLong
 from serving.options import DecodeOptions as DecodeOptions  # the request type of the Engine protocol, re-exported
 from serving.package import DecodingDefaults
@@ -185,14 +185,9 @@ class Prepared:
         truncated: tuple[bool, ...] = ()
         if any(part.truncated for part in parts):
             truncated = tuple(cut for part in parts for cut in part.truncated or (False,) * len(part))
-        seeds = None
-        if any(part.seeds is not None for part in parts):
-            seeds = np.concatenate([np.zeros(len(p), np.uint64) if p.seeds is None else p.seeds for p in parts])
-        prefixes = None
-        if any(part.prefixes is not None for part in parts):
-            prefixes = [prefix for p in parts for prefix in (p.prefixes or [[] for _ in p.sources])]
         return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first,
-                        truncated=truncated, seeds=seeds, prefixes=prefixes)
+                        truncated=truncated, seeds=join_seeds([(len(p), p.seeds) for p in parts]),
+                        prefixes=join_prefixes([(len(p), p.prefixes) for p in parts]))
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int, subject: str = "text {index}") -> None:

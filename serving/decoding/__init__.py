@@ -46,6 +46,8 @@ from serving.decoding.base import (
     Search,
     SearchOptions,
     StepPlan,
+    join_prefixes,
+    join_seeds,
     normalize_score,
 )
 from serving.decoding.search import is_identity, search, start_search, take_rows
@@ -58,6 +60,8 @@ __all__ = [
     "SearchOptions",
     "StepPlan",
     "is_identity",
+    "join_prefixes",
+    "join_seeds",
     "normalize_score",
     "search",
     "start_search",

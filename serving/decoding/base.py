@@ -3,7 +3,7 @@ greedy and beam search both apply are ``serving.decoding.rules``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -142,3 +142,19 @@ def pad_width(seqs: np.ndarray, width: int, fill: int) -> np.ndarray:
     if pad == 0:
         return seqs
     return np.pad(seqs, [(0, 0)] * (seqs.ndim - 1) + [(0, pad)], constant_values=fill)
+
+
+def join_seeds(parts: Sequence[tuple[int, np.ndarray | None]]) -> np.ndarray | None:
+    """The sampling seeds of sentence groups joined in order (``parts``: each group's size and seeds, None for none;
+    a group without seeds gets 0s), or None when no group has any."""
+    if all(seeds is None for _, seeds in parts):
+        return None
+    return np.concatenate([np.zeros(n, np.uint64) if seeds is None else seeds for n, seeds in parts])
+
+
+def join_prefixes(parts: Sequence[tuple[int, list[list[int]] | None]]) -> list[list[int]] | None:
+    """The target prefixes of sentence groups joined in order (``parts``: each group's size and prefixes, None for
+    none; a group without prefixes gets empty ones), or None when no group has any."""
+    if all(prefixes is None for _, prefixes in parts):
+        return None
+    return [prefix for n, prefixes in parts for prefix in (prefixes or [[] for _ in range(n)])]
