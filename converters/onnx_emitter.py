@@ -244,7 +244,7 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
     return g.model(inputs, outputs, "mtgate encoder: input_ids -> memory, cross_kv, src_bias")
 
 
-def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
+def _decoder(spec: TransformerSpec, stationary: bool = False) -> onnx.ModelProto:
     c = spec.config
     g = _Graph("mtgate_decoder")
     e = _Emitter(spec, g, c.decoder)
@@ -275,12 +275,31 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
 
     # The caches come and go one tensor per layer and kind ([B,H,T,Dh] each): the runtime reads them where the
     # caller keeps them, with no Gather copying a layer out of a stacked cache.
+    if stationary:
+        # Each row's cache holds its own positions 0..p-1 in a buffer of fixed capacity; GroupQueryAttention writes
+        # the new key/value at the row's position p, in place when the caller binds present to past, and attends
+        # over 0..p of that row only.
+        seqlens = g.op("Cast", [g.op("Reshape", ["position_ids", g.const([-1])])], to=TensorProto.INT32)
+        total = g.op("Cast", [g.op("Add", [g.op("ReduceMax", ["position_ids"], keepdims=0), g.const(1)])],
+                     to=TensorProto.INT32)
+
+    def stationary_attention(qkv: str, i: int) -> str:
+        q, k, v = (g.op("Slice", [qkv, g.const([j * d]), g.const([(j + 1) * d]), g.const([2])]) for j in range(3))
+        out = f"{i}.gqa_out"
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention", [q, k, v, f"past_k.{i}", f"past_v.{i}", seqlens, total],
+            [out, f"present_k.{i}", f"present_v.{i}"], name=f"decoder.layers.{i}.self_attn.gqa",
+            domain="com.microsoft", num_heads=h, kv_num_heads=h, scale=1.0))
+        return out
+
     for i in range(n_layers):
         p = f"decoder.layers.{i}"
 
         def self_attention(y: str, p: str = p, i: int = i) -> str:
             kernel, qkv_bias = e.qkv_weights(f"{p}.self_attn")
             qkv = e.linear(y, f"{p}.self_attn.qkv", kernel=kernel, bias=qkv_bias)  # [B,1,3D]
+            if stationary:
+                return e.output_projection(stationary_attention(qkv, i), f"{p}.self_attn")
             qkv = g.op("Transpose", [g.op("Reshape", [qkv, g.const([0, 3, h, 1, dh])])], perm=[1, 0, 2, 3, 4])
             q = g.op("Gather", [qkv, g.const(0)], axis=0)  # [B,H,1,Dh]
             k_new = g.op("Gather", [qkv, g.const(1)], axis=0)
@@ -329,14 +348,17 @@ def _decoder(spec: TransformerSpec) -> onnx.ModelProto:
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len", dh]) for name in past_names(n_layers)),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "src_len", dh]) for name in cross_names(n_layers)),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
-        helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"]),
+        *([] if stationary else [helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"])]),
     ]
     outputs = [
         helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),
-        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "present_len", dh])
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len" if stationary else "present_len", dh])
           for name in present_names(n_layers)),
     ]
-    return g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present caches")
+    model = g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present caches")
+    if stationary:
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
 
 
 def build_models(spec: TransformerSpec) -> tuple[onnx.ModelProto, onnx.ModelProto]:

@@ -118,7 +118,9 @@ def quantize_onnx_int8(onnx_path: Path, out_path: Path, *, per_channel: bool = P
             reduce_range=reduce_range,
             weight_type=QuantType.QInt8,
             nodes_to_quantize=nodes,
-            extra_options={"MatMulConstBOnly": True},
+            # DefaultTensorType: shape inference cannot type the outputs of contrib ops (the stationary decoder's
+            # GroupQueryAttention); every activation of these graphs is float32.
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     logger.info("wrote %s (%d nodes quantized, per_channel=%s, reduce_range=%s)", out_path, len(nodes), per_channel,
                 reduce_range)

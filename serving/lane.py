@@ -1,10 +1,11 @@
-"""One lane of step-level batching (``serving.continuous``): a dense decode batch whose rows are at different steps.
+"""One lane of step-level batching (``serving.continuous``): a decode batch whose rows are at different steps.
 
-Rows at different steps share one decoder call because the decoder-step graph takes a position per row
-(``position_ids``) and a mask over the self-attention cache (``self_bias``): rows that join when the cache holds
-``T`` steps get ``T`` masked (zero) slots; the cache is cut from the left as soon as no row needs its oldest slots.
-Source lengths differ too: the encoder outputs are padded to the longest source and masked by ``src_bias``, as in a
-request-level batch. The rows of one search (sentences with the same search options) are contiguous: a *block*.
+The rows of one search (sentences with the same search options) are contiguous in the lane's logical order: a
+*block*. How rows at different steps share one decoder call is the rows kind's (``serving.rows``): in the slots of a
+stationary cache, each row at its own position with nothing masked (so one lane holds any mix of steps), or in a
+growing cache where a row that joins late gets masked slots (so ``serving.continuous`` opens a new lane once a lane's
+cache is wide). Source lengths differ too: the encoder outputs are padded to the longest source and masked by
+``src_bias``, as in a request-level batch.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from serving.decoding import (
     OnTokens,
     Search,
     SearchOptions,
-    is_identity,
     join_prefixes,
     join_seeds,
     start_search,
-    take_rows,
 )
-from serving.package import MASK_VALUE
+from serving.rows import DenseRows, open_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,19 +58,13 @@ class Block:
 
 
 class Lane:
-    """One dense batch: blocks of rows (one search per option set) and the arrays of the decoder step."""
-
-    _tokens: np.ndarray
-    _positions: np.ndarray
-    _past: np.ndarray | None
-    _cross_kv: np.ndarray | None
-    _src_bias: np.ndarray | None
-    _self_bias: np.ndarray
+    """One decode batch: blocks of rows (one search per option set) over one set of rows (``serving.rows``)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.blocks: list[Block] = []
-        self._clear()
+        self.decode_rows = open_rows(backend)
+        self._tokens = np.zeros((0, 1), dtype=np.int64)
 
     @property
     def rows(self) -> int:
@@ -79,12 +72,12 @@ class Lane:
 
     @property
     def width(self) -> int:
-        """Cache slots (the steps of its oldest row)."""
-        return 0 if self._past is None else int(self._past.shape[4])
+        """Masked cache slots a row joining now would carry (0 for a stationary cache)."""
+        return self.decode_rows.width
 
     def join(self, joining: list[Joining], cross_kv: np.ndarray, src_bias: np.ndarray, on_tokens: OnTokens) -> None:
-        """Append the joining sentences' rows (position 0, an all-masked cache) after the block of their search
-        options (a new option set gets a new block); ``joining[i].rows``: their rows of ``cross_kv``/``src_bias``."""
+        """Add the joining sentences' rows (position 0) after the block of their search options (a new option set
+        gets a new block); ``joining[i].rows``: their rows of ``cross_kv``/``src_bias``."""
         by_options: dict[SearchOptions, list[Joining]] = {}
         for joiner in joining:
             by_options.setdefault(joiner.options, []).append(joiner)
@@ -103,12 +96,25 @@ class Lane:
             else:
                 self.blocks[index].search.join(search)
             pieces[index] = (search.tokens, rows)
-        self._insert_rows(pieces, cross_kv, src_bias)
+        # Block by block: its current rows, then its new ones (encoder row j is source -1 - j).
+        sources: list[np.ndarray] = []
+        tokens: list[np.ndarray] = []
+        offset = 0
+        for index, block in enumerate(self.blocks):
+            sources.append(np.arange(offset, offset + block.rows))
+            tokens.append(self._tokens[offset : offset + block.rows])
+            offset += block.rows
+            if index in pieces:
+                new_tokens, encoder_rows = pieces[index]
+                sources.append(-1 - encoder_rows)
+                tokens.append(new_tokens)
+                block.rows += encoder_rows.size
+        self.decode_rows.arrange(np.concatenate(sources), cross_kv, src_bias)
+        self._tokens = np.concatenate(tokens)
 
     def detach(self) -> None:
         """Copy the cache out of the backend's reused buffers (another lane's step would overwrite them)."""
-        if self._past is not None:
-            self._past = np.array(self._past)
+        self.decode_rows.detach()
 
     def step(self, deliver: Callable[[Search], None], *, private: bool = False) -> None:
         """One decoder call for the lane's rows; each search advances on its slice and ``deliver`` collects what it
@@ -116,10 +122,9 @@ class Lane:
         buffers (other lanes use the backend too). Raises what the runtime raises."""
         if not self.blocks:
             return
-        assert self._past is not None and self._cross_kv is not None and self._src_bias is not None
-        log_probs, present = self.backend.decode_step(
-            self._tokens, self._positions, self._past, self._cross_kv, self._src_bias, self._self_bias
-        )
+        if isinstance(self.decode_rows, DenseRows):
+            self.decode_rows.private = private
+        log_probs = self.decode_rows.decode(self._tokens)
         rows: list[np.ndarray] = []
         encoder_rows: list[np.ndarray] = []
         tokens: list[np.ndarray] = []
@@ -141,7 +146,7 @@ class Lane:
             self._clear()
             return
         self._tokens = np.concatenate(tokens)
-        self._advance_rows(present, np.concatenate(rows), np.concatenate(encoder_rows), private)
+        self.decode_rows.advance(np.concatenate(rows), np.concatenate(encoder_rows))
 
     def remove(self, ids: np.ndarray) -> None:
         """Drop the sentences ``ids`` (requests nobody waits for)."""
@@ -158,98 +163,12 @@ class Lane:
             offset += size
         self.blocks = kept
         if kept:
-            self._keep_rows(np.concatenate(index))
+            keep = np.concatenate(index)
+            self.decode_rows.arrange(keep)
+            self._tokens = self._tokens[keep]
         else:
             self._clear()
 
     def _clear(self) -> None:
+        self.decode_rows = open_rows(self.backend)
         self._tokens = np.zeros((0, 1), dtype=np.int64)
-        self._positions = np.zeros(0, dtype=np.int64)
-        self._past = self._cross_kv = self._src_bias = None
-        self._self_bias = np.zeros((0, 1, 1, 0), dtype=np.float32)
-
-    def _insert_rows(
-        self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], cross_kv: np.ndarray, src_bias: np.ndarray
-    ) -> None:
-        """Rebuild the batch with each block's new rows after its old ones (``pieces[block] = (tokens, rows of
-        cross_kv/src_bias)``): new rows are at position 0 with an all-masked cache."""
-        layers, _, _, heads, _, head_dim = cross_kv.shape
-        width = cross_kv.shape[4] if self._cross_kv is None else max(self._cross_kv.shape[4], cross_kv.shape[4])
-        new_cross, new_bias = _pad_source(cross_kv, src_bias, width)
-        if self._cross_kv is None or self._src_bias is None or self._past is None:
-            old_cross = np.zeros((layers, 2, 0, heads, width, head_dim), dtype=np.float32)
-            old_bias = np.zeros((0, 1, 1, width), dtype=np.float32)
-            old_past = np.zeros((layers, 2, 0, heads, 0, head_dim), dtype=np.float32)
-        else:
-            old_cross, old_bias = _pad_source(self._cross_kv, self._src_bias, width)
-            old_past = self._past
-        past_len = old_past.shape[4]
-        # Block by block: its old rows, then its new ones. Each array is built with one concatenation of slices.
-        old_slices: list[slice] = []
-        new_slices: list[np.ndarray] = []
-        offset = 0
-        for index, block in enumerate(self.blocks):
-            old_slices.append(slice(offset, offset + block.rows))
-            offset += block.rows
-            new_slices.append(pieces[index][1] if index in pieces else np.zeros(0, dtype=np.int64))
-            block.rows += new_slices[-1].size
-        added = sum(rows.size for rows in new_slices)
-        fresh_past = np.zeros((layers, 2, added, heads, past_len, head_dim), dtype=np.float32)
-        masked = np.full((added, 1, 1, past_len), MASK_VALUE, dtype=np.float32)
-        fresh_tokens = [pieces[i][0] if i in pieces else np.zeros((0, 1), np.int64) for i in range(len(self.blocks))]
-        cross, bias, past, self_bias, tokens, positions = [], [], [], [], [], []
-        start = 0
-        for old, new, new_tokens in zip(old_slices, new_slices, fresh_tokens, strict=True):
-            cross += [old_cross[:, :, old], np.take(new_cross, new, axis=2)]
-            bias += [old_bias[old], np.take(new_bias, new, axis=0)]
-            fresh = slice(start, start + new.size)
-            start += new.size
-            past += [old_past[:, :, old], fresh_past[:, :, fresh]]
-            self_bias += [self._self_bias[old], masked[fresh]]
-            tokens += [self._tokens[old], new_tokens]
-            positions += [self._positions[old], np.zeros(new.size, dtype=np.int64)]
-        self._cross_kv = np.concatenate(cross, axis=2)
-        self._src_bias = np.concatenate(bias)
-        self._past = np.concatenate(past, axis=2)
-        self._self_bias = np.concatenate(self_bias)
-        self._tokens = np.concatenate(tokens)
-        self._positions = np.concatenate(positions)
-
-    def _advance_rows(self, present: np.ndarray, rows: np.ndarray, encoder_rows: np.ndarray, private: bool) -> None:
-        """The next step's arrays: the cache rows ``rows`` of ``present`` (cut from the left where no row has
-        anything), their positions and masks; the encoder rows ``encoder_rows``."""
-        assert self._cross_kv is not None and self._src_bias is not None
-        positions = self._positions[rows] + 1  # = the cache slots each row has filled (the last ones)
-        cut = present.shape[4] - int(positions.max())
-        self_bias = np.concatenate([self._self_bias, np.zeros(self._self_bias.shape[:3] + (1,), np.float32)], axis=3)
-        if cut or not is_identity(rows, present.shape[2]):
-            source = present[:, :, :, :, cut:] if cut else present
-            self._past = np.take(source, rows, axis=2) if private else take_rows(self.backend, source, rows)
-            self._self_bias = np.ascontiguousarray(self_bias[rows, :, :, cut:])
-        else:
-            self._past = np.array(present) if private else present
-            self._self_bias = self_bias
-        if not is_identity(encoder_rows, self._src_bias.shape[0]):
-            self._cross_kv = np.take(self._cross_kv, encoder_rows, axis=2)
-            self._src_bias = np.take(self._src_bias, encoder_rows, axis=0)
-        self._positions = positions
-
-    def _keep_rows(self, index: np.ndarray) -> None:
-        """Keep only the rows ``index`` (in that order) of every array."""
-        assert self._past is not None and self._cross_kv is not None and self._src_bias is not None
-        self._past = np.take(self._past, index, axis=2)
-        self._cross_kv = np.take(self._cross_kv, index, axis=2)
-        self._src_bias = np.take(self._src_bias, index, axis=0)
-        self._self_bias = self._self_bias[index]
-        self._positions = self._positions[index]
-        self._tokens = self._tokens[index]
-
-
-def _pad_source(cross_kv: np.ndarray, src_bias: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Encoder outputs padded to ``width`` source positions (zeros, masked)."""
-    pad = width - cross_kv.shape[4]
-    if pad == 0:
-        return cross_kv, src_bias
-    cross = np.pad(cross_kv, [(0, 0)] * 4 + [(0, pad), (0, 0)])
-    bias = np.pad(src_bias, [(0, 0)] * 3 + [(0, pad)], constant_values=MASK_VALUE)
-    return cross, bias

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends.base import BackendUnavailable, EncoderOutput, as_ids, decoder_feeds, open_graph
-from serving.package import ENCODER_OUTPUTS, present_names, stacked
+from serving.backends.base import BackendUnavailable, EncoderOutput, as_floats, as_ids, decoder_feeds, open_graph
+from serving.package import ENCODER_OUTPUTS, cross_names, past_names, present_names, stacked
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class OnnxRuntimeBackend:
             str(decoder_path), session_options(threads), providers=providers))
         self.threads = threads
         self.reuse_buffers = reuse_buffers
+        # Package format 4: the decoder keeps each row's cache in place (serving.backends.base.STATIONARY_NOTE).
+        self.stationary = "self_bias" not in {i.name for i in self.decoder.get_inputs()}
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
         self._vocab: int | None = None
@@ -86,24 +88,27 @@ class OnnxRuntimeBackend:
     ) -> tuple[np.ndarray, np.ndarray]:
         """One decoder step (the ``Backend`` contract).
 
+        A stationary decoder (``self.stationary``) runs it in place on a cache one slot wider, holding ``past_kv``;
+        its rows must all be at position ``T`` with nothing masked (``decode_in_place`` is its own contract).
+
         ONNX Runtime writes the outputs in place (I/O binding); nothing is copied out. Without ``reuse_buffers``
         they are new arrays. With it, nothing is allocated per step: ``log_probs`` is a view of one buffer, valid
         until the next call; ``present_kv`` is a view of one of two cache buffers, the one that does not hold
         ``past_kv`` (nor, when ``past_kv`` is elsewhere, the last ``present_kv``), so it stays valid while it is
         fed back as the next ``past_kv``.
         """
-        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
         layers, _, rows, heads, past_len, head_dim = past_kv.shape
         present_shape = (layers, 2, rows, heads, past_len + 1, head_dim)
-        vocab = self._vocab_size()
-        if self.reuse_buffers:
-            if self._log_probs.size < rows * vocab:
-                self._log_probs = np.empty(rows * vocab, dtype=np.float32)
-            log_probs = self._log_probs[: rows * vocab].reshape(rows, vocab)
-            present_kv = self._caches.next(present_shape, past_kv)
-        else:
-            log_probs = np.empty((rows, vocab), dtype=np.float32)
-            present_kv = np.empty(present_shape, dtype=np.float32)
+        present_kv = (self._caches.next(present_shape, past_kv) if self.reuse_buffers
+                      else np.empty(present_shape, dtype=np.float32))
+        if self.stationary:
+            if np.any(np.asarray(step) != past_len) or (self_bias is not None and np.any(self_bias)):
+                raise ValueError("a stationary decoder steps rows at their own positions: use decode_in_place")
+            present_kv[:, :, :, :, :past_len] = past_kv
+            positions = np.full(rows, past_len, dtype=np.int64)
+            return self.decode_in_place(input_ids, positions, present_kv, cross_kv, src_bias), present_kv
+        feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
+        log_probs = self._log_probs_out(rows)
         # Every output is written by the runtime straight into its place: the present caches into the slices of
         # one stacked array.
         binding = self.decoder.io_binding()
@@ -115,6 +120,54 @@ class OnnxRuntimeBackend:
             binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.decoder.run_with_iobinding(binding)
         return log_probs, present_kv
+
+    def decode_in_place(
+        self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
+        src_bias: np.ndarray,
+    ) -> np.ndarray:
+        """One step of a stationary decoder for rows ``0..n-1`` (``n = len(input_ids)``): row ``i`` feeds
+        ``input_ids[i]`` at ``positions[i]``, attends over its cache slots ``0..positions[i]`` and writes its new keys
+        and values into ``cache[:, :, i, :, positions[i]]``; nothing else of the cache is read or moved.
+
+        Arguments:
+            input_ids: ``[n, 1]``.
+            positions: ``[n]`` each row's position (= the cache slots it has filled).
+            cache: ``[L, 2, R, H, M, Dh]`` float32, C-contiguous, ``R >= n``, ``M > max(positions)``.
+            cross_kv: ``[L, 2, R', H, S, Dh]`` with ``R' >= n``; rows ``0..n-1`` are used.
+            src_bias: ``[R', 1, 1, S]``.
+
+        Returns:
+            ``log_probs [n, V]``; with ``reuse_buffers`` a view of a buffer valid until the next call.
+        """
+        rows = int(input_ids.shape[0])
+        layers = cache.shape[0]
+        if not (cache.flags.c_contiguous and cache.dtype == np.float32):
+            raise ValueError("the stationary cache must be a C-contiguous float32 array")
+        log_probs = self._log_probs_out(rows)
+        binding = self.decoder.io_binding()
+        binding.bind_cpu_input("input_ids", as_ids(input_ids))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.reshape(positions, (rows, 1)), dtype=np.int64))
+        binding.bind_cpu_input("src_bias", as_floats(src_bias[:rows]))
+        for name, (layer, kind) in stacked(cross_names(layers)):
+            binding.bind_cpu_input(name, as_floats(cross_kv[layer, kind, :rows]))
+        # The present caches are the past ones: GroupQueryAttention writes each row's new slot in place.
+        for (name, (layer, kind)), (out_name, _) in zip(stacked(past_names(layers)), stacked(present_names(layers)),
+                                                        strict=True):
+            view = cache[layer, kind, :rows]
+            binding.bind_cpu_input(name, view)
+            binding.bind_output(out_name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
+        self.decoder.run_with_iobinding(binding)
+        return log_probs
+
+    def _log_probs_out(self, rows: int) -> np.ndarray:
+        """Where the step writes its log-probs: the reused buffer, or a new array."""
+        vocab = self._vocab_size()
+        if not self.reuse_buffers:
+            return np.empty((rows, vocab), dtype=np.float32)
+        if self._log_probs.size < rows * vocab:
+            self._log_probs = np.empty(rows * vocab, dtype=np.float32)
+        return self._log_probs[: rows * vocab].reshape(rows, vocab)
 
     def take_rows(self, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``np.take(cache, rows, axis=2)``; with ``reuse_buffers``, into the cache buffer that does not hold it."""

@@ -8,6 +8,9 @@ from serving.backends.base import Backend
 from serving.decoding.base import Hypothesis, OnTokens, Search, SearchOptions
 from serving.decoding.beam import HFBeamSearch, T2TBeamSearch
 from serving.decoding.greedy import GreedySearch
+from serving.rows import is_identity, open_rows, take_rows
+
+__all__ = ["is_identity", "search", "start_search", "take_rows"]
 
 
 def start_search(
@@ -84,33 +87,13 @@ def search(
     if caps.size == 0:
         return []
     state = start_search(caps, options, on_tokens, prefixes=prefixes, seeds=seeds)
-    tokens, past, step = state.tokens, _empty_cache(cross_kv, caps.size), 0
+    rows = open_rows(decoder)
+    rows.arrange(-1 - np.arange(caps.size), cross_kv, src_bias)
+    tokens = state.tokens
     while True:
-        log_probs, past = decoder.decode_step(tokens, step, past, cross_kv, src_bias)
-        plan = state.advance(log_probs)
+        plan = state.advance(rows.decode(tokens))
         if plan is None:
             break
-        if not is_identity(plan.rows, past.shape[2]):
-            past = take_rows(decoder, past, plan.rows)
-        if plan.encoder_rows is not None:
-            cross_kv = np.take(cross_kv, plan.encoder_rows, axis=2)
-            src_bias = np.take(src_bias, plan.encoder_rows, axis=0)
-        tokens, step = plan.tokens, step + 1
+        rows.advance(plan.rows, plan.encoder_rows)
+        tokens = plan.tokens
     return [state.results.get(i, Hypothesis([], 0.0)) for i in range(caps.size)]
-
-
-def is_identity(rows: np.ndarray, size: int) -> bool:
-    """``rows`` is ``0..size-1`` in order: taking them would copy the array unchanged."""
-    return rows.size == size and bool((rows == np.arange(size)).all())
-
-
-def take_rows(decoder: Backend, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The cache rows ``rows`` (axis 2), in that order: the backend's ``take_rows`` when it has one (it may write
-    into a buffer it reuses), else ``np.take``."""
-    backend_take = getattr(decoder, "take_rows", None)
-    return np.asarray(backend_take(cache, rows)) if backend_take is not None else np.take(cache, rows, axis=2)
-
-
-def _empty_cache(cross_kv: np.ndarray, rows: int) -> np.ndarray:
-    layers, _, _, heads, _, head_dim = cross_kv.shape
-    return np.zeros((layers, 2, rows, heads, 0, head_dim), dtype=np.float32)

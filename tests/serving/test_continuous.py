@@ -12,6 +12,7 @@ import pytest
 from serving.continuous import ContinuousDecoder
 from serving.engine import DecodeOptions, Translation, Translator
 from serving.errors import InferenceFailed, InputTooLong, ServingError
+from serving.rows import DenseRows, SlotRows
 from tests.utils.marian_factory import corpus
 
 SENTENCES = corpus("en")
@@ -65,10 +66,16 @@ def test_groups_joining_at_different_steps_translate_as_alone(translator: Transl
     while not decoder.idle:
         decoder.step()
         for lane in decoder._lanes:
-            assert lane._past is not None
-            widths.append(lane._past.shape[4])
-            # The cache is cut from the left: as wide as the row that has decoded longest, no more.
-            assert lane._past.shape[4] == int(lane._positions.max())
+            rows = lane.decode_rows
+            if isinstance(rows, DenseRows):
+                assert rows._past is not None
+                widths.append(rows._past.shape[4])
+                # The cache is cut from the left: as wide as the row that has decoded longest, no more.
+                assert rows._past.shape[4] == int(rows._positions.max())
+            else:
+                assert isinstance(rows, SlotRows)
+                # The live rows fill slots 0..n-1, one row per slot.
+                assert sorted(rows.slot.tolist()) == list(range(rows.count)) == list(range(lane.rows))
     assert decoder.rows == 0 and decoder.sentences == 0 and decoder.lanes == 0
     for name, texts, options in GROUPS:
         alone = translator.translate(texts, options)
