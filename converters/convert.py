@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -153,7 +154,7 @@ def _emit_artifacts(loaded: LoadedModel, tmp: Path, runtimes: Sequence[str], pre
     """Write the graphs of every requested runtime and precision into ``tmp``; the fp32 ONNX graphs always."""
     say("emitting ONNX")
     with _timed(timings, "onnx"):
-        from converters.onnx_emitter import emit_onnx
+        from converters.onnx_emitter import emit_decoder, emit_onnx
 
         encoder, decoder = emit_onnx(loaded.spec, tmp / "onnx")
     artifacts: list[Artifact] = []
@@ -163,13 +164,6 @@ def _emit_artifacts(loaded: LoadedModel, tmp: Path, runtimes: Sequence[str], pre
 
     if "onnxruntime" in runtimes and "fp32" in precisions:
         add("onnxruntime", "fp32", encoder, decoder)
-    if "openvino" in runtimes and "fp32" in precisions:
-        say("deriving OpenVINO IR")
-        with _timed(timings, "openvino"):
-            from converters.openvino import onnx_to_openvino
-
-            add("openvino", "fp32", onnx_to_openvino(encoder, tmp / "openvino" / "encoder.xml"),
-                onnx_to_openvino(decoder, tmp / "openvino" / "decoder.xml"))
     if "onnxruntime" in runtimes and "int8" in precisions:
         say("quantizing ONNX to int8")
         with _timed(timings, "onnxruntime_int8"):
@@ -177,14 +171,32 @@ def _emit_artifacts(loaded: LoadedModel, tmp: Path, runtimes: Sequence[str], pre
 
             add("onnxruntime", "int8", quantize_onnx_int8(encoder, tmp / "onnx" / "encoder.int8.onnx"),
                 quantize_onnx_int8(decoder, tmp / "onnx" / "decoder.int8.onnx"))
-    if "openvino" in runtimes and "int8" in precisions:
+    if "openvino" in runtimes:
+        # OpenVINO runs the growing-cache decoder (standard ops only), emitted beside the package and not kept.
+        with tempfile.TemporaryDirectory(prefix="mtgate-openvino-") as scratch:
+            growing = emit_decoder(loaded.spec, Path(scratch) / "decoder.onnx", cache="growing")
+            _emit_openvino(encoder, growing, tmp, precisions, add, say, timings)
+    return artifacts
+
+
+def _emit_openvino(encoder: Path, decoder: Path, tmp: Path, precisions: Sequence[str],
+                   add: Callable[[str, str, Path, Path], None], say: Callable[[str], None],
+                   timings: dict[str, float]) -> None:
+    """The OpenVINO IR of each requested precision, derived from the ONNX ``encoder`` and (growing) ``decoder``."""
+    if "fp32" in precisions:
+        say("deriving OpenVINO IR")
+        with _timed(timings, "openvino"):
+            from converters.openvino import onnx_to_openvino
+
+            add("openvino", "fp32", onnx_to_openvino(encoder, tmp / "openvino" / "encoder.xml"),
+                onnx_to_openvino(decoder, tmp / "openvino" / "decoder.xml"))
+    if "int8" in precisions:
         say("compressing OpenVINO weights to int8")
         with _timed(timings, "openvino_int8"):
             from converters.openvino import compress_int8
 
             add("openvino", "int8", compress_int8(encoder, tmp / "openvino" / "encoder.int8.xml"),
                 compress_int8(decoder, tmp / "openvino" / "decoder.int8.xml"))
-    return artifacts
 
 
 def _parity(tmp: Path, manifest: Manifest, loaded: LoadedModel) -> dict[str, Any]:

@@ -4,17 +4,26 @@ Built node by node with ``onnx.helper`` (no tracing), standard opset-17 ops only
 the same graphs. I/O names and shapes are the contract in docs/architecture.md:
 
 - encoder: ``input_ids [B,S]`` -> ``memory [B,S,D]``, ``cross_kv [L,2,B,H,S,Dh]``, ``src_bias [B,1,1,S]``
-- decoder: ``input_ids [B,1]``, ``position_ids [B,1]`` (int64), the caches ``past_k.{i}``/``past_v.{i}``
-  ``[B,H,T,Dh]`` and ``cross_k.{i}``/``cross_v.{i}``, ``src_bias [B,1,1,S]``, ``self_bias [B,1,1,T]``
-  -> ``log_probs [B,V]``, ``present_k.{i}``/``present_v.{i}`` ``[B,H,T+1,Dh]``. Each row has its own position and
-  self-attention mask, so rows at different steps share one batch (step-level batching).
+- decoder, two cache contracts (``DecoderCache``); each row has its own position, so rows at different steps share
+  one batch (step-level batching):
+
+  - ``stationary`` (ONNX Runtime; package format 4): ``input_ids [B,1]``, ``position_ids [B,1]`` (int64), the caches
+    ``past_k.{i}``/``past_v.{i}`` ``[B,H,M,Dh]`` (a fixed capacity ``M``; row ``b`` has filled slots
+    ``0..position_ids[b]-1``), ``cross_k.{i}``/``cross_v.{i}``, ``src_bias [B,1,1,S]`` -> ``log_probs [B,V]``,
+    ``present_k.{i}``/``present_v.{i}`` ``[B,H,M,Dh]``: the past caches with each row's new key/value written at its
+    position. Self-attention is ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (one kv head per head), which
+    attends over each row's own slots only and, when the caller binds each present cache to its past one, writes
+    in place: nothing is copied per step (``serving.rows.SlotRows``).
+  - ``growing`` (OpenVINO IR is derived from it): standard ops only; the caches are ``[B,H,T,Dh]`` with a
+    ``self_bias [B,1,1,T]`` input masking slots a row has not filled, and the present caches ``[B,H,T+1,Dh]``.
 
 Speed choices:
 - the encoder projects every decoder layer's cross-attention keys/values in ONE matmul (``[D, L*2*D]``), once per
   sentence;
 - self-attention uses one fused QKV matmul; ``1/sqrt(Dh)`` is folded into the query weights;
-- the decoder never concatenates a layer's cache: it scores the past keys and the new key separately and softmaxes
-  the concatenated scores, then grows the whole cache with one concat at the end (one cache copy per step);
+- the growing decoder never concatenates a layer's cache: it scores the past keys and the new key separately and
+  softmaxes the concatenated scores, then grows the whole cache with one concat at the end (one cache copy per
+  step); the stationary one copies nothing;
 - the encoder's embedding copy has the scale (and a zero row for ``zero_embedding_id``) folded in;
 - logits use ``Gemm(transB=1)`` on the [V, D] embedding, so a tied matrix is stored once in the decoder.
 """
@@ -26,7 +35,7 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -37,6 +46,9 @@ from converters.spec import MASK_VALUE, Stack, TransformerSpec, cross_names, pas
 logger = logging.getLogger(__name__)
 
 OPSET = 17
+
+DecoderCache = Literal["stationary", "growing"]
+STATIONARY_HEAD_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention refuses other head sizes
 # Protobuf cannot serialize more than 2 GiB; bigger models keep their weights in an external data file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -244,7 +256,7 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
     return g.model(inputs, outputs, "mtgate encoder: input_ids -> memory, cross_kv, src_bias")
 
 
-def _decoder(spec: TransformerSpec, stationary: bool = False) -> onnx.ModelProto:
+def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
     c = spec.config
     g = _Graph("mtgate_decoder")
     e = _Emitter(spec, g, c.decoder)
@@ -342,28 +354,24 @@ def _decoder(spec: TransformerSpec, stationary: bool = False) -> onnx.ModelProto
     g.rename_output(g.op("LogSoftmax", [logits], axis=-1), "log_probs")
 
     float_t = TensorProto.FLOAT
+    cache_len = "capacity" if stationary else "past_len"
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", 1]),
-        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len", dh]) for name in past_names(n_layers)),
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, cache_len, dh]) for name in past_names(n_layers)),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "src_len", dh]) for name in cross_names(n_layers)),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
         *([] if stationary else [helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"])]),
     ]
     outputs = [
         helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),
-        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "past_len" if stationary else "present_len", dh])
+        *(helper.make_tensor_value_info(name, float_t, ["batch", h, "capacity" if stationary else "present_len", dh])
           for name in present_names(n_layers)),
     ]
     model = g.model(inputs, outputs, "mtgate decoder step: one token per sequence + caches -> log_probs, present caches")
     if stationary:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
-
-
-def build_models(spec: TransformerSpec) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """The encoder and decoder-step ModelProtos for a validated spec."""
-    return _encoder(spec), _decoder(spec)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
@@ -374,23 +382,35 @@ def _save(model: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model, str(path))
 
 
-def emit_onnx(spec: TransformerSpec, out_dir: Path) -> tuple[Path, Path]:
+def _write(model: onnx.ModelProto, path: Path) -> Path:
+    _save(model, path)
+    # The path form also checks models whose weights went to an external file.
+    onnx.checker.check_model(str(path))
+    logger.info("wrote %s (%.1f MB)", path, path.stat().st_size / 1e6)
+    return path
+
+
+def emit_onnx(spec: TransformerSpec, out_dir: Path, cache: DecoderCache = "stationary") -> tuple[Path, Path]:
     """Write ``encoder.onnx`` and ``decoder.onnx`` for a validated spec into ``out_dir``.
 
     Arguments:
         spec: a spec that passed ``validate()``.
         out_dir: directory to write into (created).
+        cache: the decoder's cache contract (module docstring): ``"stationary"`` for ONNX Runtime (the package's
+            graphs), ``"growing"`` for the graph the OpenVINO IR is derived from.
 
     Returns:
         (encoder path, decoder path).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    encoder, decoder = build_models(spec)
-    encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
-    for model, path in ((encoder, encoder_path), (decoder, decoder_path)):
-        _save(model, path)
-        # The path form also checks models whose weights went to an external file.
-        onnx.checker.check_model(str(path))
-    logger.info("wrote %s (%.1f MB) and %s (%.1f MB)", encoder_path, encoder_path.stat().st_size / 1e6,
-                decoder_path, decoder_path.stat().st_size / 1e6)
-    return encoder_path, decoder_path
+    return _write(_encoder(spec), out_dir / "encoder.onnx"), emit_decoder(spec, out_dir / "decoder.onnx", cache)
+
+
+def emit_decoder(spec: TransformerSpec, path: Path, cache: DecoderCache) -> Path:
+    """Write the decoder-step graph with the ``cache`` contract at ``path`` (its directory must exist).
+
+    GroupQueryAttention needs a head size that is a multiple of 8 (every published translation model's is: 64); a
+    decoder whose head size is not gets the growing contract instead, which the ONNX Runtime backend also runs.
+    """
+    stationary = cache == "stationary" and spec.config.decoder.head_dim % STATIONARY_HEAD_MULTIPLE == 0
+    return _write(_decoder(spec, stationary=stationary), path)

@@ -322,7 +322,7 @@ class DenseRows:
         past_len = self.width
         # The current rows, then the encoder rows; each array built with one take over the two.
         if self._past is None or self._cross_kv is None or self._src_bias is None:
-            old_cross = np.zeros((layers, 2, 0, heads, width, head_dim), dtype=np.float32)
+            old_cross = np.zeros(cross_kv.shape[:2] + (0, heads, width) + cross_kv.shape[5:], dtype=np.float32)
             old_bias = np.zeros((0, 1, 1, width), dtype=np.float32)
             old_past = np.zeros((layers, 2, 0, heads, 0, head_dim), dtype=np.float32)
         else:

@@ -1,5 +1,6 @@
 """``manifest.json`` as types: :class:`Manifest` and its sections (``serving.package.parse`` builds them from the JSON,
-validated; :meth:`Manifest.to_dict` writes the same JSON ``converters`` always wrote, format ``mtgate-model/3``).
+validated; :meth:`Manifest.to_dict` writes the same JSON ``converters`` always wrote, format ``mtgate-model/4``: the
+ONNX Runtime decoder keeps a stationary cache, ``converters.onnx_emitter``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-FORMAT = "mtgate-model/3"
+FORMAT = "mtgate-model/4"
 MANIFEST = "manifest.json"
 RUNTIMES = ("onnxruntime", "openvino")
 PRECISIONS = ("fp32", "int8")

@@ -98,7 +98,7 @@ def test_openvino_matches_reference(tmp_path: Path, config: str) -> None:
     from converters.openvino import onnx_to_openvino
 
     spec = random_spec(**CONFIGS[config])  # type: ignore[arg-type]
-    encoder, decoder = emit_onnx(spec, tmp_path / "onnx")
+    encoder, decoder = emit_onnx(spec, tmp_path / "onnx", cache="growing")
     backend = create_backend("openvino", onnx_to_openvino(encoder, tmp_path / "ov" / "encoder.xml"),
                              onnx_to_openvino(decoder, tmp_path / "ov" / "decoder.xml"), threads=1)
     _compare(backend, ReferenceModel(spec), _source())
@@ -115,7 +115,8 @@ def test_src_bias_marks_padding_only(tmp_path: Path) -> None:
 def test_graph_io_contract(tmp_path: Path) -> None:
     spec = random_spec(decoder_layers=3)
     encoder, decoder = emit_onnx(spec, tmp_path)
-    enc, dec = onnx.load(str(encoder)), onnx.load(str(decoder))
+    _, growing_decoder = emit_onnx(spec, tmp_path / "growing", cache="growing")
+    enc, dec, growing = onnx.load(str(encoder)), onnx.load(str(decoder)), onnx.load(str(growing_decoder))
 
     def io(values: object) -> dict[str, list[object]]:
         return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # type: ignore[attr-defined]
@@ -124,16 +125,29 @@ def test_graph_io_contract(tmp_path: Path) -> None:
     assert io(enc.graph.input) == {"input_ids": ["batch", "src_len"]}
     assert io(enc.graph.output) == {"memory": ["batch", "src_len", 16], "cross_kv": [3, 2, "batch", 2, "src_len", 8],
                                     "src_bias": ["batch", 1, 1, "src_len"]}
-    past = {f"past_{kind}.{i}": ["batch", 2, "past_len", 8] for i in range(3) for kind in "kv"}
     cross = {f"cross_{kind}.{i}": ["batch", 2, "src_len", 8] for i in range(3) for kind in "kv"}
-    present = {f"present_{kind}.{i}": ["batch", 2, "present_len", 8] for i in range(3) for kind in "kv"}
+    # Stationary (ONNX Runtime): the caches keep their capacity; present is past with each row's slot written.
+    past = {f"past_{kind}.{i}": ["batch", 2, "capacity", 8] for i in range(3) for kind in "kv"}
+    present = {f"present_{kind}.{i}": ["batch", 2, "capacity", 8] for i in range(3) for kind in "kv"}
     assert io(dec.graph.input) == {"input_ids": ["batch", 1], "position_ids": ["batch", 1], **past, **cross,
-                                   "src_bias": ["batch", 1, 1, "src_len"], "self_bias": ["batch", 1, 1, "past_len"]}
+                                   "src_bias": ["batch", 1, 1, "src_len"]}
     assert io(dec.graph.output) == {"log_probs": ["batch", 40], **present}
-    assert [v.name for v in dec.graph.input][2:4] == ["past_k.0", "past_v.0"]  # [L, 2] order
-    # Speed: no op copies a layer out of a stacked cache.
-    assert not any(n.op_type == "Gather" and any(i.startswith(("past_", "cross_")) for i in n.input)
-                   for n in dec.graph.node)
+    attention = [n for n in dec.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == 3 and all(n.domain == "com.microsoft" for n in attention)
+    assert [(n.input[3], n.output[1]) for n in attention] == [(f"past_k.{i}", f"present_k.{i}") for i in range(3)]
+    # Growing (OpenVINO's source): standard ops, a mask over the cache, one slot more out than in.
+    past = {f"past_{kind}.{i}": ["batch", 2, "past_len", 8] for i in range(3) for kind in "kv"}
+    present = {f"present_{kind}.{i}": ["batch", 2, "present_len", 8] for i in range(3) for kind in "kv"}
+    assert io(growing.graph.input) == {"input_ids": ["batch", 1], "position_ids": ["batch", 1], **past, **cross,
+                                       "src_bias": ["batch", 1, 1, "src_len"],
+                                       "self_bias": ["batch", 1, 1, "past_len"]}
+    assert io(growing.graph.output) == {"log_probs": ["batch", 40], **present}
+    assert all(op.domain in ("", "ai.onnx") for op in growing.opset_import)
+    for graph in (dec, growing):
+        assert [v.name for v in graph.graph.input][2:4] == ["past_k.0", "past_v.0"]  # [L, 2] order
+        # Speed: no op copies a layer out of a stacked cache.
+        assert not any(n.op_type == "Gather" and any(i.startswith(("past_", "cross_")) for i in n.input)
+                       for n in graph.graph.node)
     assert all(op.domain in ("", "ai.onnx") and op.version >= 17 for op in enc.opset_import)
     # Speed: the encoder projects all layers' cross K/V in one matmul; the tied matrix is stored once.
     assert sum(1 for n in enc.graph.node if n.op_type == "MatMul" and "cross_kv" in n.name) == 1

@@ -8,7 +8,7 @@ from dataclasses import asdict, fields
 import pytest
 
 from converters.spec import TransformerConfig, expected_weights
-from serving.package import parse_manifest
+from serving.package import FORMAT, parse_manifest
 from tests.utils.random_spec import random_spec
 
 # Fields added with per-stack shapes: a manifest written before them has none of them.
@@ -18,7 +18,7 @@ NEW_FIELDS = ("decoder_num_heads", "decoder_ffn_dim", "decoder_activation", "dec
 
 def _manifest(architecture: dict[str, object]) -> dict[str, object]:
     files = {"tokenizer/vocab.subwords": "0" * 64, "onnx/encoder.onnx": "0" * 64, "onnx/decoder.onnx": "0" * 64}
-    return {"format": "mtgate-model/3", "architecture": architecture,
+    return {"format": FORMAT, "architecture": architecture,
             "special_ids": {"pad": 0, "eos": 1, "decoder_start": 0},
             "tokenizer": {"kind": "t2t_subword", "files": {"vocab": "tokenizer/vocab.subwords"}}, "files": files}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -104,31 +103,22 @@ def test_timing_signal_matches_reference_values() -> None:
 
 
 class _OrtGraphs:
-    """The emitted ONNX graphs in plain onnxruntime sessions, with the Backend protocol's two calls."""
+    """The emitted ONNX graphs (the decoder with the ``cache`` contract) on ONNX Runtime, through its backend."""
 
-    def __init__(self, loaded: LoadedModel, out_dir: Path) -> None:
+    def __init__(self, loaded: LoadedModel, out_dir: Path, cache: str = "stationary") -> None:
         emitter = pytest.importorskip("converters.onnx_emitter")
-        ort = pytest.importorskip("onnxruntime")
-        self.paths = emitter.emit_onnx(loaded.spec, out_dir)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.encoder, self.decoder = (ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
-                                      for p in self.paths)
+        pytest.importorskip("onnxruntime")
+        from serving.backends import create_backend
+
+        self.paths = emitter.emit_onnx(loaded.spec, out_dir, cache=cache)
+        self.backend = create_backend("onnxruntime", *self.paths, threads=1)
 
     def encode(self, input_ids: np.ndarray) -> Any:
-        memory, cross_kv, src_bias = self.encoder.run(["memory", "cross_kv", "src_bias"], {"input_ids": input_ids})
-        return SimpleNamespace(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
+        return self.backend.encode(input_ids)
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from converters.spec import present_names
-        from serving.backends.base import decoder_feeds
-
-        layers = past_kv.shape[0]
-        log_probs, *present = self.decoder.run(["log_probs", *present_names(layers)],
-                                               decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias))
-        return log_probs, np.stack(present).reshape(layers, 2, *present[0].shape)
+        return self.backend.decode_step(input_ids, step, past_kv, cross_kv, src_bias)
 
 
 def _check_parity(loaded: LoadedModel, ref: T2TReference, src: np.ndarray, targets: np.ndarray,
@@ -196,7 +186,7 @@ def test_openvino_ir_matches_numpy_reference(loaded: LoadedModel, reference: T2T
     from converters.openvino import onnx_to_openvino
     from serving.backends.openvino import OpenVinoBackend
 
-    encoder_onnx, decoder_onnx = _OrtGraphs(loaded, tmp_path / "onnx").paths
+    encoder_onnx, decoder_onnx = _OrtGraphs(loaded, tmp_path / "onnx", cache="growing").paths
     backend = OpenVinoBackend(onnx_to_openvino(encoder_onnx, tmp_path / "ov" / "encoder.xml"),
                               onnx_to_openvino(decoder_onnx, tmp_path / "ov" / "decoder.xml"), threads=1)
     src, targets = _parity_inputs()
