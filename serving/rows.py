@@ -111,6 +111,8 @@ class SlotRows:
         self.cross: np.ndarray | None = None  # [L, 2, R, H, S, Dh]
         self.src_bias: np.ndarray | None = None  # [R, 1, 1, S]
         self.positions = np.zeros(0, dtype=np.int64)  # [R] slots each slot's row has filled
+        self.owner = np.zeros(0, dtype=np.int64)  # [R] which encoder row each slot's cross_kv is (-1: none)
+        self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
         self._log_probs = np.empty(0, dtype=np.float32)
@@ -171,6 +173,8 @@ class SlotRows:
             self.src_bias[fresh] = MASK_VALUE
             self.src_bias[fresh, :, :, :width] = np.take(src_bias, encoder_rows, axis=0)
             self.positions[fresh] = 0
+            self.owner[fresh] = self._owners + encoder_rows
+            self._owners += int(encoder_rows.max()) + 1
 
     def detach(self) -> None:
         """Nothing to do: the cache is this object's own, not the backend's."""
@@ -178,8 +182,9 @@ class SlotRows:
     def _assign(self, origin: np.ndarray) -> np.ndarray:
         """Give the next rows slots: row ``i`` continues the row in slot ``origin[i]`` (``-1``: a new row). The first
         row to name a slot keeps it (no copy); the other rows, and rows whose slot lies at or above the new live
-        count, take the free slots below it (a copy of the filled part of the slot they continue). Returns the slots
-        of the new rows, in their order."""
+        count, take the free slots below it (a copy of the filled part of the slot they continue), a free slot of
+        the same encoder row where there is one (beams of one sentence: its encoder outputs are already there).
+        Returns the slots of the new rows, in their order."""
         m = origin.size
         first = np.zeros(m, dtype=bool)
         continuing = np.flatnonzero(origin >= 0)
@@ -191,23 +196,25 @@ class SlotRows:
         taken[slot[first & (slot < m)]] = True
         holes = np.flatnonzero(~taken)
         moving = np.flatnonzero(~first | (slot >= m))  # new rows, second children, rows above the live range
-        slot[moving] = holes
-        copies = moving[origin[moving] >= 0]
-        if copies.size:
-            self._copy(origin[copies], slot[copies])
+        if moving.size:
+            wanted = np.where(origin[moving] >= 0, self.owner[np.maximum(origin[moving], 0)], -1)
+            slot[moving] = _pair_by_owner(wanted, holes, self.owner[holes])
+            for row in moving[origin[moving] >= 0].tolist():
+                self._copy(int(origin[row]), int(slot[row]))
         self.slot = slot
         return np.asarray(slot[origin < 0])
 
-    def _copy(self, source: np.ndarray, target: np.ndarray) -> None:
-        """Slots ``target`` continue the rows in slots ``source`` (disjoint): their filled cache, encoder rows and
-        positions."""
+    def _copy(self, source: int, target: int) -> None:
+        """Slot ``target`` continues the row in slot ``source``: its filled cache, its encoder row (unless the slot
+        holds that one already) and its position."""
         assert self.cache is not None and self.cross is not None and self.src_bias is not None
-        filled = int(self.positions[source].max())
-        if filled:
-            self.cache[:, :, target, :, :filled] = self.cache[:, :, source, :, :filled]
-        self.cross[:, :, target] = self.cross[:, :, source]
-        self.src_bias[target] = self.src_bias[source]
-        self.positions[target] = self.positions[source]
+        filled = int(self.positions[source])
+        self.cache[:, :, target, :, :filled] = self.cache[:, :, source, :, :filled]
+        if self.owner[target] != self.owner[source]:
+            self.cross[:, :, target] = self.cross[:, :, source]
+            self.src_bias[target] = self.src_bias[source]
+            self.owner[target] = self.owner[source]
+        self.positions[target] = filled
 
     def _reserve(self, slots: int, positions: int, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:
@@ -221,6 +228,7 @@ class SlotRows:
             self.cross = np.zeros((layers, 2, self._slots, heads, source_width, head_dim), dtype=np.float32)
             self.src_bias = np.full((self._slots, 1, 1, source_width), MASK_VALUE, dtype=np.float32)
             self.positions = np.zeros(self._slots, dtype=np.int64)
+            self.owner = np.full(self._slots, -1, dtype=np.int64)
             return
         assert self.cross is not None and self.src_bias is not None
         live = self.count
@@ -243,7 +251,26 @@ class SlotRows:
             self.cross, self.src_bias = cross, bias
         if new_slots != self.positions.size:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
+            self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])
         self._slots, self._capacity = new_slots, new_capacity
+
+
+def _pair_by_owner(wanted: np.ndarray, holes: np.ndarray, holders: np.ndarray) -> np.ndarray:
+    """A hole for each moving row (``wanted[i]``: the encoder row it needs, -1: a new row), from ``holes`` (whose
+    current encoder rows are ``holders``): one holding the same encoder row where there is one."""
+    free: dict[int, list[int]] = {}
+    for hole, holder in zip(holes.tolist(), holders.tolist(), strict=True):
+        free.setdefault(holder, []).append(hole)
+    chosen = np.empty(wanted.size, dtype=np.int64)
+    unmatched: list[int] = []
+    for i, owner in enumerate(wanted.tolist()):
+        same = free.get(owner) if owner >= 0 else None
+        if same:
+            chosen[i] = same.pop()
+        else:
+            unmatched.append(i)
+    chosen[unmatched] = [hole for left in free.values() for hole in left][: len(unmatched)]
+    return chosen
 
 
 class DenseRows:

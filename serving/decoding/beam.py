@@ -22,40 +22,52 @@ from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, pro
 _HF_MASK = np.float32(-1.0e9)
 _T2T_INF = np.float32(1.0e7)
 
-_CHUNK = 64  # top-k over wide rows: chunk maxima first (see top_k_sorted)
+_STRIPES = 64  # top-k over wide rows: entries per chunk (see top_k_sorted)
 
 
 def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest entries of each row, best first; equal scores in ascending index order.
 
-    Narrow rows are sorted. Wide rows (beam candidates are ``K x V``: 232k for opus-mt and 4 beams) are first
-    reduced to the maxima of chunks of 64 entries: the k best entries lie in the k chunks with the best maxima, so only
-    those ``k x 64`` entries are ranked (about 8x faster than a selection over the whole row). A row where another
-    entry ties with the k-th best is re-ranked by a full stable sort, so the result is exact in every case.
+    Narrow rows are sorted. Wide rows (beam candidates are ``K x V``: 232k for opus-mt and 4 beams) are first reduced
+    to the maxima of chunks of 64 entries: the k best entries lie in the k chunks with the best maxima, so only those
+    ``k x 64`` entries are looked at. A chunk is a column of the row read as 64 stripes (entries ``c, c + C, c + 2C,
+    ...``, ``C = width // 64``; the last ``width % 64`` entries are one more chunk), so that the maxima are one
+    vectorized pass over contiguous memory. The k best of the candidates are selected, and only those k sorted. A row
+    where another entry ties with the k-th best is ranked by a full stable sort instead, so the result is exact in
+    every case.
     """
     n, width = scores.shape
     if width <= 256:
         return np.asarray(np.argsort(-scores, axis=1, kind="stable")[:, :k])
-    if width > 16 * k * _CHUNK:
-        maxima = np.maximum.reduceat(scores, np.arange(0, width, _CHUNK), axis=1)
+    columns = width // _STRIPES
+    if columns >= 16 * k:
+        body = scores[:, : _STRIPES * columns].reshape(n, _STRIPES, columns)
+        maxima = body.max(axis=1)
+        if width > _STRIPES * columns:
+            rest = scores[:, _STRIPES * columns :].max(axis=1, keepdims=True)
+            maxima = np.concatenate([maxima, rest], axis=1)
         chunks = np.argpartition(maxima, maxima.shape[1] - k, axis=1)[:, maxima.shape[1] - k :]
-        part = (chunks[:, :, None] * _CHUNK + np.arange(_CHUNK)).reshape(n, k * _CHUNK)
-        inside = part < width
+        stripes = np.arange(_STRIPES)
+        part = np.where((chunks == columns)[:, :, None], _STRIPES * columns + stripes,
+                        chunks[:, :, None] + columns * stripes).reshape(n, k * _STRIPES)
+        inside = part < width  # the last chunk may hold fewer than 64 entries
         values = np.where(inside, np.take_along_axis(scores, np.minimum(part, width - 1), axis=1), NEG_INF)
         part = np.where(inside, part, width)  # past the end: ranked after every real entry
-        order = np.lexsort((part, -values), axis=1)[:, :k]
-        kth = np.take_along_axis(values, order[:, -1:], axis=1)
-        # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k, or more such
-        # entries in the k ranked chunks, is a tie (found without another pass over the whole row).
-        tied = np.flatnonzero(((values >= kth).sum(axis=1) > k) | ((maxima >= kth).sum(axis=1) > k))
     else:
-        part = np.argpartition(scores, width - k, axis=1)[:, width - k :]
-        values = np.take_along_axis(scores, part, axis=1)
-        order = np.lexsort((part, -values), axis=1)[:, :k]
-        kth = np.take_along_axis(values, order[:, -1:], axis=1)
-        tied = np.flatnonzero((scores >= kth).sum(axis=1) > k)
-    top = np.take_along_axis(part, order, axis=1)
-    for row in tied:  # rare: exact ties at the k-th place
+        maxima = None
+        part, values = np.broadcast_to(np.arange(width), scores.shape), scores
+    best = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k :]
+    best_values = np.take_along_axis(values, best, axis=1)
+    best_index = np.take_along_axis(part, best, axis=1)
+    order = np.lexsort((best_index, -best_values), axis=1)
+    top = np.take_along_axis(best_index, order, axis=1)
+    kth = best_values.min(axis=1, keepdims=True)
+    # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k, or more such
+    # entries among the candidates, is a tie at the k-th place (found without another pass over the whole row).
+    tied = (values >= kth).sum(axis=1) > k
+    if maxima is not None:
+        tied |= (maxima >= kth).sum(axis=1) > k
+    for row in np.flatnonzero(tied):  # rare: exact ties at the k-th place
         top[row] = np.argsort(-scores[row], kind="stable")[:k]
     return np.asarray(top)
 
