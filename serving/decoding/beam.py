@@ -22,6 +22,7 @@ from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, pro
 _HF_MASK = np.float32(-1.0e9)
 _T2T_INF = np.float32(1.0e7)
 
+_SEQ_WIDTH = 16  # initial width of the beams' token sequences
 _STRIPES = 64  # top-k over wide rows: entries per chunk (see top_k_sorted)
 
 
@@ -81,7 +82,8 @@ class BeamSearchBase:
         self.options = options
         self.on_tokens = on_tokens
         self.k = options.beam_size
-        n, k, w = caps.shape[0], self.k, int(caps.max())
+        # The sequences grow with the longest one (``_fit_width``), not to the caps: every step gathers them.
+        n, k, w = caps.shape[0], self.k, min(int(caps.max()), _SEQ_WIDTH)
         # Not joinable: at the first step every beam of a sentence has the same prefix, so one row per sentence is
         # decoded; its log-probs are shared by the K beams, and the first plan repeats each row K times.
         self.expanded = joinable
@@ -107,6 +109,7 @@ class BeamSearchBase:
         if first:
             log_probs = np.repeat(log_probs, k, axis=0)
             self.expanded = True
+        self._fit_width()
         candidates = self._candidates(log_probs)
         select = self._advance(candidates)  # rows (sentence * K + beam) to continue, in their new order
         if select is None:
@@ -117,6 +120,16 @@ class BeamSearchBase:
             rows = select // k
             return StepPlan(tokens=tokens, rows=rows, encoder_rows=rows)
         return StepPlan(tokens=tokens, rows=select, encoder_rows=self.encoder_rows)
+
+    def _fit_width(self) -> None:
+        """Widen the sequences (doubling, up to the longest cap) so that this step's tokens fit."""
+        width = self.alive_seq.shape[2]
+        needed = int(self.steps.max()) + 1
+        if needed > width:
+            width = min(max(needed, 2 * width), int(self.caps.max()))
+            eos = self.options.eos_id
+            self.alive_seq = pad_width(self.alive_seq, width, eos)
+            self.finished_seq = pad_width(self.finished_seq, width, eos)
 
     def join(self, other: Search) -> None:
         assert isinstance(other, type(self)) and other.options == self.options
