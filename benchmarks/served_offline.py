@@ -19,9 +19,11 @@ and any ``--server-env``), and headless Locust runs ``--users`` ``TranslateUser`
 per ``POST /v1/translate``, the next request as soon as the last one is answered, no think time), all started at
 once. Once the first request is in flight, ``--warmup`` seconds pass; then the server's ``/metrics`` are scraped at
 the start and end of a ``--duration`` window (and once a second between): served tokens/s is the window's increase
-of ``mtgate_output_tokens_total`` over its length, requests/s the increase of ``/v1/translate`` 200s. The server is
-saturated when its batch queue (``mtgate_queue_depth``) held sentences at every scrape of the window: the engine
-never waited for work. Latency percentiles are Locust's over its whole run (warm-up included).
+of ``mtgate_output_tokens_total`` over its length, requests/s the increase of ``/v1/translate`` 200s. The server was
+saturated when its engine ran full batches (mean sentences per engine batch, or in flight per decoder step with
+step batching, at least 95% of the batch size) and its batch queue (``mtgate_queue_depth``) held sentences at 90% of
+the scrapes or more: work was waiting whenever the engine could take it. Latency percentiles are Locust's over its
+whole run (warm-up included).
 
 Writes ``<out-dir>/<name>.json`` and ``.md`` (after the offline part and after every mode) and prints the Markdown;
 Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or when a part could
@@ -74,6 +76,9 @@ from serving.files import atomic_write_text  # noqa: E402
 
 TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the engine's offline tokens/s
 WARMUP_BATCHES = 2  # offline: batches translated once after each load, before the timed passes
+SATURATED_FILL = 0.95  # mean sentences per engine batch (or decoder step) / batch size
+SATURATED_QUEUED = 0.9  # share of the window's scrapes that found sentences queued
+SPREAD_WARNING = 0.1  # offline passes whose tokens/s differ more ((max - min) / median): the machine's load changed
 TAIL_S = 3.0  # Locust runs this long past the window, so that the load is still on at its last scrape
 LOAD_START_TIMEOUT_S = 60.0  # from starting Locust to its first request in flight on the server
 ROUTE = "/v1/translate"
@@ -136,6 +141,12 @@ class OfflineResult:
     passes: list[OfflinePass] = field(default_factory=list)
     error: str | None = None
 
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the passes' tokens/s (None: fewer than two passes)."""
+        rates = [p.tokens_per_s for p in self.passes]
+        return (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None
+
     def median(self, value: Callable[[OfflinePass], float]) -> float | None:
         return statistics.median(value(p) for p in self.passes) if self.passes else None
 
@@ -150,6 +161,7 @@ class OfflineResult:
             "output_tokens_per_sentence": (self.passes[0].output_tokens / self.passes[0].sentences
                                            if self.passes and self.passes[0].sentences else None),
             "cpu_per_wall": self.median(lambda p: p.cpu_seconds / p.seconds),
+            "spread": self.spread,
             "error": self.error,
         }
 
@@ -177,6 +189,7 @@ class ModeResult:
     """One batching mode at saturation: the server's window, Locust's whole run, and what each cost in CPU."""
 
     mode: str
+    batch_size: int  # the server's MTGATE_MAX_BATCH_SIZE
     reported_batching: str | None = None
     window_s: float | None = None
     output_tokens: int | None = None
@@ -204,9 +217,22 @@ class ModeResult:
         return None if self.output_tokens is None or not self.window_s else self.output_tokens / self.window_s
 
     @property
+    def fill(self) -> float | None:
+        """Mean sentences per decoder step (step batching) or per engine batch (request batching) / batch size."""
+        mean = self.mean_step_sentences if self.mean_step_sentences is not None else self.mean_batch_size
+        return None if mean is None else mean / self.batch_size
+
+    @property
+    def queued_share(self) -> float | None:
+        """The share of the window's scrapes that found sentences in the batch queue."""
+        return sum(q > 0 for q in self.queue_depths) / len(self.queue_depths) if self.queue_depths else None
+
+    @property
     def saturated(self) -> bool | None:
-        """The batch queue held sentences at every scrape of the window (None: not measured)."""
-        return all(q > 0 for q in self.queue_depths) if self.queue_depths else None
+        """Full batches and work waiting (None: not measured)."""
+        if self.fill is None or self.queued_share is None:
+            return None
+        return self.fill >= SATURATED_FILL and self.queued_share >= SATURATED_QUEUED
 
     def to_json(self) -> dict[str, Any]:
         window = self.window_s or 0.0
@@ -215,7 +241,8 @@ class ModeResult:
             return None if count is None or not window else count / window
 
         return {**asdict(self), "tokens_per_s": self.tokens_per_s, "sentences_per_s": per_s(self.sentences),
-                "requests_per_s": per_s(self.requests), "saturated": self.saturated,
+                "requests_per_s": per_s(self.requests), "fill": self.fill, "queued_share": self.queued_share,
+                "saturated": self.saturated,
                 "output_tokens_per_sentence": (self.output_tokens / self.sentences
                                                if self.output_tokens is not None and self.sentences else None),
                 "server_cpu_per_wall": None if self.server_cpu_s is None or not window else self.server_cpu_s / window,
@@ -492,8 +519,8 @@ def run_mode(result: ModeResult, config: Config) -> None:
     result.locust_requests, result.locust_failures, result.locust_rps = row.requests, row.failures, row.rps
     result.p50_ms, result.p95_ms, result.p99_ms = row.percentile("50%"), row.percentile("95%"), row.percentile("99%")
     result.top_failures = [f"{f.occurrences} x {f.error}" for f in sorted(run.failures, key=lambda f: -f.occurrences)[:3]]
-    _say(f"{mode}: {_num(result.tokens_per_s)} tokens/s, queue held sentences at "
-         f"{sum(q > 0 for q in result.queue_depths)} of {len(result.queue_depths)} scrapes, "
+    _say(f"{mode}: {_num(result.tokens_per_s)} tokens/s, batches {_num(None if result.fill is None else 100 * result.fill)}% full, "
+         f"queue held sentences at {sum(q > 0 for q in result.queue_depths)} of {len(result.queue_depths)} scrapes, "
          f"{result.locust_failures} failed")
 
 
@@ -556,8 +583,8 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"- served: `mtgate serve` with {extra_env}; {served['users']} Locust `{served['user']}`s (one sentence per "
         f"`POST /v1/translate`, {served['loop']}) on the same machine; {served['warmup_s']:g} s warm-up, then a "
         f"{served['duration_s']:g} s window measured from the server's `/metrics` (`mtgate_output_tokens_total`); "
-        "saturated: the batch queue held sentences at every scrape of the window (once a second); latency: Locust's, "
-        "over its whole run",
+        f"saturated: batches at least {SATURATED_FILL:.0%} full on average and sentences queued at "
+        f"{SATURATED_QUEUED:.0%} of the scrapes (once a second) or more; latency: Locust's, over its whole run",
         "",
         f"| mode | served tokens/s | offline tokens/s | served / offline (target >= {data['target_ratio']:.2f}) | "
         "served req/s | p50 ms | p95 ms | saturated | failed |",
@@ -572,6 +599,10 @@ def to_markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {row['mode']} | {_num(row['served_tokens_per_s'])} | {_num(row['offline_tokens_per_s'])} | "
                      f"{verdict} | {_num(mode['requests_per_s'], 1)} | {_num(mode['p50_ms'])} | "
                      f"{_num(mode['p95_ms'])} | {saturated} | {_failed(mode)} |")
+    spread = off["spread"]
+    if spread is not None and spread > SPREAD_WARNING:
+        lines += ["", f"**The offline passes differ by {spread:.0%} (more than {SPREAD_WARNING:.0%}): the machine's "
+                  "load changed during the run, so the ratios are not a measurement.**"]
     lines += ["", "## Offline", ""]
     if off["error"]:
         lines += [f"Error: {off['error']}", ""]
@@ -601,9 +632,10 @@ def to_markdown(data: dict[str, Any]) -> str:
             f"({_num(mode['failed_responses'])} otherwise): {_num(mode['tokens_per_s'])} tokens/s, "
             f"{_num(mode['sentences_per_s'], 1)} sentences/s, {_num(mode['output_tokens_per_sentence'], 2)} output "
             "tokens per sentence",
-            f"- saturation: queue depth > 0 at {sum(q > 0 for q in queue)} of {len(queue)} scrapes (min "
+            f"- saturation: {batch} ({_num(None if mode['fill'] is None else 100 * mode['fill'])}% of "
+            f"{mode['batch_size']}); queue depth > 0 at {sum(q > 0 for q in queue)} of {len(queue)} scrapes (min "
             f"{_num(min(queue, default=None))}, mean {_num(statistics.mean(queue) if queue else None, 1)}); requests "
-            f"in flight min {_num(min(inflight, default=None))}; {batch}",
+            f"in flight min {_num(min(inflight, default=None))}",
             f"- CPU: server {_num(mode['server_cpu_per_wall'], 2)} s per wall s in the window; Locust "
             f"{_num(mode['locust_cpu_s'], 1)} s over its {_num(mode['locust_wall_s'], 1)} s run "
             f"({_num(mode['locust_cpu_per_wall'], 2)} per wall s)",
@@ -663,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for mode in config.modes:  # offline passes before every mode and after the last: drift hits both parts
             offline_slot(f"before {mode}")
-            modes.append(ModeResult(mode))
+            modes.append(ModeResult(mode, config.batch_size))
             run_mode(modes[-1], config)
             write(False)
         offline_slot(f"after {config.modes[-1]}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.served_batching import BenchmarkError
-from benchmarks.served_offline import main, parse_metrics
+from benchmarks.served_offline import ModeResult, main, parse_metrics
 from serving.settings import demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +67,20 @@ def test_parse_metrics_sums_label_sets_and_splits_request_statuses() -> None:
         parse_metrics("# TYPE other counter\nother_total 1.0\n", 0.0)
 
 
+@pytest.mark.parametrize(("fill", "queues", "saturated"), [
+    ((32.0, None), [3, 1, 2], True),
+    ((31.0, None), [3, 0, 2, 5, 4, 6, 7, 8, 9, 1], True),  # 97% full, queued at 90% of the scrapes
+    ((30.0, None), [3, 1, 2], False),  # batches under 95% full: the engine waited for work
+    ((32.0, None), [3, 0, 2], False),  # nothing queued at a third of the scrapes
+    ((1.0, 32.0), [3, 1, 2], True),  # step batching: sentences in flight per step count, not chunk sizes
+    ((None, None), [], None),  # not measured
+])
+def test_saturation_rule(fill: tuple[float | None, float | None], queues: list[float], saturated: bool | None) -> None:
+    mode = ModeResult("request", batch_size=32, mean_batch_size=fill[0], mean_step_sentences=fill[1],
+                      queue_depths=queues)
+    assert mode.saturated is saturated
+
+
 @pytest.mark.timeout(60)
 def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     package = demo_model()
@@ -98,7 +112,9 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     # one sentence per request: the server's sentence and request counts agree
     assert mode["sentences"] == mode["requests"] > 0 and mode["output_tokens"] > 0
     assert mode["tokens_per_s"] == pytest.approx(mode["output_tokens"] / mode["window_s"])
-    assert len(mode["queue_depths"]) == 4 and mode["saturated"] is all(q > 0 for q in mode["queue_depths"])
+    assert len(mode["queue_depths"]) == 4 and mode["queued_share"] == sum(q > 0 for q in mode["queue_depths"]) / 4
+    assert mode["fill"] == pytest.approx(mode["mean_batch_size"] / 8) and mode["mean_step_sentences"] is None
+    assert mode["saturated"] is (mode["fill"] >= 0.95 and mode["queued_share"] >= 0.9)
     assert mode["locust_cpu_s"] > 0 and mode["server_cpu_s"] > 0 and 0 < mode["p50_ms"] <= mode["p95_ms"]
 
     [row] = data["summary"]
