@@ -78,7 +78,7 @@ TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the
 WARMUP_BATCHES = 2  # offline: batches translated once after each load, before the timed passes
 SATURATED_FILL = 0.95  # mean sentences per engine batch (or decoder step) / batch size
 SATURATED_QUEUED = 0.9  # share of the window's scrapes that found sentences queued
-SPREAD_WARNING = 0.1  # offline passes whose tokens/s differ more ((max - min) / median): the machine's load changed
+SPREAD_WARNING = 0.1  # offline passes whose tokens/s differ more ((max - min) / median): flagged in the report
 TAIL_S = 3.0  # Locust runs this long past the window, so that the load is still on at its last scrape
 LOAD_START_TIMEOUT_S = 60.0  # from starting Locust to its first request in flight on the server
 ROUTE = "/v1/translate"
@@ -601,8 +601,9 @@ def to_markdown(data: dict[str, Any]) -> str:
                      f"{_num(mode['p95_ms'])} | {saturated} | {_failed(mode)} |")
     spread = off["spread"]
     if spread is not None and spread > SPREAD_WARNING:
-        lines += ["", f"**The offline passes differ by {spread:.0%} (more than {SPREAD_WARNING:.0%}): the machine's "
-                  "load changed during the run, so the ratios are not a measurement.**"]
+        lines += ["", f"**The offline passes differ by {spread:.0%} ((max - min) / median, more than "
+                  f"{SPREAD_WARNING:.0%}): the machine's speed changed during the run; read the ratios as uncertain "
+                  "by about as much, and look at each pass's CPU per wall second for load from elsewhere.**"]
     lines += ["", "## Offline", ""]
     if off["error"]:
         lines += [f"Error: {off['error']}", ""]

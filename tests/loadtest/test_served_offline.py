@@ -103,6 +103,8 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     assert [p["slot"] for p in offline["passes"]] == ["before request", "after request"]
     assert len({p["output_tokens"] for p in offline["passes"]}) == 1  # the same translations both times
     assert offline["tokens_per_s"] > 0 and offline["sentences_per_s"] > 0 and offline["seconds"] > 0
+    rates = [p["tokens_per_s"] for p in offline["passes"]]
+    assert offline["spread"] == pytest.approx((max(rates) - min(rates)) / offline["tokens_per_s"])
 
     served = data["served"]
     assert served["server_env"] == {"MTGATE_MAX_BATCH_SIZE": "8"} and served["users"] == 12
@@ -123,4 +125,5 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     markdown = (tmp_path / "e2e.md").read_text(encoding="utf-8")
     assert markdown.startswith("# Served vs offline throughput: e2e") and "## Offline" in markdown
     assert markdown in proc.stdout  # the same report is printed
+    assert ("**The offline passes differ by" in markdown) is (offline["spread"] > 0.1)
     assert (tmp_path / "work" / "request" / "locust_stats.csv").is_file()
