@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
@@ -171,7 +171,8 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
-def _modes(text: str) -> list[str]:
+def parse_modes(text: str) -> list[str]:
+    """``--modes``: batching modes of ``MODES``, in order, each once (UsageError otherwise)."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if not modes or unknown:
@@ -182,7 +183,8 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def _server_env(pairs: list[str]) -> dict[str, str]:
+def parse_server_env(pairs: list[str]) -> dict[str, str]:
+    """``--server-env NAME=VALUE`` pairs: MTGATE_ settings other than the ones this script sets (UsageError)."""
     env: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -195,7 +197,9 @@ def _server_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _package(path: Path | None) -> tuple[Path, dict[str, Any]]:
+def read_package(path: Path | None) -> tuple[Path, dict[str, Any]]:
+    """The package to serve (``path``, else the bundled demo) and what the report says of it: name, version and
+    beam size from its manifest (UsageError: none given and no demo, or not a package)."""
     from serving.package import PackageError, read_manifest
     from serving.settings import demo_missing, demo_model
 
@@ -218,7 +222,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         UsageError: any invalid argument or an unusable model package (one line that says which).
     """
     args = _build_parser().parse_args(argv)
-    modes, rates, server_env = _modes(args.modes), _rates(args.rates), _server_env(args.server_env)
+    modes, rates, server_env = parse_modes(args.modes), _rates(args.rates), parse_server_env(args.server_env)
     try:
         duration_s = parse_duration(args.duration)
     except ValueError as e:
@@ -231,7 +235,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     for flag, number in (("--threads", args.threads), ("--beam-size", args.beam_size)):
         if number is not None and number < 1:
             raise UsageError(f"{flag} must be at least 1 (got {number})")
-    package, model = _package(args.model)
+    package, model = read_package(args.model)
     name = args.name or f"served-batching-{datetime.now(UTC):%Y-%m-%d}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
@@ -256,16 +260,18 @@ def users_for(rate: float) -> int:
 # ---------------------------------------------------------------- one rate
 
 
-def locust_command(host: str, rate: float, users: int, duration_s: float, prefix: Path,
+def locust_command(host: str, rate: float | None, users: int, duration_s: float, prefix: Path,
                    beam_size: int | None) -> list[str]:
-    """Headless Locust, ``TranslateUser`` only, at a fixed arrival rate."""
+    """Headless Locust, ``TranslateUser`` only, at a fixed arrival rate (``rate`` None: a closed loop, each user
+    sends its next request as soon as the last one is answered)."""
     command = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
         "--users", str(users), "--spawn-rate", str(users),
         "--run-time", f"{max(1, round(duration_s))}s", "--stop-timeout", str(STOP_TIMEOUT_S),
         "--csv", str(prefix), "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING",
-        "--arrival-rate", f"{rate:g}",
     ]
+    if rate is not None:
+        command += ["--arrival-rate", f"{rate:g}"]
     if beam_size is not None:
         command += ["--beam-size", str(beam_size)]
     return [*command, "TranslateUser"]
@@ -350,7 +356,21 @@ def reported_batching(log_path: Path) -> str | None:
     return match.group(1) if match else None
 
 
-def server_environment(config: Config, mode: str) -> dict[str, str]:
+class ServerOptions(Protocol):
+    """What a server's environment is made of (this script's Config, and benchmarks/served_offline.py's)."""
+
+    @property
+    def server_env(self) -> dict[str, str]: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+
+
+def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
+    """The ``MTGATE_*`` settings of the server for ``mode``: ``--server-env``'s and this script's own."""
     return {**config.server_env, "MTGATE_BATCHING": mode, "MTGATE_THREADS": str(config.threads),
             "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
 
