@@ -86,6 +86,9 @@ def open_rows(backend: Backend) -> DecodeRows:
     return DenseRows(backend)
 
 
+_MIN_SOURCE_WIDTH = 16  # the encoder outputs are never narrowed below this many positions
+
+
 def _grown(size: int, needed: int) -> int:
     """A capacity of at least ``needed``, doubling from ``size``."""
     while size < needed:
@@ -112,6 +115,7 @@ class SlotRows:
         self.src_bias: np.ndarray | None = None  # [R, 1, 1, S]
         self.positions = np.zeros(0, dtype=np.int64)  # [R] slots each slot's row has filled
         self.owner = np.zeros(0, dtype=np.int64)  # [R] which encoder row each slot's cross_kv is (-1: none)
+        self.source_len = np.zeros(0, dtype=np.int64)  # [R] source positions each slot's encoder row needs
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
@@ -154,6 +158,7 @@ class SlotRows:
         parents = np.asarray(parents, dtype=np.int64)
         self._reserve(parents.size, self._capacity)
         self._assign(self.slot[parents])
+        self._fit_source_width()
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
                 src_bias: np.ndarray | None = None) -> None:
@@ -175,6 +180,9 @@ class SlotRows:
             self.positions[fresh] = 0
             self.owner[fresh] = self._owners + encoder_rows
             self._owners += int(encoder_rows.max()) + 1
+            unmasked = src_bias[encoder_rows, 0, 0, :] > MASK_VALUE / 2
+            self.source_len[fresh] = np.where(unmasked.any(axis=1), width - np.argmax(unmasked[:, ::-1], axis=1), 0)
+        self._fit_source_width()
 
     def detach(self) -> None:
         """Nothing to do: the cache is this object's own, not the backend's."""
@@ -214,7 +222,23 @@ class SlotRows:
             self.cross[:, :, target] = self.cross[:, :, source]
             self.src_bias[target] = self.src_bias[source]
             self.owner[target] = self.owner[source]
+            self.source_len[target] = self.source_len[source]
         self.positions[target] = filled
+
+    def _fit_source_width(self) -> None:
+        """Narrow the encoder outputs once the live rows need at most half of their width (every row attends over
+        the whole width, masked past its own source: a long sentence that left must not cost the others)."""
+        assert self.cross is not None and self.src_bias is not None
+        n, width = self.count, self.cross.shape[4]
+        needed = int(self.source_len[:n].max()) if n else 0
+        if width <= _MIN_SOURCE_WIDTH or 2 * needed > width:
+            return
+        narrow = max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8)
+        cross = np.zeros(self.cross.shape[:4] + (narrow,) + self.cross.shape[5:], dtype=np.float32)
+        cross[:, :, :n] = self.cross[:, :, :n, :, :narrow]
+        bias = np.full(self.src_bias.shape[:3] + (narrow,), MASK_VALUE, dtype=np.float32)
+        bias[:n] = self.src_bias[:n, :, :, :narrow]
+        self.cross, self.src_bias = cross, bias
 
     def _reserve(self, slots: int, positions: int, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:
@@ -229,6 +253,7 @@ class SlotRows:
             self.src_bias = np.full((self._slots, 1, 1, source_width), MASK_VALUE, dtype=np.float32)
             self.positions = np.zeros(self._slots, dtype=np.int64)
             self.owner = np.full(self._slots, -1, dtype=np.int64)
+            self.source_len = np.zeros(self._slots, dtype=np.int64)
             return
         assert self.cross is not None and self.src_bias is not None
         live = self.count
@@ -252,6 +277,7 @@ class SlotRows:
         if new_slots != self.positions.size:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
             self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])
+            self.source_len = np.concatenate([self.source_len, np.zeros(new_slots - self.source_len.size, np.int64)])
         self._slots, self._capacity = new_slots, new_capacity
 
 
