@@ -235,3 +235,101 @@ def _stationary_rows_at_different_positions(translator: Translator) -> None:
     np.testing.assert_allclose(merged[0], alone_a[0], atol=1e-4)
     np.testing.assert_allclose(merged[1], alone_b[0], atol=1e-4)
     np.testing.assert_allclose(cache[:, :, 0, :, :4], alone[:, :, 0, :, :4], atol=1e-5)
+
+
+def _check_slots(decoder: ContinuousDecoder) -> None:
+    """The rows of each lane: for a stationary cache, one live row per slot, slots 0..n-1."""
+    for lane in decoder._lanes:
+        rows = lane.decode_rows
+        if isinstance(rows, SlotRows):
+            assert sorted(rows.slot.tolist()) == list(range(lane.rows))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_joins_and_leaves_translate_as_alone(translator: Translator, seed: int) -> None:
+    """Groups of 1-3 sentences, greedy or beam, join at random steps; some are abandoned at random steps. Every
+    group that stays gets exactly what it gets alone; abandoned ones get an error and free their rows at once."""
+    rng = np.random.default_rng(seed)
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    wanted: dict[str, bool] = {}
+    groups: dict[str, tuple[list[str], DecodeOptions]] = {}
+    quitting: dict[str, int] = {}  # group -> the step at which it is abandoned
+    for g in range(14):
+        name = f"g{g}"
+        start = int(rng.integers(0, len(SENTENCES) - 3))
+        texts = SENTENCES[start : start + int(rng.integers(1, 4))]
+        options = DecodeOptions(beam_size=int(rng.choice([1, 2, 3])))
+        groups[name] = (texts, options)
+        wanted[name] = True
+        if rng.random() < 0.3:
+            quitting[name] = int(rng.integers(1, 6))
+        decoder.add(translator.prepare(texts, options), results.sink(name),
+                    alive=lambda name=name: wanted[name])
+        for _ in range(int(rng.integers(0, 4))):
+            decoder.step()
+            _check_slots(decoder)
+            for other, after in list(quitting.items()):
+                quitting[other] = after - 1
+                if quitting[other] <= 0 and wanted[other]:
+                    wanted[other] = False
+                    rows_before = decoder.rows
+                    decoder.step()  # the abandoned group leaves at this step's start
+                    assert decoder.rows <= rows_before
+                    _check_slots(decoder)
+    while not decoder.idle:
+        decoder.step()
+        _check_slots(decoder)
+    assert decoder.rows == 0 and decoder.sentences == 0 and decoder.lanes == 0
+    for name, (texts, options) in groups.items():
+        if not wanted[name]:
+            value = results.values[name]
+            assert isinstance(value, ServingError) or _ids(value) == _ids(translator.translate(texts, options)), name
+            continue
+        assert _ids(results.values[name]) == _ids(translator.translate(texts, options)), name
+
+
+def test_an_abandoned_group_frees_its_slots_at_the_next_step(translator: Translator) -> None:
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    wanted = {"a": True}
+    decoder.add(translator.prepare(SENTENCES[50:52], DecodeOptions(beam_size=3)), results.sink("a"),
+                alive=lambda: wanted["a"])
+    decoder.add(translator.prepare(SENTENCES[52:53], DecodeOptions(beam_size=3)), results.sink("b"))
+    decoder.step()
+    assert decoder.rows == 9  # 3 sentences x 3 beams
+    wanted["a"] = False
+    decoder.step()
+    assert decoder.rows == 3 and decoder.sentences == 1
+    (lane,) = decoder._lanes
+    assert lane.decode_rows.count == 3
+    while not decoder.idle:
+        decoder.step()
+    assert isinstance(results.values["a"], ServingError)
+    assert _ids(results.values["b"]) == _ids(translator.translate(SENTENCES[52:53], DecodeOptions(beam_size=3)))
+
+
+def test_a_stationary_cache_stays_bounded_under_a_stream_of_joins(translator: Translator) -> None:
+    """300 sentences through 8 rows in flight: the slots, cache positions and source width the cache holds are
+    bounded by what is in flight, not by how many sentences went through."""
+    if not getattr(translator.backend, "stationary", False):
+        pytest.skip("a growing cache is rebuilt at every step")
+    decoder = ContinuousDecoder(translator)
+    results = Results()
+    options = DecodeOptions(beam_size=2, max_length=12)
+    shapes = set()
+    for i in range(300):
+        while decoder.sentences >= 4:
+            decoder.step()
+            for lane in decoder._lanes:
+                rows = lane.decode_rows
+                assert isinstance(rows, SlotRows) and rows.cache is not None and rows.cross is not None
+                shapes.add((rows.cache.shape[2], rows.cache.shape[4], rows.cross.shape[4]))
+        decoder.add(translator.prepare([SENTENCES[i % len(SENTENCES)]], options), results.sink(f"s{i}"))
+    while not decoder.idle:
+        decoder.step()
+    assert len(results.values) == 300 and all(isinstance(v, list) for v in results.values.values())
+    longest_source = max(len(s) for s in translator.encode(SENTENCES[:300]))
+    assert max(slots for slots, _, _ in shapes) <= 16  # 4 sentences x 2 beams, doubled at most once
+    assert max(positions for _, positions, _ in shapes) <= 32  # the initial capacity covers 12 steps
+    assert max(width for _, _, width in shapes) <= max(16, 2 * longest_source)
