@@ -6,7 +6,9 @@
 For each mode of ``--modes`` (``request``: a batch runs to completion before the next starts; ``step``: new
 requests join the running decode batch at decoder-step boundaries), ``mtgate serve`` runs on a free loopback port
 with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_BACKEND`` in its environment
-(plus any ``--server-env NAME=VALUE``). For each rate of ``--rates``, in order, headless Locust runs
+(plus any ``--server-env NAME=VALUE``); all of them start first and stay up (an idle server uses no CPU). For each
+rate of ``--rates``, in order, the modes take turns (so that a change in the machine's speed over the run, which on a
+shared VM can be tens of percent within minutes, hits every mode alike): headless Locust runs
 ``TranslateUser`` (one sentence per ``POST /v1/translate``, drawn from the bundled Multi30k test set) with
 ``--arrival-rate RATE``: every user sends one request every users / RATE seconds whatever the latency, so the
 offered load is RATE requests/s. Before each rate the server must be idle (nothing in flight or queued on
@@ -14,7 +16,7 @@ offered load is RATE requests/s. Before each rate the server must be idle (nothi
 
 A rate holds when the ``Aggregated`` row of Locust's stats has p95 < ``--p95-ms``, no failed request and an achieved
 rate of at least 90% of the offered one. A mode's ladder stops after two consecutive rates that do not hold; its
-result is the highest rate that held. The server is stopped (SIGTERM) before the next mode starts.
+result is the highest rate that held. The servers are stopped (SIGTERM) at the end.
 
 Writes ``<out-dir>/<name>.json`` and ``.md`` (after every rate, so an interrupted run keeps what it measured) and
 prints the Markdown. Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or
@@ -24,6 +26,7 @@ when a mode could not be measured (its server did not start, Locust failed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -375,34 +378,49 @@ def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
             "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
 
 
-def run_mode(result: ModeResult, config: Config, on_rate: Callable[[], object]) -> None:
-    """Start the server for ``result.mode``, climb the rate ladder into ``result`` (calling ``on_rate`` after each
-    rate), stop the server. A server or Locust failure ends the ladder and goes into ``result.error``."""
-    mode = result.mode
-    directory = config.work_dir / mode
-    misses = 0
-    try:
-        with start_server(config.package, directory / "server.log", config.server_timeout_s,
-                          env=server_environment(config, mode)) as server:
+def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], object]) -> None:
+    """Start a server per mode of ``results``, then climb the rate ladder with the modes taking turns at each rate
+    (so that a change in the machine's speed, which on a shared VM can be tens of percent within minutes, hits every
+    mode alike), calling ``on_rate`` after each run; stop the servers. A server or Locust failure ends that mode's
+    ladder and goes into its ``error``; a mode's ladder also ends after MISSES_TO_STOP rates that do not hold."""
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, Any] = {}
+        for result in results:
+            mode = result.mode
+            try:
+                server = stack.enter_context(start_server(config.package, config.work_dir / mode / "server.log",
+                                                          config.server_timeout_s,
+                                                          env=server_environment(config, mode)))
+            except (LoadTestError, BenchmarkError) as e:
+                result.error = str(e)
+                _say(f"{mode}: error: {e}")
+                continue
+            servers[mode] = server
             result.reported_batching = reported_batching(server.log)
             if result.reported_batching != mode:
                 _say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
                      f"not {mode}")
-            for rate in config.rates:
-                wait_until_idle(server.url)
-                users = config.users or users_for(rate)
-                _say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
-                measured = run_rate(server.url, rate, config, directory / f"rate-{rate:g}")
+        misses = dict.fromkeys(servers, 0)
+        for rate in config.rates:
+            for result in results:
+                mode = result.mode
+                if mode not in servers or misses[mode] >= MISSES_TO_STOP:
+                    continue
+                try:
+                    wait_until_idle(servers[mode].url)
+                    users = config.users or users_for(rate)
+                    _say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
+                    measured = run_rate(servers[mode].url, rate, config, config.work_dir / mode / f"rate-{rate:g}")
+                except (LoadTestError, BenchmarkError) as e:
+                    result.error = str(e)
+                    _say(f"{mode}: error: {e}")
+                    misses[mode] = MISSES_TO_STOP
+                    continue
                 result.rates.append(measured)
                 _say(f"{mode}: {rate:g} req/s: p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, "
                      f"{measured.failures} failed: " + ("holds" if measured.holds else "; ".join(measured.reasons)))
                 on_rate()
-                misses = 0 if measured.holds else misses + 1
-                if misses >= MISSES_TO_STOP:
-                    break
-    except (LoadTestError, BenchmarkError) as e:
-        result.error = str(e)
-        _say(f"{mode}: error: {e}")
+                misses[mode] = 0 if measured.holds else misses[mode] + 1
 
 
 # ---------------------------------------------------------------- report
@@ -532,9 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return markdown
 
     try:
-        for mode in config.modes:
-            modes.append(ModeResult(mode))
-            run_mode(modes[-1], config, on_rate=lambda: write(False))
+        modes.extend(ModeResult(mode) for mode in config.modes)
+        run_modes(modes, config, on_rate=lambda: write(False))
     except KeyboardInterrupt:
         _say(f"served_batching: interrupted; what was measured is in {json_path}")
         return 130
