@@ -9,7 +9,8 @@ the same graphs. I/O names and shapes are the contract in docs/architecture.md:
 
   - ``stationary`` (ONNX Runtime; package format 4): ``input_ids [B,1]``, ``position_ids [B,1]`` (int64), the caches
     ``past_k.{i}``/``past_v.{i}`` ``[B,H,M,Dh]`` (a fixed capacity ``M``; row ``b`` has filled slots
-    ``0..position_ids[b]-1``), ``cross_k.{i}``/``cross_v.{i}``, ``src_bias [B,1,1,S]`` -> ``log_probs [B,V]``,
+    ``0..position_ids[b]-1``), ``cross_k.{i}``/``cross_v.{i}``, ``src_bias [B,1,1,S]``, ``row_order [B]`` (int64:
+    output row ``i`` is input row ``row_order[i]``) -> ``log_probs [B,V]`` (in ``row_order``),
     ``present_k.{i}``/``present_v.{i}`` ``[B,H,M,Dh]``: the past caches with each row's new key/value written at its
     position. Self-attention is ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (one kv head per head), which
     attends over each row's own slots only and, when the caller binds each present cache to its past one, writes
@@ -345,6 +346,10 @@ def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
         x = e.norm(x, "decoder.final_norm")
 
     hidden = g.op("Reshape", [x, g.const([0, d])], hint="last_hidden")  # [B,D]
+    if stationary:
+        # Rows live in cache slots in no particular order; the caller's searches read them in theirs: output row i
+        # is the row of slot row_order[i] (gathering [B,D] states here instead of [B,V] log-probs after).
+        hidden = g.op("Gather", [hidden, "row_order"], hint="ordered_hidden", axis=0)
     if output_table is None:
         output_table = g.weight("decoder.output_proj", spec.weights["decoder.output_proj"])
     gemm_inputs = [hidden, output_table]
@@ -361,7 +366,8 @@ def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, cache_len, dh]) for name in past_names(n_layers)),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "src_len", dh]) for name in cross_names(n_layers)),
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
-        *([] if stationary else [helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"])]),
+        *([helper.make_tensor_value_info("row_order", TensorProto.INT64, ["batch"])] if stationary
+          else [helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"])]),
     ]
     outputs = [
         helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),

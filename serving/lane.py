@@ -24,7 +24,7 @@ from serving.decoding import (
     join_seeds,
     start_search,
 )
-from serving.rows import DenseRows, open_rows
+from serving.rows import DenseRows, is_identity, open_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,39 +76,26 @@ class Lane:
         return self.decode_rows.width
 
     def join(self, joining: list[Joining], cross_kv: np.ndarray, src_bias: np.ndarray, on_tokens: OnTokens) -> None:
-        """Add the joining sentences' rows (position 0) after the block of their search options (a new option set
-        gets a new block); ``joining[i].rows``: their rows of ``cross_kv``/``src_bias``."""
+        """Add the joining sentences' rows (position 0) as new blocks at the end, one per search options; after
+        their first step they merge into the block of their options (:meth:`step`). ``joining[i].rows``: their rows
+        of ``cross_kv``/``src_bias``."""
         by_options: dict[SearchOptions, list[Joining]] = {}
         for joiner in joining:
             by_options.setdefault(joiner.options, []).append(joiner)
-        pieces: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # block index -> (new tokens, their encoder rows)
+        sources = [np.arange(self.rows)]
+        tokens = [self._tokens]
         for options, members in by_options.items():
             ids = np.concatenate([member.ids for member in members])
             caps = np.concatenate([member.caps for member in members])
             seeds = join_seeds([(m.ids.size, m.seeds) for m in members])
             prefixes = join_prefixes([(m.ids.size, m.prefixes) for m in members])
-            search = start_search(caps, options, on_tokens, ids=ids, joinable=True, prefixes=prefixes, seeds=seeds)
+            # A beam sentence's first step decodes one row, not K identical ones (the K rows appear with the first
+            # plan); the new block merges into its options' block after that step.
+            search = start_search(caps, options, on_tokens, ids=ids, prefixes=prefixes, seeds=seeds)
             rows = np.repeat(np.concatenate([member.rows for member in members]), search.tokens.shape[0] // ids.size)
-            index = next((i for i, block in enumerate(self.blocks) if block.options == options), None)
-            if index is None:
-                self.blocks.append(Block(options, search, 0))
-                index = len(self.blocks) - 1
-            else:
-                self.blocks[index].search.join(search)
-            pieces[index] = (search.tokens, rows)
-        # Block by block: its current rows, then its new ones (encoder row j is source -1 - j).
-        sources: list[np.ndarray] = []
-        tokens: list[np.ndarray] = []
-        offset = 0
-        for index, block in enumerate(self.blocks):
-            sources.append(np.arange(offset, offset + block.rows))
-            tokens.append(self._tokens[offset : offset + block.rows])
-            offset += block.rows
-            if index in pieces:
-                new_tokens, encoder_rows = pieces[index]
-                sources.append(-1 - encoder_rows)
-                tokens.append(new_tokens)
-                block.rows += encoder_rows.size
+            self.blocks.append(Block(options, search, rows.size))
+            sources.append(-1 - rows)  # encoder row j is source -1 - j
+            tokens.append(search.tokens)
         self.decode_rows.arrange(np.concatenate(sources), cross_kv, src_bias)
         self._tokens = np.concatenate(tokens)
 
@@ -147,6 +134,7 @@ class Lane:
             return
         self._tokens = np.concatenate(tokens)
         self.decode_rows.advance(np.concatenate(rows), np.concatenate(encoder_rows))
+        self._merge_blocks()
 
     def remove(self, ids: np.ndarray) -> None:
         """Drop the sentences ``ids`` (requests nobody waits for)."""
@@ -168,6 +156,32 @@ class Lane:
             self._tokens = self._tokens[keep]
         else:
             self._clear()
+
+    def _merge_blocks(self) -> None:
+        """One block per search options: blocks that joined merge into the first block of their options (their rows
+        move next to its rows; with a stationary cache that moves no data, and blocks usually are next to each other
+        already)."""
+        by_options: dict[SearchOptions, list[int]] = {}
+        for index, block in enumerate(self.blocks):
+            by_options.setdefault(block.options, []).append(index)
+        if len(by_options) == len(self.blocks):
+            return
+        starts = np.cumsum([0] + [block.rows for block in self.blocks])
+        blocks: list[Block] = []
+        order: list[np.ndarray] = []
+        for indices in by_options.values():
+            main = self.blocks[indices[0]]
+            for index in indices:
+                order.append(np.arange(starts[index], starts[index + 1]))
+                if index != indices[0]:
+                    main.search.join(self.blocks[index].search)
+                    main.rows += self.blocks[index].rows
+            blocks.append(main)
+        self.blocks = blocks
+        sources = np.concatenate(order)
+        if not is_identity(sources, self.rows):
+            self.decode_rows.arrange(sources)
+            self._tokens = self._tokens[sources]
 
     def _clear(self) -> None:
         self.decode_rows = open_rows(self.backend)

@@ -11,9 +11,9 @@ encoder's ``cross_kv`` and ``src_bias``, each row's position) and applies the pl
   slot; only a second child of one parent copies the parent's filled slots (``positions[parent] + 1`` of them) into
   a free slot, and a row left above the live range moves down into a hole, so that the live slots stay
   ``0..n-1``. A slot freed by a finished row is reused at once. Logical rows map to slots through ``slot``; the
-  log-probs come back in slot order and are gathered into logical order (one ``[n, V]`` copy, far smaller than a
-  cache row). Rows at different positions share one call and attend only to their own filled slots, so rows join
-  and leave at any step without masked slots.
+  decoder gathers its final states by it, so the log-probs come back in logical order. Rows at different positions
+  share one call and attend only to their own filled slots, so rows join and leave at any step without masked
+  slots.
 - :class:`DenseRows`, for a decoder whose cache grows by one slot per call (OpenVINO; the numpy reference and test
   fakes): the cache ``[L, 2, n, H, T, Dh]`` is in logical order; the decoder returns it one slot wider, a plan
   takes its rows, and a row that joins a running batch gets ``T`` masked slots (``self_bias``). The cache is cut from
@@ -119,7 +119,6 @@ class SlotRows:
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
-        self._log_probs = np.empty(0, dtype=np.float32)
 
     @property
     def count(self) -> int:
@@ -135,22 +134,12 @@ class SlotRows:
         needed = int(self.positions[:n].max()) + 1
         if needed > self.cache.shape[4]:
             self._reserve(self.cache.shape[2], needed)
-        identity = is_identity(self.slot, n)
-        if identity:
-            slot_tokens = tokens
-        else:
-            slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
-            slot_tokens[self.slot] = tokens
         assert self.cache is not None
-        log_probs = self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias)
-        if identity:
-            return np.asarray(log_probs)
-        size = n * log_probs.shape[1]
-        if self._log_probs.size < size:
-            self._log_probs = np.empty(size, dtype=np.float32)
-        ordered = self._log_probs[:size].reshape(n, log_probs.shape[1])
-        np.take(log_probs, self.slot, axis=0, out=ordered)
-        return ordered
+        slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
+        slot_tokens[self.slot] = tokens
+        # The decoder returns the log-probs in logical order (it gathers the final states by ``self.slot``).
+        return np.asarray(self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias,
+                                       self.slot))
 
     def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:
         n = self.count
@@ -239,6 +228,7 @@ class SlotRows:
         bias = np.full(self.src_bias.shape[:3] + (narrow,), MASK_VALUE, dtype=np.float32)
         bias[:n] = self.src_bias[:n, :, :, :narrow]
         self.cross, self.src_bias = cross, bias
+        self.owner[n:] = -1  # free slots lost their encoder rows
 
     def _reserve(self, slots: int, positions: int, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:
@@ -274,6 +264,7 @@ class SlotRows:
             bias = np.full((new_slots, 1, 1, new_width), MASK_VALUE, dtype=np.float32)
             bias[:live, :, :, : cross_shape[4]] = self.src_bias[:live]
             self.cross, self.src_bias = cross, bias
+            self.owner[live:] = -1  # free slots lost their encoder rows
         if new_slots != self.positions.size:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
             self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])

@@ -106,7 +106,8 @@ class OnnxRuntimeBackend:
                 raise ValueError("a stationary decoder steps rows at their own positions: use decode_in_place")
             present_kv[:, :, :, :, :past_len] = past_kv
             positions = np.full(rows, past_len, dtype=np.int64)
-            return self.decode_in_place(input_ids, positions, present_kv, cross_kv, src_bias), present_kv
+            log_probs = self.decode_in_place(input_ids, positions, present_kv, cross_kv, src_bias, np.arange(rows))
+            return log_probs, present_kv
         feeds = decoder_feeds(input_ids, step, past_kv, cross_kv, src_bias, self_bias)
         log_probs = self._log_probs_out(rows)
         # Every output is written by the runtime straight into its place: the present caches into the slices of
@@ -123,7 +124,7 @@ class OnnxRuntimeBackend:
 
     def decode_in_place(
         self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
-        src_bias: np.ndarray,
+        src_bias: np.ndarray, order: np.ndarray,
     ) -> np.ndarray:
         """One step of a stationary decoder for rows ``0..n-1`` (``n = len(input_ids)``): row ``i`` feeds
         ``input_ids[i]`` at ``positions[i]``, attends over its cache slots ``0..positions[i]`` and writes its new keys
@@ -135,6 +136,7 @@ class OnnxRuntimeBackend:
             cache: ``[L, 2, R, H, M, Dh]`` float32, C-contiguous, ``R >= n``, ``M > max(positions)``.
             cross_kv: ``[L, 2, R', H, S, Dh]`` with ``R' >= n``; rows ``0..n-1`` are used.
             src_bias: ``[R', 1, 1, S]``.
+            order: ``[n]`` a permutation of ``0..n-1``: row ``i`` of the log-probs is row ``order[i]``'s.
 
         Returns:
             ``log_probs [n, V]``; with ``reuse_buffers`` a view of a buffer valid until the next call.
@@ -148,6 +150,7 @@ class OnnxRuntimeBackend:
         binding.bind_cpu_input("input_ids", as_ids(input_ids))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.reshape(positions, (rows, 1)), dtype=np.int64))
         binding.bind_cpu_input("src_bias", as_floats(src_bias[:rows]))
+        binding.bind_cpu_input("row_order", as_ids(order))
         for name, (layer, kind) in stacked(cross_names(layers)):
             binding.bind_cpu_input(name, as_floats(cross_kv[layer, kind, :rows]))
         # The present caches are the past ones: GroupQueryAttention writes each row's new slot in place.

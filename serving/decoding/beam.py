@@ -78,16 +78,16 @@ class BeamSearchBase:
     its own steps (``steps``), so that sentences that joined later share the search."""
 
     def __init__(self, caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,
-                 joinable: bool, prefixes: list[list[int]] | None = None) -> None:
+                 prefixes: list[list[int]] | None = None) -> None:
         self.options = options
         self.on_tokens = on_tokens
         self.k = options.beam_size
         # The sequences grow with the longest one (``_fit_width``), not to the caps: every step gathers them.
         n, k, w = caps.shape[0], self.k, min(int(caps.max()), _SEQ_WIDTH)
-        # Not joinable: at the first step every beam of a sentence has the same prefix, so one row per sentence is
-        # decoded; its log-probs are shared by the K beams, and the first plan repeats each row K times.
-        self.expanded = joinable
-        self.tokens = np.full((n * k if joinable else n, 1), options.decoder_start_id, dtype=np.int64)
+        # At the first step every beam of a sentence has the same prefix, so one row per sentence is decoded; its
+        # log-probs are shared by the K beams, and the first plan repeats each row K times.
+        self.expanded = False
+        self.tokens = np.full((n, 1), options.decoder_start_id, dtype=np.int64)
         self.ids = ids  # of the sentences still decoding
         self.caps = caps
         self.steps = np.zeros(n, dtype=np.int64)  # tokens each sentence has generated
@@ -133,7 +133,7 @@ class BeamSearchBase:
 
     def join(self, other: Search) -> None:
         assert isinstance(other, type(self)) and other.options == self.options
-        assert self.expanded and other.expanded, "only joinable searches join"
+        assert self.expanded and other.expanded, "a search joins another once both have taken their first step"
         width = max(self.alive_seq.shape[2], other.alive_seq.shape[2])
         eos = self.options.eos_id
         for name in ("alive_seq", "finished_seq"):

@@ -19,7 +19,6 @@ def start_search(
     on_tokens: OnTokens | None = None,
     *,
     ids: np.ndarray | None = None,
-    joinable: bool = False,
     prefixes: list[list[int]] | None = None,
     seeds: np.ndarray | None = None,
 ) -> Search:
@@ -30,8 +29,6 @@ def start_search(
         options: search options.
         on_tokens: streaming hook; its ``rows`` are sentence ids.
         ids: the sentences' ids in ``results`` and ``on_tokens`` (default ``0..B-1``).
-        joinable: beam search starts with ``beam_size`` rows per sentence (identical; beams 1..K-1 masked), so that
-            it can join or be joined at any step; otherwise its first step runs one row per sentence.
         prefixes: each sentence's forced target prefix (ids, no EOS; the caps count it), or None.
         seeds: ``[B]`` each sentence's sampling seed (``options.sampling``; None: 0).
 
@@ -51,8 +48,8 @@ def start_search(
     if options.beam_size == 1:
         return GreedySearch(caps, options, on_tokens, sentence_ids, prefixes, seeds)
     if options.length_penalty_kind == "gnmt":
-        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, joinable, prefixes)
-    return HFBeamSearch(caps, options, on_tokens, sentence_ids, joinable, prefixes)
+        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, prefixes)
+    return HFBeamSearch(caps, options, on_tokens, sentence_ids, prefixes)
 
 
 def search(

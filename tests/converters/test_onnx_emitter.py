@@ -130,7 +130,7 @@ def test_graph_io_contract(tmp_path: Path) -> None:
     past = {f"past_{kind}.{i}": ["batch", 2, "capacity", 8] for i in range(3) for kind in "kv"}
     present = {f"present_{kind}.{i}": ["batch", 2, "capacity", 8] for i in range(3) for kind in "kv"}
     assert io(dec.graph.input) == {"input_ids": ["batch", 1], "position_ids": ["batch", 1], **past, **cross,
-                                   "src_bias": ["batch", 1, 1, "src_len"]}
+                                   "src_bias": ["batch", 1, 1, "src_len"], "row_order": ["batch"]}
     assert io(dec.graph.output) == {"log_probs": ["batch", 40], **present}
     attention = [n for n in dec.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 3 and all(n.domain == "com.microsoft" for n in attention)

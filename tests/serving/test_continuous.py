@@ -211,17 +211,19 @@ def _stationary_rows_at_different_positions(translator: Translator) -> None:
     start = translator.ids.decoder_start
     layers, _, _, heads, _, head_dim = encoded[0].cross_kv.shape
     alone = np.zeros((layers, 2, 1, heads, 8, head_dim), dtype=np.float32)
+    one = np.array([0])
     token = np.array([[start]])
     for step in range(3):
-        log_probs = backend.decode_in_place(token, np.array([step]), alone, encoded[0].cross_kv, encoded[0].src_bias)
+        log_probs = backend.decode_in_place(token, np.array([step]), alone, encoded[0].cross_kv, encoded[0].src_bias,
+                                            one)
         token = np.array([[int(np.argmax(log_probs[0]))]])
     before = alone.copy()
     alone_a = np.array(backend.decode_in_place(token, np.array([3]), alone, encoded[0].cross_kv,
-                                               encoded[0].src_bias))
+                                               encoded[0].src_bias, one))
     assert not np.array_equal(alone[:, :, :, :, 3], before[:, :, :, :, 3])
     np.testing.assert_array_equal(np.delete(alone, 3, axis=4), np.delete(before, 3, axis=4))
     alone_b = np.array(backend.decode_in_place(np.array([[start]]), np.array([0]),
-                                               np.zeros_like(alone), encoded[1].cross_kv, encoded[1].src_bias))
+                                               np.zeros_like(alone), encoded[1].cross_kv, encoded[1].src_bias, one))
     width = max(e.cross_kv.shape[4] for e in encoded)
     cross = np.zeros((layers, 2, 2, heads, width, head_dim), dtype=np.float32)
     src_bias = np.full((2, 1, 1, width), -1e9, dtype=np.float32)
@@ -230,10 +232,15 @@ def _stationary_rows_at_different_positions(translator: Translator) -> None:
         src_bias[row, :, :, : e.src_bias.shape[3]] = e.src_bias[0]
     cache = np.full((layers, 2, 2, heads, 8, head_dim), 7.0, dtype=np.float32)  # junk beyond each row's slots
     cache[:, :, 0, :, :3] = before[:, :, 0, :, :3]
-    merged = backend.decode_in_place(np.array([[int(token[0, 0])], [start]]), np.array([3, 0]), cache, cross,
-                                     src_bias)
+    merged = np.array(backend.decode_in_place(np.array([[int(token[0, 0])], [start]]), np.array([3, 0]), cache,
+                                              cross, src_bias, np.array([0, 1])))
     np.testing.assert_allclose(merged[0], alone_a[0], atol=1e-4)
     np.testing.assert_allclose(merged[1], alone_b[0], atol=1e-4)
+    # row_order: the log-probs come back in the order asked for; the cache is written by input row all the same.
+    swapped = backend.decode_in_place(np.array([[int(token[0, 0])], [start]]), np.array([3, 0]), cache, cross,
+                                      src_bias, np.array([1, 0]))
+    np.testing.assert_allclose(swapped[0], alone_b[0], atol=1e-4)
+    np.testing.assert_allclose(swapped[1], alone_a[0], atol=1e-4)
     np.testing.assert_allclose(cache[:, :, 0, :, :4], alone[:, :, 0, :, :4], atol=1e-5)
 
 
