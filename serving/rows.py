@@ -109,7 +109,7 @@ class SlotRows:
         self.backend = backend
         self._decode = getattr(backend, "decode_in_place")  # noqa: B009 - the stationary backends' own method
         self._slots = slots
-        self._capacity = positions
+        self._capacity = self._initial_capacity = positions
         self.cache: np.ndarray | None = None  # [L, 2, R, H, M, Dh]
         self.cross: np.ndarray | None = None  # [L, 2, R, H, S, Dh]
         self.src_bias: np.ndarray | None = None  # [R, 1, 1, S]
@@ -147,7 +147,7 @@ class SlotRows:
         parents = np.asarray(parents, dtype=np.int64)
         self._reserve(parents.size, self._capacity)
         self._assign(self.slot[parents])
-        self._fit_source_width()
+        self._fit()
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
                 src_bias: np.ndarray | None = None) -> None:
@@ -171,7 +171,7 @@ class SlotRows:
             self._owners += int(encoder_rows.max()) + 1
             unmasked = src_bias[encoder_rows, 0, 0, :] > MASK_VALUE / 2
             self.source_len[fresh] = np.where(unmasked.any(axis=1), width - np.argmax(unmasked[:, ::-1], axis=1), 0)
-        self._fit_source_width()
+        self._fit()
 
     def detach(self) -> None:
         """Nothing to do: the cache is this object's own, not the backend's."""
@@ -214,11 +214,22 @@ class SlotRows:
             self.source_len[target] = self.source_len[source]
         self.positions[target] = filled
 
-    def _fit_source_width(self) -> None:
-        """Narrow the encoder outputs once the live rows need at most half of their width (every row attends over
-        the whole width, masked past its own source: a long sentence that left must not cost the others)."""
-        assert self.cross is not None and self.src_bias is not None
-        n, width = self.count, self.cross.shape[4]
+    def _fit(self) -> None:
+        """Give memory back once the live rows need at most a quarter of the cache's positions (a sentence that ran
+        long doubled them for every slot), and narrow the encoder outputs once they need at most half of their
+        width (every row attends over the whole width, masked past its own source: a long source that left must not
+        cost the others)."""
+        assert self.cache is not None and self.cross is not None and self.src_bias is not None
+        n = self.count
+        capacity = self.cache.shape[4]
+        filled = int(self.positions[:n].max()) if n else 0
+        if capacity > self._initial_capacity and 4 * (filled + 1) <= capacity:
+            smaller = max(self._initial_capacity, capacity // 2)
+            cache = np.zeros(self.cache.shape[:4] + (smaller,) + self.cache.shape[5:], dtype=np.float32)
+            cache[:, :, :n, :, :filled] = self.cache[:, :, :n, :, :filled]
+            self.cache = cache
+            self._capacity = smaller
+        width = self.cross.shape[4]
         needed = int(self.source_len[:n].max()) if n else 0
         if width <= _MIN_SOURCE_WIDTH or 2 * needed > width:
             return
