@@ -23,7 +23,7 @@ $(VENV)/.installed-convert: pyproject.toml | $(BIN)/python
 
 # The bundled demo model: git holds its source (opus-mt layout, fp16); the package (fp32 + int8, both runtimes,
 # parity checked) is converted from it into $(DEMO) (not in git), again when the graphs or the package format change.
-$(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) $(wildcard serving/package/*.py) converters/onnx_emitter.py | $(VENV)/.installed-convert
+$(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) $(wildcard serving/package/*.py) converters/onnx_emitter.py converters/onnx_builder.py | $(VENV)/.installed-convert
 	$(BIN)/mtgate convert $(DEMO_SRC) -o $(DEMO) --name demo-en-de --overwrite \
 		$(if $(wildcard $(DEMO_SRC)/quality.json),--quality $(DEMO_SRC)/quality.json)
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA_PLANE = ["serving/service.py", "serving/runner.py", "serving/repository.py", "serving/versions.py",
               "serving/statistics.py", "serving/engine.py", "serving/request.py", "serving/continuous.py",
               "serving/lane.py", "serving/encoding.py", "serving/scoring.py", "serving/oip.py", "serving/documents.py",
-              "serving/batching",
+              "serving/batching", "serving/rows",
               "serving/decoding"]
 HTTP = ("serving.api", "fastapi", "starlette", "uvicorn", "httpx")
 
