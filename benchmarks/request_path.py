@@ -1,4 +1,5 @@
-"""A/B of the engine's request path: two checkouts' ``Translator.translate`` on the same package and sentences.
+"""A/B of the engine's request path: two checkouts' ``Translator.translate`` on the same package and sentences (or on
+the same source converted by each checkout, ``--old-package``, when the package format changed).
 
     .venv/bin/python benchmarks/request_path.py --old ../mtgate-main --new . --rounds 5
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--old", type=Path, required=True, help="the checkout to compare against")
     parser.add_argument("--new", type=Path, default=ROOT, help="the checkout under test (default: this one)")
     parser.add_argument("--package", type=Path, default=ROOT / "models" / "demo-en-de", help="model package")
+    parser.add_argument("--old-package", type=Path, default=None,
+                        help="the old checkout's package, when the package format changed between them (default: "
+                        "--package; convert the same source with each checkout)")
     parser.add_argument("--sentences", type=int, default=64, help="test_2016 sentences per pass (default 64)")
     parser.add_argument("--rounds", type=int, default=5, help="processes per checkout and configuration")
     parser.add_argument("--passes", type=int, default=3, help="timed passes per process (its fastest counts)")
@@ -89,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown configuration {unknown[0]!r}")
     texts = read_sentences(args.sentences)
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    packages = {"old": (args.old_package or args.package).resolve(), "new": args.package.resolve()}
     seconds: dict[tuple[str, str], list[float]] = {}
     tokens: dict[tuple[str, str], set[int]] = {}
     for round_ in range(args.rounds):
         for name in names:
             order = ["old", "new"] if round_ % 2 == 0 else ["new", "old"]
             for which in order:
-                report = measure(trees[which], args.package.resolve(), CONFIGS[name], texts, args.threads,
-                                 args.passes)
+                report = measure(trees[which], packages[which], CONFIGS[name], texts, args.threads, args.passes)
                 seconds.setdefault((name, which), []).append(float(str(report["seconds"])))
                 tokens.setdefault((name, which), set()).add(int(str(report["tokens"])))
         sys.stderr.write(f"round {round_ + 1} of {args.rounds} done\n")
