@@ -116,6 +116,10 @@ SKIPPED: dict[str, str] = {
                                                     "tests/benchmarks/test_bench.py runs it",
     ".venv/bin/python -m benchmarks.served_batching --modes request,step --rates 48,64,80,96,112,128,144 --duration 30s":
         "about 10 minutes of load; tests/loadtest/test_served_batching.py runs it for 3 s",
+    ".venv/bin/python -m benchmarks.served_batching --modes request,step --rates 96,128,160,192,224,256 --beam-size 1":
+        "about 8 minutes of load; tests/loadtest/test_served_batching.py runs it for 3 s",
+    ".venv/bin/python -m benchmarks.served_offline -m models/demo-en-de --duration 45s":
+        "about 3 minutes of load; tests/loadtest/test_served_offline.py runs it for 3 s",
 }
 
 # Programs whose commands this test runs (anything else must be in SKIPPED).
