@@ -9,13 +9,15 @@ batch from the plans: finished sentences leave, beams are reordered, and a group
 translations. Sentences with the same search options share one search (``Search.join``), so the per-step search work
 is one call per distinct option set, not per request. It knows nothing of HTTP or asyncio; the server's step batcher
 (``serving.batching.step``) calls it from its one worker thread. How rows at different steps share one decoder call
-is ``serving.lane``'s.
+is ``serving.lane``'s and ``serving.rows``'.
 
-The cache is as wide as its oldest row is old, and every row pays for that width (attention over masked slots, the
-cache copy of the beam reorder). So that one long-running sentence (beam search can run to the length cap) does not
-make every later request pay for its width, the rows live in *lanes*: dense batches of their own, each run with its
-own decoder call. New sentences join the youngest lane while its cache is narrower than ``MAX_JOIN_WIDTH`` slots,
-else they open a new lane; a lane ends when its last sentence is done.
+With a stationary cache (ONNX Runtime, ``serving.rows.SlotRows``) each row attends over its own slots only, nothing
+is masked, and one lane takes every row. With a growing cache (``DenseRows``) the cache is as wide as its oldest row
+is old, and every row pays for that width (attention over masked slots, the cache copy of the beam reorder). So that
+one long-running sentence (beam search can run to the length cap) does not make every later request pay for its
+width, the rows live in *lanes*: batches of their own, each run with its own decoder call. New sentences join the
+youngest lane while its cache is narrower than ``MAX_JOIN_WIDTH`` slots, else they open a new lane; a lane ends when
+its last sentence is done.
 """
 
 from __future__ import annotations
