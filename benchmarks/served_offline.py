@@ -23,7 +23,9 @@ of ``mtgate_output_tokens_total`` over its length, requests/s the increase of ``
 saturated when its engine ran full batches (mean sentences per engine batch, or in flight per decoder step with
 step batching, at least 95% of the batch size) and its batch queue (``mtgate_queue_depth``) held sentences at 90% of
 the scrapes or more: work was waiting whenever the engine could take it. Latency percentiles are Locust's over its
-whole run (warm-up included).
+whole run (warm-up included). On Linux the report also gives each server thread's share of a core in the window and
+its context switches (``ServerThread``): the event loop is the main thread, the busiest others are the decoding
+thread and the runtime's own threads.
 
 Writes ``<out-dir>/<name>.json`` and ``.md`` (after the offline part and after every mode) and prints the Markdown;
 Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or when a part could
@@ -184,6 +186,20 @@ class Scrape:
     step_count: float
 
 
+@dataclass(frozen=True)
+class ServerThread:
+    """One thread of the server process over the window: how much of a core it used and how often the kernel took
+    its core away while it could still run (involuntary context switches). On a machine whose cores all run the
+    runtime's threads, every wake-up of the event loop pre-empts one of them: the decoding thread's involuntary
+    switches show what the HTTP side costs the engine."""
+
+    tid: int
+    role: str  # "event loop" (the main thread), else "thread"
+    cores: float  # CPU seconds / window seconds
+    involuntary_per_s: float
+    voluntary_per_s: float
+
+
 @dataclass
 class ModeResult:
     """One batching mode at saturation: the server's window, Locust's whole run, and what each cost in CPU."""
@@ -201,6 +217,8 @@ class ModeResult:
     mean_batch_size: float | None = None  # request batching: sentences per engine batch in the window
     mean_step_sentences: float | None = None  # step batching: sentences in flight per decoder step in the window
     server_cpu_s: float | None = None  # the server process in the window
+    # The server's threads in the window (Linux /proc; empty elsewhere), busiest first: see ServerThread.
+    server_threads: list[ServerThread] = field(default_factory=list)
     locust_requests: int | None = None
     locust_failures: int | None = None
     p50_ms: float | None = None
@@ -434,6 +452,35 @@ def _process_cpu_s(pid: int) -> float | None:
     return float(times.user + times.system)
 
 
+_ThreadTimes = dict[int, tuple[float, int, int]]  # tid -> (CPU seconds, voluntary, involuntary context switches)
+
+
+def _thread_times(pid: int) -> _ThreadTimes:
+    """Every thread's CPU seconds and context switches, from Linux's /proc (empty where there is none)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    times: _ThreadTimes = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        switches = dict(line.split(":\t") for line in status.splitlines() if "ctxt_switches" in line)
+        times[int(task.name)] = ((int(fields[11]) + int(fields[12])) / ticks,
+                                 int(switches.get("voluntary_ctxt_switches", 0)),
+                                 int(switches.get("nonvoluntary_ctxt_switches", 0)))
+    return times
+
+
+def server_threads(pid: int, before: _ThreadTimes, after: _ThreadTimes, window_s: float) -> list[ServerThread]:
+    """The threads alive at both readings that used at least 1% of a core, busiest first."""
+    threads = [ServerThread(tid, "event loop" if tid == pid else "thread", (cpu - before[tid][0]) / window_s,
+                            (involuntary - before[tid][2]) / window_s, (voluntary - before[tid][1]) / window_s)
+               for tid, (cpu, voluntary, involuntary) in after.items() if tid in before and window_s > 0]
+    return sorted((t for t in threads if t.cores >= 0.01), key=lambda t: -t.cores)
+
+
 def _sleep_until(moment: float) -> None:
     time.sleep(max(0.0, moment - time.monotonic()))
 
@@ -457,13 +504,13 @@ def watch_window(host: str, server_pid: int, locust: Future[Any], config: Config
             raise BenchmarkError(f"no request reached the server within {LOAD_START_TIMEOUT_S:g} s of starting Locust")
         time.sleep(0.1)
     _sleep_until(time.monotonic() + config.warmup_s)
-    start, cpu_start = scrape(host), _process_cpu_s(server_pid)
+    start, cpu_start, threads_start = scrape(host), _process_cpu_s(server_pid), _thread_times(server_pid)
     samples = [start]
     for second in range(1, math.ceil(config.duration_s)):
         _sleep_until(start.time + second)
         samples.append(scrape(host))
     _sleep_until(start.time + config.duration_s)
-    end, cpu_end = scrape(host), _process_cpu_s(server_pid)
+    end, cpu_end, threads_end = scrape(host), _process_cpu_s(server_pid), _thread_times(server_pid)
     samples.append(end)
     if locust.done():
         raise BenchmarkError("Locust stopped before the measurement window ended")
@@ -477,6 +524,7 @@ def watch_window(host: str, server_pid: int, locust: Future[Any], config: Config
     result.mean_batch_size = _mean_of(end.batch_sum - start.batch_sum, end.batch_count - start.batch_count)
     result.mean_step_sentences = _mean_of(end.step_sum - start.step_sum, end.step_count - start.step_count)
     result.server_cpu_s = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+    result.server_threads = server_threads(server_pid, threads_start, threads_end, result.window_s)
 
 
 def _locust_with_cpu(command: list[str], prefix: Path, run_s: float) -> tuple[RunStats, float, float]:
@@ -640,6 +688,9 @@ def to_markdown(data: dict[str, Any]) -> str:
             f"- CPU: server {_num(mode['server_cpu_per_wall'], 2)} s per wall s in the window; Locust "
             f"{_num(mode['locust_cpu_s'], 1)} s over its {_num(mode['locust_wall_s'], 1)} s run "
             f"({_num(mode['locust_cpu_per_wall'], 2)} per wall s)",
+            "- server threads in the window (cores; involuntary / voluntary context switches per s): "
+            + ("; ".join(f"{t['role']} {t['cores']:.2f} ({t['involuntary_per_s']:.0f} / {t['voluntary_per_s']:.0f})"
+                         for t in mode.get("server_threads", [])) or "not measured (no /proc)"),
             f"- Locust, whole run: {_num(mode['locust_requests'])} requests, {_num(mode['locust_failures'])} failed, "
             f"{_num(mode['locust_rps'], 1)} req/s; p50 {_num(mode['p50_ms'])} ms, p95 {_num(mode['p95_ms'])} ms, "
             f"p99 {_num(mode['p99_ms'])} ms",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.served_batching import BenchmarkError
-from benchmarks.served_offline import ModeResult, main, parse_metrics
+from benchmarks.served_offline import ModeResult, main, parse_metrics, server_threads
 from serving.settings import demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +82,15 @@ def test_saturation_rule(fill: tuple[float | None, float | None], queues: list[f
 
 
 @pytest.mark.timeout(60)
+def test_server_threads_are_deltas_over_the_window_busiest_first() -> None:
+    before = {100: (1.0, 10, 2), 101: (5.0, 0, 40), 102: (0.0, 0, 0), 103: (2.0, 1, 1)}
+    after = {100: (1.5, 60, 4), 101: (9.0, 0, 240), 102: (0.02, 5, 0), 104: (3.0, 0, 0)}  # 103 ended, 104 is new
+    threads = server_threads(100, before, after, 5.0)
+    assert [(t.tid, t.role) for t in threads] == [(101, "thread"), (100, "event loop")]  # 102: under 1% of a core
+    assert threads[0].cores == pytest.approx(0.8) and threads[0].involuntary_per_s == pytest.approx(40)
+    assert threads[1].cores == pytest.approx(0.1) and threads[1].voluntary_per_s == pytest.approx(10)
+
+
 def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     package = demo_model()
     if package is None:
@@ -118,6 +127,10 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     assert mode["fill"] == pytest.approx(mode["mean_batch_size"] / 8) and mode["mean_step_sentences"] is None
     assert mode["saturated"] is (mode["fill"] >= 0.95 and mode["queued_share"] >= 0.9)
     assert mode["locust_cpu_s"] > 0 and mode["server_cpu_s"] > 0 and 0 < mode["p50_ms"] <= mode["p95_ms"]
+    if sys.platform.startswith("linux"):  # the server's threads, from /proc: the event loop served every request
+        roles = [t["role"] for t in mode["server_threads"]]
+        assert roles.count("event loop") == 1 and all(t["cores"] >= 0.01 for t in mode["server_threads"])
+        assert sum(t["cores"] for t in mode["server_threads"]) <= mode["server_cpu_s"] / mode["window_s"] + 0.1
 
     [row] = data["summary"]
     assert row["mode"] == "request" and row["offline_tokens_per_s"] == offline["tokens_per_s"]
