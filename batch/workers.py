@@ -163,10 +163,13 @@ class LocalChunkWorker:
                     translated, ref_log_prob=score.log_prob, ref_tokens=score.tokens)
 
     def _score(self, sources: list[Source], references: list[str]) -> list[ReferenceScore]:
+        # --truncate: the reference is scored against the source as it was translated (cut), not refused.
+        truncate = self.options is not None and self.options.truncate
         texts = [s for s in sources if isinstance(s, str)]
         if len(texts) == len(sources):
-            return self.translator.score(texts, references)
-        return self.translator.score_ids([s for s in sources if not isinstance(s, str)], references)
+            return self.translator.score(texts, references, truncate=truncate)
+        return self.translator.score_ids([s for s in sources if not isinstance(s, str)], references,
+                                         truncate=truncate)
 
     def _run(self, sentences: list[Prepared]) -> list[Outcome]:
         try:

@@ -300,12 +300,15 @@ class Translator:
         """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
         return length_batches(lengths, self.max_batch_tokens, beam_size)
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, truncate: bool = False
+              ) -> list[ReferenceScore]:
         """The model's log-likelihood of each target given its source, teacher-forced (``serving.scoring``).
 
         Arguments:
             sources: source texts.
             targets: one target text per source (its tokens and EOS are scored).
+            truncate: cut an over-long source as :meth:`prepare` cuts it with ``DecodeOptions.truncate`` (the
+                reference is then scored against what was translated); a target is never cut.
 
         Returns:
             One :class:`ReferenceScore` per pair, in order.
@@ -313,27 +316,30 @@ class Translator:
         Raises:
             InvalidInput: not as many targets as sources, or a text that is not valid Unicode (``source[i]``,
                 ``target[i]``).
-            InputTooLong: a source or target with more tokens than the model has positions.
+            InputTooLong: a target, or without ``truncate`` a source, with more tokens than the model has positions.
             InferenceFailed: the runtime failed.
         """
         check_pairs(len(sources), len(targets))
         limit = self.info.max_input_tokens
-        return self._score(encode_texts(self.tokenizer.encode, sources, self.ids.eos, limit, "source"), targets)
+        ids = encode_texts(self.tokenizer.encode, sources, self.ids.eos, None if truncate else limit, "source")
+        return self._score(fit_sources(ids, limit, truncate)[0], targets)
 
-    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str], *, truncate: bool = False
+                  ) -> list[ReferenceScore]:
         """:meth:`score` for sources already tokenized with this package's source vocabulary (without EOS, as
         :meth:`prepare_ids` takes them).
 
         Raises:
             InvalidInput: not as many targets as sources, an id outside the source vocabulary, a target that is not
                 valid Unicode.
-            InputTooLong: a source or target with more tokens than the model has positions.
+            InputTooLong: a target, or without ``truncate`` a source, with more tokens than the model has positions.
             InferenceFailed: the runtime failed.
         """
         check_pairs(len(ids), len(targets))
         sources = self._source_ids(ids)
-        check_lengths([len(source) for source in sources], self.info.max_input_tokens, "source[{index}]")
-        return self._score(sources, targets)
+        if not truncate:
+            check_lengths([len(source) for source in sources], self.info.max_input_tokens, "source[{index}]")
+        return self._score(fit_sources(sources, self.info.max_input_tokens, truncate)[0], targets)
 
     def _score(self, sources: list[list[int]], targets: Sequence[str]) -> list[ReferenceScore]:
         target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,

@@ -275,17 +275,20 @@ class Engine(Protocol):
         """``run(prepare(texts, options), on_partial)``."""
         ...
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
-        """The model's log-likelihood of each target given its source (reference scoring), in order.
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, truncate: bool = False
+              ) -> list[ReferenceScore]:
+        """The model's log-likelihood of each target given its source (reference scoring), in order. ``truncate``:
+        an over-long source is cut as :func:`fit_sources` cuts it for translation (a target never is).
 
         Raises:
             InvalidInput: not as many targets as sources, or a text that is not valid Unicode (named).
-            InputTooLong: a source or target with more tokens than the model has positions.
+            InputTooLong: a target, or without ``truncate`` a source, with more tokens than the model has positions.
             InferenceFailed: the runtime failed.
         """
         ...
 
-    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str], *, truncate: bool = False
+                  ) -> list[ReferenceScore]:
         """:meth:`score` for sources already tokenized with the package's source vocabulary (without EOS).
 
         Raises:

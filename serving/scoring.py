@@ -41,7 +41,7 @@ def check_pairs(sources: int, targets: int) -> None:
         raise InvalidInput(f"{sources} sources and {targets} targets; scoring needs one target per source")
 
 
-def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: int, limit: int,
+def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: int, limit: int | None,
                  side: str) -> list[list[int]]:
     """Tokenize one side of the pairs (EOS appended) and check it against the model's positions.
 
@@ -49,7 +49,7 @@ def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: 
         encode: the tokenizer's ``encode`` (sources) or ``encode_target`` (targets).
         texts: the side's texts.
         eos: the EOS id.
-        limit: the model's positions (the longest text, EOS included).
+        limit: the model's positions (the longest text, EOS included); None: not checked (the caller cuts).
         side: ``source`` or ``target``: how errors name a text (``target[3]``).
 
     Raises:
@@ -62,7 +62,8 @@ def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: 
             ids.append([*encode(text), eos])
         except InvalidText as e:
             raise e.about(f"{side}[{index}]") from None
-    check_lengths([len(i) for i in ids], limit, subject=f"{side}[{{index}}]")
+    if limit is not None:
+        check_lengths([len(i) for i in ids], limit, subject=f"{side}[{{index}}]")
     return ids
 
 

@@ -15,6 +15,7 @@ from batch.cli import main
 from batch.example import example_class
 from batch.framing import encode_items, scan_tfrecord
 from serving.engine import Translator
+from serving.errors import InputTooLong
 from tests.utils.marian_factory import corpus
 
 SOURCES = corpus("en")[:5]
@@ -92,6 +93,46 @@ def test_tfrecord_and_text_outputs(tmp_path: Path, tiny_onnx_package: Path, expe
     assert run([*text_args, "-o", tmp_path / "scored.txt", "--score-references"], capsys)[0] == 0
     assert (tmp_path / "plain.txt").read_bytes() == (tmp_path / "scored.txt").read_bytes()
     _check_summary(json.loads((tmp_path / "scored.summary.json").read_text()), expected)
+
+
+def test_truncate_scores_the_reference_against_the_cut_source(tmp_path: Path, tiny_onnx_package: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--truncate translates an over-long source cut to the model's positions; its reference is scored against
+    that cut source (as translated), not refused, so the record is kept; without --truncate the record is a reject
+    and nothing is scored for it."""
+    translator = Translator.load(tiny_onnx_package, threads=1)
+    long = " ".join(["the man rides a bike"] * 40)
+    [long_ids] = translator.encode([long])
+    limit = translator.info.max_input_tokens
+    assert len(long_ids) > limit
+    [cut] = translator.score_ids([long_ids[: limit - 1]], [REFERENCES[1]])  # what was translated: limit - 1 ids, EOS
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"source": s, "target": t}) + "\n"
+                              for s, t in [(SOURCES[0], REFERENCES[0]), (long, REFERENCES[1])]))
+    out = tmp_path / "out.jsonl"
+    code, _, err = run([source, "-m", tiny_onnx_package, "-o", out, "--score-references", "--truncate", *FAST],
+                       capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["source"] for r in records] == [SOURCES[0], long]
+    assert records[1]["ref_tokens"] == cut.tokens and records[1]["ref_log_prob"] == pytest.approx(cut.log_prob,
+                                                                                                  abs=1e-5)
+    [first] = translator.score(SOURCES[:1], REFERENCES[:1])
+    assert records[0]["ref_log_prob"] == pytest.approx(first.log_prob, abs=1e-5)
+    assert not (tmp_path / "out.rejects.jsonl").exists() or not (tmp_path / "out.rejects.jsonl").read_text()
+    # the engine: a source is cut only when asked; a target never is
+    assert translator.score([long], [REFERENCES[1]], truncate=True)[0].log_prob == pytest.approx(cut.log_prob,
+                                                                                                  abs=1e-5)
+    with pytest.raises(InputTooLong, match=r"source\[0\]"):
+        translator.score([long], [REFERENCES[1]])
+    with pytest.raises(InputTooLong, match=r"target\[0\]"):
+        translator.score([SOURCES[0]], [long], truncate=True)
+
+    code, _, _ = run([source, "-m", tiny_onnx_package, "-o", tmp_path / "refused.jsonl", "--score-references",
+                      *FAST], capsys)
+    assert code == 1  # the over-long record is a reject
+    assert [json.loads(line)["source"] for line in (tmp_path / "refused.jsonl").read_text().splitlines()] == \
+        [SOURCES[0]]
 
 
 def test_without_references_or_with_a_server_is_one_line_and_exit_2(tmp_path: Path, tiny_onnx_package: Path,
