@@ -14,7 +14,7 @@ from pathlib import Path
 
 from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, StepBatcher, StepRunner
 from serving.batching.queue import as_serving_error
-from serving.errors import DeadlineExceeded, ModelNotReady
+from serving.errors import DeadlineExceeded, ModelNotReady, Overloaded
 from serving.metrics import ServingMetrics
 from serving.package import read_manifest
 from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation
@@ -60,6 +60,7 @@ class ModelRunner:
         self._settings = settings
         self._metrics = metrics
         self.batcher: Batcher[Prepared, Translation] | None = None
+        self.scoring = 0  # pairs admitted to score() and not yet done (bounded by max_queue_size)
 
     @property
     def info(self) -> ModelInfo:
@@ -125,20 +126,37 @@ class ModelRunner:
         """``Engine.score`` on the worker thread, which owns the runtime: between batches of translations, never
         beside one (with step-level batching, once the decode loop is idle).
 
+        Pairs waiting for the worker or being scored are bounded as queued sentences are (``max_queue_size``):
+        beyond it a request is refused at once, so a flood of scoring requests cannot queue without bound.
+
         Raises:
+            Overloaded: the pairs already admitted and these would exceed ``max_queue_size`` (503 + Retry-After).
             DeadlineExceeded: ``deadline`` (``time.monotonic()``) passed first; the scoring already started runs on.
             ServingError: what the engine raises (InvalidInput, InputTooLong, InferenceFailed; any other error
                 becomes InferenceFailed).
         """
         assert self.translator is not None and self.batcher is not None
+        capacity = self._settings.max_queue_size
+        if self.scoring + len(sources) > capacity:
+            raise Overloaded(f"scoring queue full ({self.scoring} of {capacity} pairs waiting); retry later",
+                             retry_after=self._settings.retry_after_s)
+        self.scoring += len(sources)
         work = self.batcher.call_in_worker(self.translator.score, sources, targets)
+        work_done = asyncio.ensure_future(work)
+        # The pairs stay counted until the worker is done with them, even when the client stopped waiting.
+        work_done.add_done_callback(lambda done: self._scored(len(sources), done))
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(work, timeout)
+            return await asyncio.wait_for(asyncio.shield(work_done), timeout)
         except TimeoutError:
             raise DeadlineExceeded(f"request deadline passed while scoring {len(sources)} pairs") from None
         except Exception as e:  # an engine's unexpected error is the runtime's failure (500), logged once
             raise as_serving_error(e) from e
+
+    def _scored(self, pairs: int, done: asyncio.Future[list[ReferenceScore]]) -> None:
+        self.scoring -= pairs
+        if not done.cancelled():
+            done.exception()  # retrieved: a client that stopped waiting has been answered already
 
     def _warm_up(self) -> None:
         assert self.translator is not None

@@ -119,15 +119,17 @@ class EchoTranslator:
     ) -> list[Translation]:
         return self.run(self.prepare(texts, options), on_partial)
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[ReferenceScore]:
-        """Each target word scores -1 where it is the echo's word at that place, else -2; EOS scores -0.5."""
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, truncate: bool = False
+              ) -> list[ReferenceScore]:
+        """Each target word scores -1 where it is the echo's word at that place, else -2; EOS scores -0.5
+        (``truncate``: an over-long source is not refused; the echo is of the whole source)."""
         if len(sources) != len(targets):
             raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets")
         if self.fail_on is not None and any(self.fail_on in t.split() for t in [*sources, *targets]):
             raise RuntimeError(f"fake runtime failure on {self.fail_on!r}")
         if self.step_delay:
             time.sleep(self.step_delay * max(len(t.split()) + 1 for t in targets))
-        for side, texts in (("source", sources), ("target", targets)):
+        for side, texts in (("source", [] if truncate else sources), ("target", targets)):
             check_lengths([len(t.split()) + 1 for t in texts], self.info.max_input_tokens, f"{side}[{{index}}]")
         with self._lock:
             self.threads.add(threading.current_thread().name)
@@ -137,10 +139,11 @@ class EchoTranslator:
                                                 for i, w in enumerate(words)] + [-0.5])
                 for expected, ids, words in scored]
 
-    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+    def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str], *, truncate: bool = False
+                  ) -> list[ReferenceScore]:
         with self._lock:
             sources = [" ".join(self._words[i] for i in sentence) for sentence in ids]
-        return self.score(sources, targets)
+        return self.score(sources, targets, truncate=truncate)
 
     @property
     def batch_sizes(self) -> list[int]:

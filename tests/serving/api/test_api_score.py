@@ -3,6 +3,8 @@ worker thread), the tiny Marian package for the numbers (equal to ``Translator.s
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,33 @@ def test_deadline_is_504_and_a_runtime_failure_500(serve: Any) -> None:
         r = client.post("/v1/score", json={"source": "boom", "target": "x"})
         assert r.status_code == 500 and error_of(r)["code"] == "inference_failed", r.text
         assert client.post("/v1/score", json={"source": "a", "target": "A"}).status_code == 200
+
+
+def test_a_full_scoring_queue_is_503_with_retry_after_until_there_is_room(serve: Any) -> None:
+    """Pairs admitted to scoring and not done are bounded by max_queue_size, as queued sentences are; the bound
+    holds for a client that gave up too (its pairs stay counted until the worker is done with them)."""
+    with serve(EchoTranslator(step_delay=0.2), warmup=False, max_queue_size=2, max_sentences_per_request=2,
+               retry_after_s=3) as client, ThreadPoolExecutor(2) as pool:
+        runner = client.app.state.service.ready_model(None)  # type: ignore[attr-defined]
+        running = pool.submit(client.post, "/v1/score", json={"source": ["a", "b"], "target": ["A", "B"]})
+        deadline = time.monotonic() + 5
+        while runner.scoring < 2 and time.monotonic() < deadline:  # until those two pairs are admitted
+            time.sleep(0.005)
+        r = client.post("/v1/score", json={"source": "c", "target": "C"})  # no room for a third
+        assert r.status_code == 503, r.text
+        assert error_of(r) == {"code": "overloaded",
+                               "message": "scoring queue full (2 of 2 pairs waiting); retry later"}
+        assert r.headers["retry-after"] == "3"
+        assert running.result().status_code == 200
+        assert client.post("/v1/score", json={"source": "c", "target": "C"}).status_code == 200  # room again
+        # a client whose deadline passed keeps its pairs counted until the worker has scored them
+        r = client.post("/v1/score", json={"source": ["a", "b"], "target": ["A", "B"], "timeout_ms": 50})
+        assert r.status_code == 504
+        assert client.post("/v1/score", json={"source": "c", "target": "C"}).status_code == 503
+        deadline = time.monotonic() + 5
+        while runner.scoring and time.monotonic() < deadline:  # the worker finishes the abandoned pairs
+            time.sleep(0.005)
+        assert client.post("/v1/score", json={"source": "c", "target": "C"}).status_code == 200
 
 
 def test_openapi_states_the_limits(shared_client: Any) -> None:
