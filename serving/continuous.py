@@ -152,6 +152,12 @@ class ContinuousDecoder:
         if self._to_score:
             self._score_finished()
 
+    def detach(self) -> None:
+        """Let other work run the backend between two steps (reference scoring, a warm-up): no lane keeps the
+        backend's reused output buffers after this."""
+        for lane in self._lanes:
+            lane.detach()
+
     def fail(self, error: ServingError) -> None:
         """Fail every group (decoding or joining) with ``error`` and empty the decoder."""
         groups = {id(group): group for group, _ in [*self._owner.values(), *self._to_score]}
@@ -231,8 +237,7 @@ class ContinuousDecoder:
     def _score_finished(self) -> None:
         """Give the groups that asked for token scores (``return_scores``) their translations, scored."""
         done, self._to_score = self._to_score, []
-        for lane in self._lanes:  # scoring runs the decoder too: no lane may keep the backend's reused buffers
-            lane.detach()
+        self.detach()  # scoring runs the decoder too
         for group, translations in done:
             try:
                 result: list[Translation] | ServingError = group.prepared.mark(

@@ -124,7 +124,7 @@ class ModelRunner:
     async def score(self, sources: list[str], targets: list[str],
                     deadline: float | None = None) -> list[ReferenceScore]:
         """``Engine.score`` on the worker thread, which owns the runtime: between batches of translations, never
-        beside one (with step-level batching, once the decode loop is idle).
+        beside one (with step-level batching, between two decoder steps).
 
         Pairs waiting for the worker or being scored are bounded as queued sentences are (``max_queue_size``):
         beyond it a request is refused at once, so a flood of scoring requests cannot queue without bound.

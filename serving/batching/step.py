@@ -6,7 +6,9 @@ cancellation) and replaces how they run. One *drive* loop on the worker thread c
 is in flight; at every step boundary it first adds the chunks the collector handed over. The collector (on the event
 loop) hands queued items over, oldest first, while fewer than ``max_items`` sentences are in flight; items of
 different keys (decoding options) share the batch, each chunk keeping its own options. A request whose client went
-away or whose deadline passed leaves the batch at the next step.
+away or whose deadline passed leaves the batch at the next step. Work for the worker thread that is not a
+translation (``call_in_worker``: reference scoring) runs at the next step boundary while the loop runs, after the
+runner detached its state from the engine's reused buffers.
 
 The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
 over the engine's ``serving.continuous.ContinuousDecoder``, whose payloads are prepared sentences
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 P = TypeVar("P")
 R = TypeVar("R")
+W = TypeVar("W")
 
 OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
 """``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
@@ -68,6 +71,10 @@ class StepRunner(Protocol):
 
     def fail(self, error: BaseException) -> None:
         """Fail every chunk in flight with ``error``."""
+        ...
+
+    def detach(self) -> None:
+        """Let other work use the engine between two steps (``StepBatcher.call_in_worker``)."""
         ...
 
     @property
@@ -106,6 +113,38 @@ class DecoderRunner:
     def fail(self, error: BaseException) -> None:
         self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
 
+    def detach(self) -> None:
+        self.decoder.detach()
+
+
+@dataclass(eq=False)
+class _Call:
+    """A ``call_in_worker`` made while the drive loop runs; it runs at the next step boundary."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on the worker thread; the outcome goes to the event loop."""
+        try:
+            result = self.fn(*self.args)
+        except BaseException as error:  # the caller gets it, as from an executor
+            self.settle(loop, None, error)
+        else:
+            self.settle(loop, result, None)
+
+    def settle(self, loop: asyncio.AbstractEventLoop, result: Any, error: BaseException | None) -> None:
+        def deliver() -> None:
+            if self.future.done():  # the caller stopped waiting
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        loop.call_soon_threadsafe(deliver)
+
 
 @dataclass(eq=False)
 class _Chunk:
@@ -142,11 +181,25 @@ class StepBatcher(Batcher[P, R]):
         self._driving = False  # a drive loop is running or scheduled (guarded by _lock)
         self._stopping = False
         self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
+        self._calls: list[_Call] = []  # call_in_worker while the drive loop runs: run between steps (guarded by _lock)
 
     @property
     def in_flight(self) -> int:
         """Sentences handed to the decode batch and not finished."""
         return sum(len(chunk.items) for chunk in self._chunks)
+
+    async def call_in_worker(self, fn: Callable[..., W], *args: Any) -> W:
+        """Run ``fn(*args)`` on the worker thread. While the drive loop runs, between two of its steps, so that
+        work such as reference scoring does not wait for the decode batch to drain (under steady load it never
+        does); otherwise as every batcher runs it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            call = _Call(fn, args, loop.create_future()) if self._driving else None
+            if call is not None:
+                self._calls.append(call)
+        if call is None:
+            return await super().call_in_worker(fn, *args)
+        return await call.future  # type: ignore[no-any-return]
 
     def abort_running(self, error: ServingError) -> None:
         self._stopping = True
@@ -233,11 +286,18 @@ class StepBatcher(Batcher[P, R]):
         while True:
             with self._lock:
                 joining, self._joining = self._joining, []
-                if self._stopping or (not joining and runner.idle):
+                calls, self._calls = self._calls, []
+                if self._stopping or (not joining and not calls and runner.idle):
                     self._driving = False
                     if self._stopping and not runner.idle:
                         runner.fail(ModelNotReady("server is shutting down"))
+                    for call in calls:
+                        call.settle(loop, None, ModelNotReady("server is shutting down"))
                     return
+            if calls:
+                runner.detach()
+                for call in calls:
+                    call.run(loop)
             for chunk in joining:
                 self._add(runner, chunk, loop)
             if not runner.idle:

@@ -40,6 +40,7 @@ class FakeRunner:
     threads: set[str] = field(default_factory=set)
     gate: threading.Event | None = None
     crash_next: bool = False
+    detached: int = 0  # detach() calls: before every run of calls made while decoding
 
     @property
     def idle(self) -> bool:
@@ -82,6 +83,9 @@ class FakeRunner:
         for chunk in chunks:
             chunk.on_result(error)
 
+    def detach(self) -> None:
+        self.detached += 1
+
 
 def make(runner: FakeRunner, **limits: Any) -> tuple[StepBatcher[str, str], Stats]:
     stats = Stats()
@@ -107,6 +111,35 @@ def test_a_late_request_joins_the_running_batch_and_leaves_before_it() -> None:
         assert shared, "the two requests never shared a step"
         assert all(thread.startswith("mtgate-worker-") for thread in runner.threads)
         assert sorted(b.size for b in stats.batches) == [1, 2] and all(b.ok for b in stats.batches)
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_call_runs_between_two_steps_not_after_the_batch() -> None:
+    """call_in_worker (reference scoring) while a long batch decodes runs at the next step boundary, on the worker
+    thread, after the runner detached; its error reaches the caller; a caller that gave up is skipped."""
+    async def scenario() -> None:
+        runner = FakeRunner(step_delay=0.01)
+        batcher, _ = make(runner)
+        long = asyncio.ensure_future(batcher.submit(["long:60"], [1]))
+        await asyncio.sleep(0.05)  # decoding
+        started = time.monotonic()
+        steps_before = len(runner.steps)
+        thread = await batcher.call_in_worker(lambda: threading.current_thread().name)
+        assert time.monotonic() - started < 0.2 and not long.done(), "the call waited for the batch"
+        assert thread.startswith("mtgate-worker-") and runner.detached == 1
+        assert len(runner.steps) - steps_before <= 2
+
+        def broken() -> None:
+            raise ValueError("scoring failed")
+
+        with pytest.raises(ValueError, match="scoring failed"):
+            await batcher.call_in_worker(broken)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(batcher.call_in_worker(time.sleep, 0.05), 0.001)
+        assert await long == ["LONG:60"]
+        assert await batcher.call_in_worker(lambda: 42) == 42  # idle: through the executor, as before
         await batcher.stop()
 
     asyncio.run(scenario())

@@ -13,6 +13,7 @@ import pytest
 from serving.engine import Translator
 from serving.settings import ServingSettings
 from tests.fakes import EchoTranslator
+from tests.utils.marian_factory import corpus
 
 
 def error_of(response: Any) -> dict[str, Any]:
@@ -101,6 +102,37 @@ def test_a_full_scoring_queue_is_503_with_retry_after_until_there_is_room(serve:
         while runner.scoring and time.monotonic() < deadline:  # the worker finishes the abandoned pairs
             time.sleep(0.005)
         assert client.post("/v1/score", json={"source": "c", "target": "C"}).status_code == 200
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_scoring_between_decoder_steps_leaves_the_running_translations_unchanged(serve: Any, tiny_package: Path,
+                                                                                  runtime: str) -> None:
+    """With step-level batching, /v1/score runs between two decoder steps of a running batch (it used to wait for
+    the batch to drain): its scores are the engine's, and the translations decoding around it are those the engine
+    gives alone (OpenVINO's growing cache is detached from the backend's buffers first)."""
+    texts = corpus("en")[:48]
+    sources, targets = corpus("en")[48:52], corpus("de")[48:52]
+    engine = Translator.load(tiny_package, runtime=runtime, threads=1)
+    expected = engine.score(sources, targets)
+    alone = [t.text for t in engine.translate(texts)]
+    with serve(Translator.load(tiny_package, runtime=runtime, threads=1), batching="step", warmup=False,
+               max_batch_size=8) as client, \
+            ThreadPoolExecutor(1) as pool:
+        batcher = client.app.state.service.ready_model(None).batcher  # type: ignore[attr-defined]
+        translating = pool.submit(client.post, "/v1/translate", json={"text": texts})
+        deadline = time.monotonic() + 10
+        while batcher.in_flight == 0 and time.monotonic() < deadline:  # the batch is decoding
+            time.sleep(0.001)
+        scored = [client.post("/v1/score", json={"source": sources, "target": targets})]
+        assert batcher.in_flight > 0, "the scoring waited for the batch to drain"
+        scored += [client.post("/v1/score", json={"source": sources, "target": targets}) for _ in range(2)]
+        translated = translating.result()
+    assert translated.status_code == 200, translated.text
+    assert [t["text"] for t in translated.json()["translations"]] == alone
+    for r in scored:
+        assert r.status_code == 200, r.text
+        for got, want in zip(r.json()["scores"], expected, strict=True):
+            assert got["tokens"] == want.tokens and got["log_prob"] == pytest.approx(want.log_prob, abs=1e-5)
 
 
 def test_openapi_states_the_limits(shared_client: Any) -> None:
