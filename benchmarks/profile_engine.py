@@ -8,10 +8,11 @@ Three views of the same workload as the benchmark (``python -m benchmarks.bench`
 
 1. wall clock split: ``Translator.translate`` with a timing wrapper around the backend: encoder calls, decoder-step
    calls (the runtime, plus its input/output conversions), and everything else (search, batching, detokenizing).
-2. inside the decoder step (ONNX Runtime only): a second session on the same ``decoder.onnx`` with ONNX Runtime's
-   profiler, driven through the same steps; node times are grouped (vocabulary projection, log-softmax, self/cross
-   attention, FFN, cache concat, layer norms, other) and compared with the session's own run time and with the
-   Python-side ``run()`` time (binding: numpy -> OrtValue, outputs copied back to numpy).
+2. inside the decoder step (ONNX Runtime only; greedy, batch 1): a session on the same ``decoder.onnx`` with ONNX
+   Runtime's profiler in place of the backend's decoder session, driven through the backend's own step call
+   (``decode_in_place`` for a stationary cache, ``decode_step`` for a growing one); node times are grouped
+   (vocabulary projection, log-softmax, self/cross attention, FFN, cache concat or the in-place attention, layer
+   norms, other) and compared with the session's own run time and with the Python-side ``run()`` time.
 3. ``cProfile`` of the translate loop: the Python functions that cost the most.
 
 Prints a report and, with ``-o``, writes it as JSON.
@@ -68,6 +69,18 @@ class TimedBackend:
         self.step_by_past[int(past_kv.shape[4])].append(elapsed)
         return out
 
+    def decode_in_place(self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
+                        src_bias: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """The stationary decoder's step (package format 4, ONNX Runtime), timed as ``decode_step``; keyed by the
+        longest row's past (its position)."""
+        start = time.perf_counter()
+        out: np.ndarray = self.inner.decode_in_place(input_ids, positions, cache, cross_kv, src_bias, order)
+        elapsed = time.perf_counter() - start
+        self.step_s += elapsed
+        self.steps += 1
+        self.step_by_past[int(np.max(positions))].append(elapsed)
+        return out
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
@@ -87,6 +100,7 @@ _GROUPS = [
     ("vocab projection (Gemm [B,D]x[V,D]^T)", re.compile(r"^logits")),
     ("log-softmax over the vocabulary", re.compile(r"LogSoftmax|log_probs")),
     ("cache concat (present_k/v)", re.compile(r"present_[kv]")),
+    ("self-attention over the cache in place (GroupQueryAttention)", re.compile(r"GroupQueryAttention")),
     ("self-attention projections", re.compile(r"self_attn\.(qkv|o)\.")),
     ("cross-attention projections", re.compile(r"cross_attn\.(q|o)\.")),
     ("FFN", re.compile(r"\.ffn\.|swish|sigmoid")),
@@ -98,42 +112,44 @@ _GROUPS = [
 
 def _group(node: str, op: str) -> str:
     for label, pattern in _GROUPS:
-        if pattern.search(node) or (label.startswith("log-softmax") and op == "LogSoftmax"):
+        if pattern.search(node) or pattern.search(op) and label.startswith(("log-softmax", "self-attention over")):
             return label
     return "other (gather, reshape, cast...)"
 
 
 def ort_decoder_profile(package: Path, precision: str, threads: int, sources: list[list[int]], new_tokens: int,
                         eos: int, start_id: int, pad: int) -> dict[str, Any]:
-    """Greedy decoding with ONNX Runtime's profiler on the decoder session; node times grouped per step."""
+    """Greedy decoding with ONNX Runtime's profiler on the decoder session; node times grouped per step. The steps
+    go through the backend's own call for the package's decoder contract (a stationary cache written in place, or a
+    growing one), with a profiling session on the same graph in place of the backend's decoder session."""
     import onnxruntime as ort
 
-    from serving.backends.base import decoder_feeds
-    from serving.backends.onnxruntime import session_options
-    from serving.package.graph import present_names
+    from serving.backends.onnxruntime import OnnxRuntimeBackend, session_options
 
     artifact = open_package(package).artifact("onnxruntime", precision)
-    encoder = ort.InferenceSession(str(package / artifact.encoder), session_options(threads),
-                                   providers=["CPUExecutionProvider"])
+    backend = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads)
     options = session_options(threads)
     prefix_dir = Path(tempfile.mkdtemp(prefix="ort-profile-"))
     options.enable_profiling = True
     options.profile_file_prefix = str(prefix_dir / "decoder")
-    decoder = ort.InferenceSession(str(package / artifact.decoder), options,
-                                   providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(package / artifact.decoder), options, providers=["CPUExecutionProvider"])
+    backend.decoder = decoder
     run_s = 0.0
     steps = 0
     for source in sources:
-        ids = np.array([[*source, eos]], dtype=np.int64)
-        _, cross_kv, src_bias = encoder.run(["memory", "cross_kv", "src_bias"], {"input_ids": ids})
+        encoded = backend.encode(np.array([[*source, eos]], dtype=np.int64))
+        cross_kv, src_bias = encoded.cross_kv, encoded.src_bias
         layers, _, _, heads, _, head_dim = cross_kv.shape
-        past = np.zeros((layers, 2, 1, heads, 0, head_dim), dtype=np.float32)
         token = np.array([[start_id]], dtype=np.int64)
+        cache = np.zeros((layers, 2, 1, heads, new_tokens + 1 if backend.stationary else 0, head_dim),
+                         dtype=np.float32)
         for step in range(new_tokens):
             start = time.perf_counter()
-            log_probs, *present = decoder.run(["log_probs", *present_names(layers)],
-                                              decoder_feeds(token, step, past, cross_kv, src_bias))
-            past = np.stack(present).reshape(layers, 2, *present[0].shape)
+            if backend.stationary:
+                log_probs = backend.decode_in_place(token, np.array([step]), cache, cross_kv, src_bias,
+                                                    np.zeros(1, dtype=np.int64))
+            else:
+                log_probs, cache = backend.decode_step(token, step, cache, cross_kv, src_bias)
             run_s += time.perf_counter() - start
             steps += 1
             log_probs[:, [eos, pad]] = -np.inf

@@ -1,0 +1,38 @@
+"""benchmarks/profile_engine.py on the tiny package: the wall split counts the decoder steps of the package's own
+decoder contract (a stationary cache written in place, package format 4), and the ONNX Runtime node profile drives
+that decoder through the backend's step (it fed the old growing-cache inputs and failed on format-4 packages)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import profile_engine
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.package import open_package
+
+
+@pytest.mark.parametrize(("beam", "batch"), [(1, 1), (2, 2)])
+def test_profile_of_the_tiny_package(tiny_onnx_package: Path, tmp_path: Path, beam: int, batch: int) -> None:
+    artifact = open_package(tiny_onnx_package).artifact("onnxruntime", "fp32")
+    stationary = OnnxRuntimeBackend(tiny_onnx_package / artifact.encoder, tiny_onnx_package / artifact.decoder,
+                                    1).stationary
+    out = tmp_path / "profile.json"
+    code = profile_engine.main(["--package", str(tiny_onnx_package), "-n", "2", "--new-tokens", "3", "--threads", "1",
+                                "--beam", str(beam), "--batch", str(batch), "-o", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    split = report["wall_split"]
+    assert split["tokens"] == 6 and split["decoder_steps"] == (3 if batch == 2 else 6)
+    assert split["decode_step_ms_per_step"] > 0
+    if beam == 1 and batch == 1:
+        profile = report["ort_decoder_profile"]
+        assert profile["steps"] == 6 and profile["ort_nodes_ms_per_step"] > 0
+        groups = profile["groups_ms_per_step"]
+        assert "vocab projection (Gemm [B,D]x[V,D]^T)" in groups or "log-softmax over the vocabulary" in groups
+        in_place = "self-attention over the cache in place (GroupQueryAttention)"
+        assert (in_place in groups) is stationary, groups
+    else:
+        assert "ort_decoder_profile" not in report
