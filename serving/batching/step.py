@@ -277,8 +277,11 @@ class StepBatcher(Batcher[P, R]):
             except Exception as error:
                 with self._lock:
                     joining, self._joining, self._driving = self._joining, [], False
+                    calls, self._calls = self._calls, []
                 for chunk in joining:
                     loop.call_soon_threadsafe(self._finish, chunk, error)
+                for call in calls:
+                    call.settle(loop, None, error)
                 return
         runner = self._runner
         # Prometheus metrics are thread-safe: the step count goes to the observer without a hop to the event loop.

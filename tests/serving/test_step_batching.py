@@ -145,6 +145,30 @@ def test_a_worker_call_runs_between_two_steps_not_after_the_batch() -> None:
     asyncio.run(scenario())
 
 
+def test_a_worker_call_made_while_the_runner_fails_to_build_gets_its_error() -> None:
+    async def scenario() -> None:
+        gate = threading.Event()
+
+        def make_runner() -> FakeRunner:
+            gate.wait(5)
+            raise ModelNotReady("no engine")
+
+        batcher: StepBatcher[str, str] = StepBatcher(make_runner, BatchLimits(), Stats())
+        batcher.start()
+        submitted = asyncio.ensure_future(batcher.submit(["a:1"], [1]))
+        await asyncio.sleep(0.02)  # the drive loop is building its runner
+        call = asyncio.ensure_future(batcher.call_in_worker(lambda: 42))
+        await asyncio.sleep(0.02)
+        gate.set()
+        with pytest.raises(ModelNotReady, match="no engine"):
+            await asyncio.wait_for(call, 2)
+        with pytest.raises(ModelNotReady):
+            await submitted
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
 def test_in_flight_sentences_are_bounded_by_max_items() -> None:
     async def scenario() -> None:
         runner = FakeRunner(step_delay=0.002)
