@@ -91,13 +91,30 @@ def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> 
     return model, folder
 
 
+def converter_stamp() -> str:
+    """A digest of the code that decides what a package holds (``converters/``, ``serving/package/``): the bench's
+    cached package is converted again when it changes, even within one package format (a graph optimization does
+    not bump the format, and a stale package would be measured in its place). The Makefile rebuilds the demo package
+    on the same rule."""
+    digest = hashlib.sha256()
+    for folder in ("converters", "serving/package"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            digest.update(f"{folder}/{path.name}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[str], None]) -> Path:
     from serving.package import PackageError
 
     package = folder / f"mtgate-package-{'-'.join(plan.precisions)}"
+    stamp_file = folder / f"{package.name}.converter"
+    stamp = converter_stamp()
     try:
         open_package(package, verify=False)  # there, and in the package format this mtgate reads
-        return package
+        if stamp_file.is_file() and stamp_file.read_text(encoding="utf-8").strip() == stamp:
+            return package
+        progress(f"the converter changed since {package} was converted")
     except PackageError:
         pass  # not converted yet, or by an mtgate that wrote another format
     progress(f"converting {model} with mtgate convert into {package}")
@@ -108,6 +125,7 @@ def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[s
     result = _run(cmd, "mtgate convert", 7200, _worker_env(plan.threads), folder / "logs" / f"{package.name}.log")
     if result.returncode != 0:
         raise RuntimeError(f"mtgate convert failed ({folder / 'logs'}): {_tail(result.stderr or result.stdout)}")
+    atomic_write_text(stamp_file, stamp + "\n")
     return package
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -252,3 +255,47 @@ def test_transformers_generates_the_same_tokens_as_mtgate(cache_dir: Path, tmp_p
     assert analysis["checks"]["fp32_mismatches"] == [] and analysis["checks"]["token_count_problems"] == []
     assert [row["best_peer"] for row in analysis["comparison"]] == ["transformers-fp32"] * 2
     assert all(row["agreement"]["identical"] == 1.0 for row in engines["mtgate-onnxruntime-fp32"]["cases"])
+
+
+# --------------------------------------------------------------------------------------------- the package cache
+
+
+def test_the_cached_package_is_converted_again_when_the_converter_changes(
+        tmp_path: Path, tiny_onnx_package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached package in the format this mtgate reads is reused only while the converter code that wrote it is
+    unchanged: a graph change that keeps the package format must not leave the bench measuring the old graph."""
+    conversions: list[list[str]] = []
+
+    def fake_convert(cmd: list[str], what: str, timeout: float, env: Any = None, log: Any = None) -> Any:
+        conversions.append(cmd)
+        out = Path(cmd[cmd.index("-o") + 1])
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(tiny_onnx_package, out)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench, "_run", fake_convert)
+    plan: Any = SimpleNamespace(precisions=["fp32"], verify=False, threads=1)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    said: list[str] = []
+    package = bench._ensure_package(plan, tmp_path / "model", folder, said.append)
+    assert len(conversions) == 1 and package == folder / "mtgate-package-fp32"
+    assert bench._ensure_package(plan, tmp_path / "model", folder, said.append) == package
+    assert len(conversions) == 1  # reused
+    monkeypatch.setattr(bench, "converter_stamp", lambda: "another converter")
+    bench._ensure_package(plan, tmp_path / "model", folder, said.append)
+    assert len(conversions) == 2 and any("the converter changed" in line for line in said)
+    (folder / "mtgate-package-fp32.converter").unlink()  # converted before stamps existed
+    bench._ensure_package(plan, tmp_path / "model", folder, said.append)
+    assert len(conversions) == 3
+
+    # the stamp follows the converters' and the package code's sources
+    root = tmp_path / "root"
+    for part in ("converters", "serving/package"):
+        shutil.copytree(bench.ROOT / part, root / part)
+    monkeypatch.undo()  # converter_stamp is the real one again
+    monkeypatch.setattr(bench, "ROOT", root)
+    before = bench.converter_stamp()
+    emitter = root / "converters" / "onnx_emitter.py"
+    emitter.write_text(emitter.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
+    assert bench.converter_stamp() != before
