@@ -29,8 +29,8 @@ class SlotRows:
     def __init__(self, backend: Backend, *, slots: int = 8, positions: int = 32) -> None:
         self.backend = backend
         self._decode = getattr(backend, "decode_in_place")  # noqa: B009 - the stationary backends' own method
-        self._slots = slots
-        self._capacity = self._initial_capacity = positions
+        self._initial_slots = slots
+        self._initial_capacity = positions
         self.cache: np.ndarray | None = None  # [L, 2, R, H, M, Dh]
         self.cross: np.ndarray | None = None  # [L, 2, R, H, S, Dh]
         self.src_bias: np.ndarray | None = None  # [R, 1, 1, S]
@@ -54,7 +54,7 @@ class SlotRows:
         assert self.cache is not None and self.cross is not None and self.src_bias is not None
         needed = int(self.positions[:n].max()) + 1
         if needed > self.cache.shape[4]:
-            self._reserve(self.cache.shape[2], needed)
+            self._reserve(n, needed)
         assert self.cache is not None
         slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
         slot_tokens[self.slot] = tokens
@@ -66,7 +66,7 @@ class SlotRows:
         n = self.count
         self.positions[:n] += 1  # every live row wrote its slot at its position
         parents = np.asarray(parents, dtype=np.int64)
-        self._reserve(parents.size, self._capacity)
+        self._reserve(parents.size)
         self._assign(self.slot[parents])
         self._fit()
 
@@ -76,7 +76,7 @@ class SlotRows:
         new = sources < 0
         if new.any():
             assert cross_kv is not None and src_bias is not None
-            self._reserve(max(self._slots, sources.size), self._capacity, cross_kv.shape[4], cross_kv, src_bias)
+            self._reserve(sources.size, 0, cross_kv.shape[4], cross_kv, src_bias)
         origin = np.where(new, -1, self.slot[np.where(new, 0, sources)] if self.slot.size else -1)
         fresh = self._assign(origin)
         if fresh.size:
@@ -140,68 +140,68 @@ class SlotRows:
         long doubled them for every slot), and narrow the encoder outputs once they need at most half of their
         width (every row attends over the whole width, masked past its own source: a long source that left must not
         cost the others)."""
-        assert self.cache is not None and self.cross is not None and self.src_bias is not None
+        assert self.cache is not None and self.cross is not None
         n = self.count
         capacity = self.cache.shape[4]
         filled = int(self.positions[:n].max()) if n else 0
         if capacity > self._initial_capacity and 4 * (filled + 1) <= capacity:
-            smaller = max(self._initial_capacity, capacity // 2)
-            cache = np.zeros(self.cache.shape[:4] + (smaller,) + self.cache.shape[5:], dtype=np.float32)
-            cache[:, :, :n, :, :filled] = self.cache[:, :, :n, :, :filled]
-            self.cache = cache
-            self._capacity = smaller
+            self._resize_cache(self.cache.shape[2], max(self._initial_capacity, capacity // 2))
         width = self.cross.shape[4]
         needed = int(self.source_len[:n].max()) if n else 0
-        if width <= _MIN_SOURCE_WIDTH or 2 * needed > width:
-            return
-        narrow = max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8)
-        cross = np.zeros(self.cross.shape[:4] + (narrow,) + self.cross.shape[5:], dtype=np.float32)
-        cross[:, :, :n] = self.cross[:, :, :n, :, :narrow]
-        bias = np.full(self.src_bias.shape[:3] + (narrow,), MASK_VALUE, dtype=np.float32)
-        bias[:n] = self.src_bias[:n, :, :, :narrow]
-        self.cross, self.src_bias = cross, bias
-        self.owner[n:] = -1  # free slots lost their encoder rows
+        if width > _MIN_SOURCE_WIDTH and 2 * needed <= width:
+            self._resize_source(self.cross.shape[2], max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8))
 
-    def _reserve(self, slots: int, positions: int, source_width: int = 0, cross_kv: np.ndarray | None = None,
+    def _reserve(self, slots: int, positions: int = 0, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:
         """Grow the arrays to at least ``slots`` slots, ``positions`` cache positions and ``source_width`` source
         positions, keeping the live slots; the first call shapes them after ``cross_kv``."""
         if self.cache is None:
             assert cross_kv is not None and src_bias is not None
             layers, _, _, heads, _, head_dim = cross_kv.shape
-            self._slots, self._capacity = _grown(self._slots, slots), _grown(self._capacity, positions)
-            self.cache = np.zeros((layers, 2, self._slots, heads, self._capacity, head_dim), dtype=np.float32)
-            self.cross = np.zeros((layers, 2, self._slots, heads, source_width, head_dim), dtype=np.float32)
-            self.src_bias = np.full((self._slots, 1, 1, source_width), MASK_VALUE, dtype=np.float32)
-            self.positions = np.zeros(self._slots, dtype=np.int64)
-            self.owner = np.full(self._slots, -1, dtype=np.int64)
-            self.source_len = np.zeros(self._slots, dtype=np.int64)
+            slots = _grown(self._initial_slots, slots)
+            capacity = _grown(self._initial_capacity, positions)
+            self.cache = np.zeros((layers, 2, slots, heads, capacity, head_dim), dtype=np.float32)
+            self.cross = np.zeros((layers, 2, slots, heads, source_width, head_dim), dtype=np.float32)
+            self.src_bias = np.full((slots, 1, 1, source_width), MASK_VALUE, dtype=np.float32)
+            self.positions = np.zeros(slots, dtype=np.int64)
+            self.owner = np.full(slots, -1, dtype=np.int64)
+            self.source_len = np.zeros(slots, dtype=np.int64)
             return
-        assert self.cross is not None and self.src_bias is not None
-        live = self.count
-        cache_shape, cross_shape = self.cache.shape, self.cross.shape
-        new_slots = _grown(cache_shape[2], slots)
-        new_capacity = _grown(cache_shape[4], positions)
-        new_width = max(cross_shape[4], source_width)
-        if (new_slots, new_capacity) != (cache_shape[2], cache_shape[4]):
-            cache = np.zeros(cache_shape[:2] + (new_slots, cache_shape[3], new_capacity, cache_shape[5]),
-                             dtype=np.float32)
-            filled = int(self.positions[:live].max()) if live else 0
-            cache[:, :, :live, :, :filled] = self.cache[:, :, :live, :, :filled]
-            self.cache = cache
-        if (new_slots, new_width) != (cross_shape[2], cross_shape[4]):
-            cross = np.zeros(cross_shape[:2] + (new_slots, cross_shape[3], new_width, cross_shape[5]),
-                             dtype=np.float32)
-            cross[:, :, :live, :, : cross_shape[4]] = self.cross[:, :, :live]
-            bias = np.full((new_slots, 1, 1, new_width), MASK_VALUE, dtype=np.float32)
-            bias[:live, :, :, : cross_shape[4]] = self.src_bias[:live]
-            self.cross, self.src_bias = cross, bias
-            self.owner[live:] = -1  # free slots lost their encoder rows
+        assert self.cross is not None
+        new_slots = _grown(self.cache.shape[2], slots)
+        new_capacity = _grown(self.cache.shape[4], positions)
+        if (new_slots, new_capacity) != (self.cache.shape[2], self.cache.shape[4]):
+            self._resize_cache(new_slots, new_capacity)
+        if new_slots != self.cross.shape[2] or source_width > self.cross.shape[4]:
+            self._resize_source(new_slots, max(self.cross.shape[4], source_width))
         if new_slots != self.positions.size:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
             self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])
             self.source_len = np.concatenate([self.source_len, np.zeros(new_slots - self.source_len.size, np.int64)])
-        self._slots, self._capacity = new_slots, new_capacity
+
+    def _resize_cache(self, slots: int, capacity: int) -> None:
+        """A cache of ``slots`` slots and ``capacity`` positions (grown or shrunk) holding the live slots' filled
+        positions."""
+        assert self.cache is not None
+        live = self.count
+        filled = int(self.positions[:live].max()) if live else 0
+        shape = self.cache.shape
+        cache = np.zeros(shape[:2] + (slots, shape[3], capacity, shape[5]), dtype=np.float32)
+        cache[:, :, :live, :, :filled] = self.cache[:, :, :live, :, :filled]
+        self.cache = cache
+
+    def _resize_source(self, slots: int, width: int) -> None:
+        """Encoder outputs of ``slots`` slots and ``width`` source positions (widened or narrowed) holding the live
+        slots' rows; the free slots lose theirs."""
+        assert self.cross is not None and self.src_bias is not None
+        live, kept = self.count, min(width, self.cross.shape[4])
+        shape = self.cross.shape
+        cross = np.zeros(shape[:2] + (slots, shape[3], width, shape[5]), dtype=np.float32)
+        cross[:, :, :live, :, :kept] = self.cross[:, :, :live, :, :kept]
+        bias = np.full((slots, 1, 1, width), MASK_VALUE, dtype=np.float32)
+        bias[:live, :, :, :kept] = self.src_bias[:live, :, :, :kept]
+        self.cross, self.src_bias = cross, bias
+        self.owner[live:] = -1  # free slots lost their encoder rows
 
 
 def _pair_by_owner(wanted: np.ndarray, holes: np.ndarray, holders: np.ndarray) -> np.ndarray:
