@@ -61,24 +61,23 @@ class TimedBackend:
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
                     src_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        start = time.perf_counter()
-        out: tuple[np.ndarray, np.ndarray] = self.inner.decode_step(input_ids, step, past_kv, cross_kv, src_bias)
-        elapsed = time.perf_counter() - start
-        self.step_s += elapsed
-        self.steps += 1
-        self.step_by_past[int(past_kv.shape[4])].append(elapsed)
-        return out
+        return self._step(int(past_kv.shape[4]), self.inner.decode_step, input_ids, step, past_kv, cross_kv, src_bias)
 
     def decode_in_place(self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
                         src_bias: np.ndarray, order: np.ndarray) -> np.ndarray:
-        """The stationary decoder's step (package format 4, ONNX Runtime), timed as ``decode_step``; keyed by the
-        longest row's past (its position)."""
+        """The stationary decoder's step (package format 4, ONNX Runtime); keyed by the longest row's past (its
+        position)."""
+        return self._step(int(np.max(positions)), self.inner.decode_in_place, input_ids, positions, cache, cross_kv,
+                          src_bias, order)
+
+    def _step(self, past_len: int, call: Any, *args: Any) -> Any:
+        """One decoder step, timed and counted under ``past_len``."""
         start = time.perf_counter()
-        out: np.ndarray = self.inner.decode_in_place(input_ids, positions, cache, cross_kv, src_bias, order)
+        out = call(*args)
         elapsed = time.perf_counter() - start
         self.step_s += elapsed
         self.steps += 1
-        self.step_by_past[int(np.max(positions))].append(elapsed)
+        self.step_by_past[past_len].append(elapsed)
         return out
 
     def __getattr__(self, name: str) -> Any:

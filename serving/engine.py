@@ -42,10 +42,9 @@ from serving.request import (
     Prepared,
     ReferenceScore,
     Translation,
-    check_lengths,
     fit_sources,
 )
-from serving.scoring import check_pairs, encode_texts, score_references
+from serving.scoring import check_pairs, encode_texts, fit_scored_sources, score_references
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
@@ -320,9 +319,8 @@ class Translator:
             InferenceFailed: the runtime failed.
         """
         check_pairs(len(sources), len(targets))
-        limit = self.info.max_input_tokens
-        ids = encode_texts(self.tokenizer.encode, sources, self.ids.eos, None if truncate else limit, "source")
-        return self._score(fit_sources(ids, limit, truncate)[0], targets)
+        ids = encode_texts(self.tokenizer.encode, sources, self.ids.eos, None, "source")  # checked by _score
+        return self._score(ids, targets, truncate)
 
     def score_ids(self, ids: Sequence[Sequence[int]], targets: Sequence[str], *, truncate: bool = False
                   ) -> list[ReferenceScore]:
@@ -336,12 +334,10 @@ class Translator:
             InferenceFailed: the runtime failed.
         """
         check_pairs(len(ids), len(targets))
-        sources = self._source_ids(ids)
-        if not truncate:
-            check_lengths([len(source) for source in sources], self.info.max_input_tokens, "source[{index}]")
-        return self._score(fit_sources(sources, self.info.max_input_tokens, truncate)[0], targets)
+        return self._score(self._source_ids(ids), targets, truncate)
 
-    def _score(self, sources: list[list[int]], targets: Sequence[str]) -> list[ReferenceScore]:
+    def _score(self, sources: list[list[int]], targets: Sequence[str], truncate: bool) -> list[ReferenceScore]:
+        sources = fit_scored_sources(sources, self.info.max_input_tokens, truncate)
         target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,
                                   "target")
         return score_references(self.backend, self.encode_batch, sources, target_ids,

@@ -141,13 +141,12 @@ class ModelRunner:
             raise Overloaded(f"scoring queue full ({self.scoring} of {capacity} pairs waiting); retry later",
                              retry_after=self._settings.retry_after_s)
         self.scoring += len(sources)
-        work = self.batcher.call_in_worker(self.translator.score, sources, targets)
-        work_done = asyncio.ensure_future(work)
+        work = asyncio.ensure_future(self.batcher.call_in_worker(self.translator.score, sources, targets))
         # The pairs stay counted until the worker is done with them, even when the client stopped waiting.
-        work_done.add_done_callback(lambda done: self._scored(len(sources), done))
+        work.add_done_callback(lambda done: self._scored(len(sources), done))
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(asyncio.shield(work_done), timeout)
+            return await asyncio.wait_for(asyncio.shield(work), timeout)
         except TimeoutError:
             raise DeadlineExceeded(f"request deadline passed while scoring {len(sources)} pairs") from None
         except Exception as e:  # an engine's unexpected error is the runtime's failure (500), logged once

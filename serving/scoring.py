@@ -21,7 +21,7 @@ from serving.backends import Backend, EncoderOutput, empty_past
 from serving.decoding import take_rows
 from serving.encoding import length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
-from serving.request import ReferenceScore, check_lengths
+from serving.request import ReferenceScore, check_lengths, fit_sources
 from serving.tokenizers import InvalidText
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,20 @@ def encode_texts(encode: Callable[[str], list[int]], texts: Sequence[str], eos: 
     if limit is not None:
         check_lengths([len(i) for i in ids], limit, subject=f"{side}[{{index}}]")
     return ids
+
+
+def fit_scored_sources(sources: list[list[int]], limit: int, truncate: bool) -> list[list[int]]:
+    """The sources of pairs to score (EOS last) within the model's ``limit`` of positions: with ``truncate`` cut as
+    a translation's are (:func:`serving.request.fit_sources`: the reference is scored against what was translated),
+    else checked (an over-long one named ``source[i]``).
+
+    Raises:
+        InputTooLong: without ``truncate``, a source longer than ``limit``.
+    """
+    if truncate:
+        return fit_sources(sources, limit, True)[0]
+    check_lengths([len(source) for source in sources], limit, "source[{index}]")
+    return sources
 
 
 def score_references(
