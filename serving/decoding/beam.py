@@ -24,6 +24,7 @@ _T2T_INF = np.float32(1.0e7)
 
 _SEQ_WIDTH = 16  # initial width of the beams' token sequences
 _STRIPES = 64  # top-k over wide rows: entries per chunk (see top_k_sorted)
+_TIE_WINDOW = 4096  # entries read at a time when looking for the entries tied at the k-th place
 
 
 def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
@@ -33,9 +34,9 @@ def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
     to the maxima of chunks of 64 entries: the k best entries lie in the k chunks with the best maxima, so only those
     ``k x 64`` entries are looked at. A chunk is a column of the row read as 64 stripes (entries ``c, c + C, c + 2C,
     ...``, ``C = width // 64``; the last ``width % 64`` entries are one more chunk), so that the maxima are one
-    vectorized pass over contiguous memory. The k best of the candidates are selected, and only those k sorted. A row
-    where another entry ties with the k-th best is ranked by a full stable sort instead, so the result is exact in
-    every case.
+    vectorized pass over contiguous memory. The k best of the candidates are selected, and only those k sorted. In a row
+    where another entry ties with the k-th best, the places from the tie on go to the tied entries in ascending index
+    order (one pass over that row), so the result is exact in every case.
     """
     n, width = scores.shape
     if width <= 256:
@@ -68,9 +69,27 @@ def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
     tied = (values >= kth).sum(axis=1) > k
     if maxima is not None:
         tied |= (maxima >= kth).sum(axis=1) > k
-    for row in np.flatnonzero(tied):  # rare: exact ties at the k-th place
-        top[row] = np.argsort(-scores[row], kind="stable")[:k]
+    if tied.any():  # exact ties at the k-th place (e.g. every entry but EOS masked at a sentence's last step)
+        above = np.take_along_axis(best_values, order, axis=1) > kth
+        for row in np.flatnonzero(tied):
+            # The entries above the k-th value are all among the candidates (a chunk holding one has a maximum above
+            # it, so it was picked); the places left go to the entries equal to it, in ascending index order.
+            better = top[row][above[row]]
+            top[row] = np.concatenate([better, _first_equal(scores[row], kth[row, 0], k - better.size)])
     return np.asarray(top)
+
+
+def _first_equal(row: np.ndarray, value: np.floating, count: int) -> np.ndarray:
+    """The first ``count`` indices of ``row`` whose entry equals ``value``, read in windows: a row that is almost all
+    ties (every entry but EOS masked) is not listed whole."""
+    found: list[np.ndarray] = []
+    for start in range(0, row.size, _TIE_WINDOW):
+        if count <= 0:
+            break
+        hits = np.flatnonzero(row[start : start + _TIE_WINDOW] == value)[:count] + start
+        found.append(hits)
+        count -= hits.size
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
 class BeamSearchBase:

@@ -334,8 +334,10 @@ def test_top_k_is_exact_with_ties_in_index_order(width: int) -> None:
     from serving.decoding.beam import top_k_sorted as _top_k_sorted
 
     rng = np.random.default_rng(width)
-    scores = (rng.standard_normal((4, width)) * 3).astype(np.float32)
+    scores = (rng.standard_normal((5, width)) * 3).astype(np.float32)
     scores[0, rng.integers(0, width, width // 2)] = -np.inf  # bad words, forced EOS
+    scores[4] = -np.inf  # a forced last step: fewer finite entries than k
+    scores[4, [width // 3, 5]] = [0.0, -1.0]
     scores[1] = np.round(scores[1])  # many exact ties
     scores[3, [width - 1, width // 2, 0]] = [100.0, 100.0, 50.0]  # a tie for the best place, far apart
     for k in (1, 2, 8, 10):
