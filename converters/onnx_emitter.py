@@ -159,10 +159,10 @@ def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
                      to=TensorProto.INT32)
 
     def stationary_attention(qkv: str, i: int) -> str:
-        q, k, v = (g.op("Slice", [qkv, g.const([j * d]), g.const([(j + 1) * d]), g.const([2])]) for j in range(3))
         out = f"{i}.gqa_out"
+        # Packed QKV ([B,1,3D], the fused projection's output as it is): no Split before the attention.
         g.nodes.append(helper.make_node(
-            "GroupQueryAttention", [q, k, v, f"past_k.{i}", f"past_v.{i}", seqlens, total],
+            "GroupQueryAttention", [qkv, "", "", f"past_k.{i}", f"past_v.{i}", seqlens, total],
             [out, f"present_k.{i}", f"present_v.{i}"], name=f"decoder.layers.{i}.self_attn.gqa",
             domain="com.microsoft", num_heads=h, kv_num_heads=h, scale=1.0))
         return out
