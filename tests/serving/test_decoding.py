@@ -331,7 +331,7 @@ def test_empty_batch_and_bad_arguments() -> None:
 
 @pytest.mark.parametrize("width", [7, 500, 9000, 232_404])
 def test_top_k_is_exact_with_ties_in_index_order(width: int) -> None:
-    from serving.decoding.beam import top_k_sorted as _top_k_sorted
+    from serving.decoding.topk import top_k_sorted as _top_k_sorted
 
     rng = np.random.default_rng(width)
     scores = (rng.standard_normal((5, width)) * 3).astype(np.float32)
