@@ -8,7 +8,7 @@ The workload: a Marian model (a random-weight model of the opus-mt-en-de shape b
 seed, or any Hugging Face Marian directory given with ``--checkpoint``), N source sentences (Multi30k test_2016
 lengths, or a file), exactly ``--new-tokens`` generated tokens per sentence, greedy and beam search, batch 1 and 16,
 on a fixed number of threads. Every engine runs in its own process, one after another, over the same token ids and
-the same batches:
+the same batches, once per round (``--rounds``, the engines' order reversed every round):
 
 - mtgate: every runtime x precision of a package converted once from the model (``mtgate convert``, cached), run
   through ``Translator.translate`` with this interpreter (:mod:`benchmarks.bench.mtgate_worker`);
@@ -16,11 +16,11 @@ the same batches:
   transformers fp32, CTranslate2 float32 and int8, optimum ONNX Runtime fp32 and int8 (dynamic), optimum-intel
   OpenVINO fp32, default and int8 weights. Peer artifacts are converted once from the same directory and cached.
 
-Each engine process warms up, then times ``--repeats`` passes over all sentences; it reports median tokens/s, the
-spread of the passes ((max - min) / median), ms per sentence, CPU seconds per pass and its peak RSS. The harness
-checks that every engine generated exactly ``sentences x new tokens`` tokens and that the fp32 engines generated the
-same tokens as the reference (transformers fp32, else the first fp32 engine), computes ratios against the best peer,
-and writes JSON and Markdown.
+Each engine process warms up, then times ``--repeats`` passes over all sentences; the harness reports median tokens/s
+over every round's passes, their spread ((max - min) / median), ms per sentence, CPU seconds per pass and the peak
+RSS. It checks that every engine generated exactly ``sentences x new tokens`` tokens and that the fp32 engines
+generated the same tokens as the reference (transformers fp32, else the first fp32 engine), computes ratios against
+the best peer (paired round by round: the median of the rounds' ratios), and writes JSON and Markdown.
 
 Modules, in the order a run uses them:
 
@@ -28,7 +28,8 @@ Modules, in the order a run uses them:
 ``cli``            the options, the resolved :class:`~benchmarks.bench.cli.Plan`, ``main``
 ``workload``       sentences, random source ids of the same lengths, summaries
 ``engines``        which engines exist (:class:`~benchmarks.bench.engines.EngineSpec`)
-``runner``         builds/converts the models once (cached), runs one process per engine, writes the reports
+``runner``         builds/converts the models once (cached), runs one process per engine and round, writes the
+                   reports
 ``measure``        the measuring loop every engine process runs (standard library and numpy only: the peers'
                    interpreter imports it without mtgate's dependencies)
 ``mtgate_worker``  mtgate's engine process (``python -m benchmarks.bench.mtgate_worker CONFIG``)

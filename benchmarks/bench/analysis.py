@@ -1,4 +1,5 @@
-"""The analysis of a run: token-count checks, agreement with the fp32 reference, best peer per case, ratios, targets."""
+"""The analysis of a run: token-count checks, agreement with the fp32 reference, best peer per case, ratios (paired
+round by round), targets."""
 
 from __future__ import annotations
 
@@ -44,12 +45,28 @@ def agreement(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int
             "first_mismatch": first}
 
 
+def merge_rounds(rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One engine's raw cases over the rounds of a run (each round a process of its own, in the same case order): the
+    passes of every round, and ``round_seconds``, each round's passes apart (the harness pairs engines round by round).
+    Token counts and outputs are the last round's."""
+    merged: list[dict[str, Any]] = []
+    for index, last in enumerate(rounds[-1]):
+        cases = [r[index] for r in rounds]
+        merged.append({**last,
+                       "seconds": [s for c in cases for s in c["seconds"]],
+                       "cpu_seconds": [s for c in cases for s in c["cpu_seconds"]],
+                       "round_seconds": [list(c["seconds"]) for c in cases]})
+    return merged
+
+
 def summarize_case(raw: dict[str, Any], sentences: int, new_tokens: int) -> dict[str, Any]:
-    """Median tokens/s, spread, ms/sentence, CPU use and the token-count check of one case."""
+    """Median tokens/s (over every pass), each round's median tokens/s, spread, ms/sentence, CPU use and the
+    token-count check of one case."""
     seconds = [float(s) for s in raw["seconds"]]
     median = statistics.median(seconds)
     tokens = int(raw["tokens"])
     runs = [tokens / s for s in seconds]
+    rounds = raw.get("round_seconds") or [seconds]
     expected = sentences * new_tokens
     return {
         "beam": raw["beam"],
@@ -60,11 +77,23 @@ def summarize_case(raw: dict[str, Any], sentences: int, new_tokens: int) -> dict
         "seconds": [round(s, 4) for s in seconds],
         "tokens_per_s": round(tokens / median, 2),
         "tokens_per_s_runs": [round(r, 2) for r in runs],
+        "tokens_per_s_rounds": [round(tokens / statistics.median(float(s) for s in r), 2) for r in rounds],
         "spread": round((max(seconds) - min(seconds)) / median, 4),
         "ms_per_sentence": round(1000.0 * median / max(1, sentences), 2),
         "cpu_per_wall": round(statistics.median(c / s for c, s in zip(raw["cpu_seconds"], seconds, strict=True)), 2),
         "outputs_sha256": outputs_digest(raw["outputs"]),
     }
+
+
+def paired_ratio(mine: dict[str, Any], peer: dict[str, Any]) -> tuple[float, list[float]]:
+    """``mine`` / ``peer`` tokens/s of one case, paired round by round: the median of the rounds' ratios, and the
+    ratios. Engines measured minutes apart on a machine whose speed drifts are compared within a round, where they
+    ran close in time (the harness alternates the engines' order between rounds)."""
+    a, b = mine["tokens_per_s_rounds"], peer["tokens_per_s_rounds"]
+    if len(a) != len(b):  # not from the same rounds: the medians over every pass
+        return mine["tokens_per_s"] / peer["tokens_per_s"], []
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return statistics.median(ratios), ratios
 
 
 def analyze(engines: list[dict[str, Any]], outputs: dict[str, dict[str, list[list[int]]]], cases: Sequence[Case],
@@ -121,23 +150,25 @@ def analyze(engines: list[dict[str, Any]], outputs: dict[str, dict[str, list[lis
                                "best_fp32_peer": best_fp32_peer and best_fp32_peer["id"],
                                "best_fp32_mtgate": best_fp32_mtgate and best_fp32_mtgate["id"]}
         if best_peer is not None:
-            peer_tps = best_peer["cases"][index]["tokens_per_s"]
             for engine in ok:
                 if valid(engine, index):
-                    engine["cases"][index]["vs_best_peer"] = round(engine["cases"][index]["tokens_per_s"] / peer_tps, 3)
+                    ratio, _ = paired_ratio(engine["cases"][index], best_peer["cases"][index])
+                    engine["cases"][index]["vs_best_peer"] = round(ratio, 3)
         if best_peer is not None and best_mtgate is not None:
-            speedup = best_mtgate["cases"][index]["tokens_per_s"] / best_peer["cases"][index]["tokens_per_s"]
+            speedup, rounds = paired_ratio(best_mtgate["cases"][index], best_peer["cases"][index])
             entry["speedup"] = round(speedup, 3)
+            entry["speedup_rounds"] = [round(r, 3) for r in rounds]
             entry["speedup_ok"] = speedup >= targets["speedup"]
             met &= entry["speedup_ok"]
-            if case.batch == 1:
-                latency = best_mtgate["cases"][index]["ms_per_sentence"] / best_peer["cases"][index]["ms_per_sentence"]
+            if case.batch == 1:  # same sentences and tokens: the ms ratio of a round is its tokens/s ratio inverted
+                latency = statistics.median(1.0 / r for r in rounds) if rounds else 1.0 / speedup
                 entry["latency_ratio"] = round(latency, 3)
                 entry["latency_ok"] = latency <= targets["latency"]
                 met &= entry["latency_ok"]
         if best_fp32_peer is not None and best_fp32_mtgate is not None:
-            ratio = best_fp32_mtgate["cases"][index]["tokens_per_s"] / best_fp32_peer["cases"][index]["tokens_per_s"]
+            ratio, rounds = paired_ratio(best_fp32_mtgate["cases"][index], best_fp32_peer["cases"][index])
             entry["fp32_ratio"] = round(ratio, 3)
+            entry["fp32_ratio_rounds"] = [round(r, 3) for r in rounds]
             entry["fp32_ok"] = ratio >= targets["fp32"]
             met &= entry["fp32_ok"]
         if best_peer is None or best_mtgate is None:

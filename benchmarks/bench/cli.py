@@ -61,7 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated engine ids, or 'all', 'mtgate', 'peers' (default all; mtgate with "
                              "--quick); ids: mtgate-{onnxruntime,openvino}-{fp32,int8}, "
                              + ", ".join(e.id for e in PEER_ENGINES))
-    parser.add_argument("--repeats", type=int, default=None, help="timed passes per case (default 3)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds: every engine runs once per round, in a fresh process, the engines' order reversed "
+                             "each round; ratios are taken within a round, their median reported (default 3; 1 with "
+                             "--quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed passes per case and round (default 1)")
     parser.add_argument("--warmup-sentences", type=int, default=None,
                         help="sentences decoded before timing each case (default max(4, 2 x batch size))")
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
@@ -95,6 +99,7 @@ class Plan:
     cases: list[Case]
     engine_ids: list[str] | None  # None: every available engine of the selected families
     families: set[str]
+    rounds: int
     repeats: int
     warmup_sentences: int | None
     threads: int
@@ -121,7 +126,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not sentences_file.is_file():
         raise UsageError(f"--sentences {sentences_file}: no such file")
     for flag, value in (("--num-sentences", args.num_sentences), ("--new-tokens", args.new_tokens),
-                        ("--repeats", args.repeats), ("--threads", args.threads)):
+                        ("--rounds", args.rounds), ("--repeats", args.repeats), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     engines = (args.engines or ("mtgate" if quick else "all")).strip()
@@ -153,7 +158,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         cases=[Case(beam, batch) for beam in beams for batch in batch_sizes],
         engine_ids=engine_ids,
         families=families,
-        repeats=args.repeats or (1 if quick else 3),
+        rounds=args.rounds or (1 if quick else 3),
+        repeats=args.repeats or 1,
         warmup_sentences=args.warmup_sentences if args.warmup_sentences is not None else (1 if quick else None),
         threads=args.threads,
         peer_python=peer_python,

@@ -18,6 +18,15 @@ def _fmt_tps(row: dict[str, Any] | None, with_ms: bool) -> str:
     return text
 
 
+def _rounds_text(workload: dict[str, Any]) -> str:
+    passes = f"a warm-up, then {workload['repeats']} timed pass{'es' if workload['repeats'] > 1 else ''}"
+    rounds = int(workload.get("rounds", 1))
+    if rounds == 1:
+        return f"one process per engine: {passes}"
+    return (f"{rounds} rounds, each a process per engine, the engines' order reversed every round; per engine and "
+            f"round {passes}")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: results table, ratios, checks, workload, versions and the command."""
     cases = [Case(c["beam"], c["batch"]) for c in report["workload"]["cases"]]
@@ -29,7 +38,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     if machine["cores"] and busiest > 0.5 * machine["cores"]:
         lines += [f"**Warning:** load average {busiest} on {machine['cores']} cores during the run: other processes "
                   "competed for the CPU, so these numbers are not comparable with an idle machine's.", ""]
-    lines += ["Generated target tokens per second (median of the timed passes); at batch 1 also ms per sentence.", "",
+    lines += ["Generated target tokens per second (median of the timed passes of every round); at batch 1 also ms per "
+              "sentence.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for engine in report["engines"]:
         if engine["status"] != "ok":
@@ -46,15 +56,20 @@ def render_markdown(report: dict[str, Any]) -> str:
     comparison = report["analysis"]["comparison"]
     if any("speedup" in row or "fp32_ratio" in row for row in comparison):
         t = report["analysis"]["targets"]
-        lines += ["", f"Ratios (targets: best mtgate >= {t['speedup']}x best peer; ms/sentence at batch 1 <= "
-                      f"{t['latency']}x; best mtgate fp32 >= {t['fp32']}x best fp32 peer):", "",
+        rounds = report["workload"].get("rounds", 1)
+        paired = (f"the median over the {rounds} rounds of the ratio within a round (each round's ratios in brackets)"
+                  if rounds > 1 else "the ratio of the medians")
+        lines += ["", f"Ratios, {paired} (targets: best mtgate >= {t['speedup']}x best peer; ms/sentence at batch 1 "
+                      f"<= {t['latency']}x; best mtgate fp32 >= {t['fp32']}x best fp32 peer):", "",
                   "| case | best peer | best mtgate | speedup | ms ratio b1 | best fp32 peer | best mtgate fp32 | fp32 ratio |",
                   "|---|---|---|---|---|---|---|---|"]
         for row in comparison:
             def mark(key: str, ok_key: str, r: dict[str, Any] = row) -> str:
                 if key not in r:
                     return "-"
-                return f"{r[key]:.2f}x {'ok' if r[ok_key] else 'MISSED'}"
+                per_round = r.get(f"{key}_rounds", [])
+                detail = f" ({', '.join(f'{x:.2f}' for x in per_round)})" if len(per_round) > 1 else ""
+                return f"{r[key]:.2f}x {'ok' if r[ok_key] else 'MISSED'}{detail}"
             lines.append(f"| {row['case']} | {row['best_peer'] or '-'} | {row['best_mtgate'] or '-'} | "
                          f"{mark('speedup', 'speedup_ok')} | {mark('latency_ratio', 'latency_ok')} | "
                          f"{row['best_fp32_peer'] or '-'} | {row['best_fp32_mtgate'] or '-'} | "
@@ -84,7 +99,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"- sentences: {w['sentences']} ({w['sentences_from']}), source tokens incl. EOS: mean {src['mean']}, "
               f"min {src['min']}, max {src['max']}",
               f"- {w['new_tokens']} generated tokens per sentence; beams {sorted({c.beam for c in cases})}, batch sizes "
-              f"{sorted({c.batch for c in cases})}; warm-up, then {w['repeats']} timed passes; {w['threads']} threads",
+              f"{sorted({c.batch for c in cases})}; {_rounds_text(w)}; {w['threads']} threads",
               f"- machine: {report['machine']['cpu']}, {report['machine']['cores']} cores; load average at start "
               f"{report['machine']['load_start']}, at end {report['machine']['load_end']}",
               "", "## Engines", "", "| engine | versions | settings |", "|---|---|---|"]

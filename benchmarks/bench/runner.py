@@ -1,4 +1,5 @@
-"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine, the reports.
+"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine and round (the
+engines' order alternating between rounds), the reports.
 
 The cache folder (``--cache-dir``) holds, per model, the mtgate package converted from it, the peers' artifacts, the
 logs of the slow preparation steps and each run's worker configs and results (``runs/<name>/``).
@@ -13,6 +14,7 @@ import logging
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench.analysis import analyze, summarize_case
+from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
 from benchmarks.bench.cli import NAME, Plan
 from benchmarks.bench.engines import PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
@@ -190,19 +192,20 @@ def _ensure_peer_artifact(plan: Plan, engine: EngineSpec, model: Path, folder: P
 
 
 def _run_engine(plan: Plan, engine: EngineSpec, run_dir: Path, worker_config: dict[str, Any],
-                progress: Callable[[str], None]) -> dict[str, Any]:
-    config_path = run_dir / f"{engine.id}.config.json"
-    result_path = run_dir / f"{engine.id}.result.json"
+                progress: Callable[[str], None], round_number: int) -> dict[str, Any]:
+    stem = f"{engine.id}.round{round_number}"
+    config_path = run_dir / f"{stem}.config.json"
+    result_path = run_dir / f"{stem}.result.json"
     config = {**worker_config, "engine": engine.id, "result": str(result_path)}
     write_json(config_path, config)
     if engine.family == "mtgate":
         cmd = [sys.executable, "-m", "benchmarks.bench.mtgate_worker", str(config_path)]
     else:
         cmd = [str(plan.peer_python), str(PEERS_SCRIPT), "run", str(config_path)]
-    progress(f"running {engine.id}")
+    progress(f"running {engine.id}" + (f" (round {round_number} of {plan.rounds})" if plan.rounds > 1 else ""))
     started = time.perf_counter()
     try:
-        done = _run(cmd, engine.id, plan.timeout, _worker_env(plan.threads), run_dir / f"{engine.id}.log")
+        done = _run(cmd, engine.id, plan.timeout, _worker_env(plan.threads), run_dir / f"{stem}.log")
     except subprocess.TimeoutExpired:
         return {"status": "failed", "error": f"no result within {plan.timeout:.0f}s"}
     if done.returncode != 0 or not result_path.is_file():
@@ -260,33 +263,51 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
         "special_ids": dataclasses.asdict(manifest.special_ids),
     }
 
+    # Rounds: every engine once per round, in the opposite order in the next round, so that a drift of the machine's
+    # speed over the run weighs on every engine alike; ratios are taken within a round (analysis.paired_ratio).
+    results: dict[str, list[dict[str, Any]]] = {e.id: [] for e in engines}
+    failures: dict[str, dict[str, Any]] = {}
+    for round_index in range(plan.rounds):
+        for engine in engines if round_index % 2 == 0 else engines[::-1]:
+            if engine.id in failures:
+                continue
+            try:
+                artifact = (_ensure_peer_artifact(plan, engine, model, folder, progress)
+                            if engine.family == "peer" else None)
+                config = {**worker_config, "artifact": artifact and str(artifact)}
+                if engine.runtime is not None:
+                    config.update(runtime=engine.runtime, precision=engine.precision)
+                result = _run_engine(plan, engine, run_dir, config, progress, round_index + 1)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                result = {"status": "failed", "error": str(e)}
+            if result.pop("status") != "ok":
+                failures[engine.id] = result
+                progress(f"{engine.id}: failed: {result.get('error', '')}")
+                continue
+            results[engine.id].append(result)
+            progress(f"{engine.id}: " + ", ".join(
+                f"{Case(r['beam'], r['batch']).name} {r['tokens'] / statistics.median(r['seconds']):.0f} tok/s"
+                for r in result["cases"]))
+
     entries: list[dict[str, Any]] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}
     for engine in engines:
         entry: dict[str, Any] = {"id": engine.id, "label": engine.label, "family": engine.family,
                                  "precision": engine.precision, "fp32": engine.fp32}
-        try:
-            artifact = _ensure_peer_artifact(plan, engine, model, folder, progress) if engine.family == "peer" else None
-            config = {**worker_config, "artifact": artifact and str(artifact)}
-            if engine.runtime is not None:
-                config.update(runtime=engine.runtime, precision=engine.precision)
-            result = _run_engine(plan, engine, run_dir, config, progress)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            result = {"status": "failed", "error": str(e)}
-        entry["status"] = result.pop("status")
-        if entry["status"] != "ok":
-            entry["error"] = result.get("error", "")
-            progress(f"{engine.id}: {entry['status']}: {entry['error']}")
+        if engine.id in failures:
+            entry.update(status="failed", error=failures[engine.id].get("error", ""))
             entries.append(entry)
             continue
-        raw_cases = result.pop("cases")
+        rounds = results[engine.id]
+        raw_cases = merge_rounds([r["cases"] for r in rounds])
         outputs[engine.id] = {Case(r["beam"], r["batch"]).name: r["outputs"] for r in raw_cases}
-        entry.update({k: result[k] for k in ("versions", "settings", "load_seconds", "rss_after_load_mib",
-                                             "peak_rss_mib", "wall_seconds") if k in result})
-        entry["peak_rss_mib"] = round(float(entry["peak_rss_mib"]), 1)
+        entry["status"] = "ok"
+        entry.update({k: rounds[0][k] for k in ("versions", "settings") if k in rounds[0]})
+        entry["load_seconds"] = round(statistics.median(float(r["load_seconds"]) for r in rounds), 2)
+        entry["rss_after_load_mib"] = rounds[-1].get("rss_after_load_mib")
+        entry["peak_rss_mib"] = round(max(float(r["peak_rss_mib"]) for r in rounds), 1)
+        entry["wall_seconds"] = round(sum(float(r["wall_seconds"]) for r in rounds), 1)
         entry["cases"] = [summarize_case(r, len(sentences), plan.new_tokens) for r in raw_cases]
-        progress(f"{engine.id}: " + ", ".join(f"{Case(r['beam'], r['batch']).name} {r['tokens_per_s']:.0f} tok/s"
-                                             for r in entry["cases"]))
         entries.append(entry)
 
     machine["load_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -303,6 +324,7 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
             "sentences_from": sentences_from,
             "new_tokens": plan.new_tokens,
             "cases": [dataclasses.asdict(c) for c in plan.cases],
+            "rounds": plan.rounds,
             "repeats": plan.repeats,
             "warmup_sentences": plan.warmup_sentences,
             "threads": plan.threads,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks.bench import runner as bench
-from benchmarks.bench.analysis import agreement, analyze, summarize_case
+from benchmarks.bench.analysis import agreement, analyze, merge_rounds, summarize_case
 from benchmarks.bench.cli import main
 from benchmarks.bench.measure import Case, measure
 from benchmarks.bench.report import render_markdown
@@ -147,6 +147,36 @@ def test_an_engine_that_generates_fewer_tokens_is_flagged_and_cannot_win() -> No
     assert "(!)" in markdown and "NO" in markdown
 
 
+def _rounds_engine(engine_id: str, family: str, rounds: list[float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An engine measured in ``len(rounds)`` rounds, one pass per round at the given tokens/s, greedy b1 only."""
+    outputs = [[3, 4], [5, 6]]
+    raw = [[{"beam": 1, "batch": 1, "seconds": [4 / tps], "cpu_seconds": [4 / tps], "tokens": 4, "lengths": [2, 2],
+             "outputs": outputs}] for tps in rounds]
+    merged = merge_rounds(raw)
+    assert merged[0]["seconds"] == [4 / tps for tps in rounds] and len(merged[0]["round_seconds"]) == len(rounds)
+    row = summarize_case(merged[0], sentences=2, new_tokens=2)
+    entry = {"id": engine_id, "label": engine_id, "family": family, "fp32": True, "status": "ok", "cases": [row],
+             "peak_rss_mib": 100.0, "versions": {}, "settings": {}}
+    return entry, {"greedy b1": outputs}
+
+
+def test_ratios_are_paired_round_by_round() -> None:
+    """The machine's speed drifts over a run: engines are compared within a round (the median of the rounds' ratios),
+    not by their medians over every pass, which may come from rounds far apart."""
+    mine, mine_out = _rounds_engine("mtgate-onnxruntime-fp32", "mtgate", [100, 200, 300])
+    peer, peer_out = _rounds_engine("ct2-float32", "peer", [50, 400, 200])
+    assert mine["cases"][0]["tokens_per_s_rounds"] == [100, 200, 300] and mine["cases"][0]["tokens_per_s"] == 200
+    result = analyze([mine, peer], {mine["id"]: mine_out, peer["id"]: peer_out}, [Case(1, 1)], TARGETS)
+    row = result["comparison"][0]
+    assert row["speedup_rounds"] == [2.0, 0.5, 1.5] and row["speedup"] == 1.5  # the medians' ratio would be 1.0
+    assert row["fp32_ratio"] == 1.5 and row["fp32_ratio_rounds"] == [2.0, 0.5, 1.5]
+    assert row["latency_ratio"] == pytest.approx(1 / 1.5, abs=1e-3)
+    report = _report([mine, peer], result)
+    report["workload"]["rounds"] = 3
+    markdown = render_markdown(report)
+    assert "1.50x ok (2.00, 0.50, 1.50)" in markdown and "3 rounds" in markdown
+
+
 def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str, Any]:
     return {
         "created": "now",
@@ -178,6 +208,7 @@ def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str
         (["--model", "/nonexistent/marian"], "not a Hugging Face model directory"),  # the old spelling, hidden
         (["--sentences", "/nonexistent/file.txt"], "no such file"),
         (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -204,12 +235,13 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_transformers
 def test_quick_runs_every_mtgate_engine_and_writes_valid_json(cache_dir: Path, tmp_path: Path) -> None:
-    code = main(["--quick", "--cache-dir", str(cache_dir), "-o", str(tmp_path), "--name", "quick"])
+    code = main(["--quick", "--rounds", "2", "--cache-dir", str(cache_dir), "-o", str(tmp_path), "--name", "quick"])
     assert code == 0
     report = json.loads((tmp_path / "quick.json").read_text(encoding="utf-8"))
     assert report["format"] == bench.FORMAT
     workload = report["workload"]
     assert workload["sentences"] == 4 and workload["new_tokens"] == 8 and workload["threads"] == 2
+    assert workload["rounds"] == 2 and workload["repeats"] == 1
     assert [(c["beam"], c["batch"]) for c in workload["cases"]] == [(1, 1), (1, 4), (4, 1), (4, 4)]
     engines = {e["id"]: e for e in report["engines"]}
     assert set(engines) == {"mtgate-onnxruntime-fp32", "mtgate-openvino-fp32"}
@@ -219,9 +251,14 @@ def test_quick_runs_every_mtgate_engine_and_writes_valid_json(cache_dir: Path, t
         assert len(engine["cases"]) == 4
         for row in engine["cases"]:
             assert row["tokens"] == row["expected_tokens"] == 4 * 8 and row["tokens_ok"]
-            assert row["tokens_per_s"] > 0 and len(row["seconds"]) == 1
+            assert row["tokens_per_s"] > 0 and len(row["seconds"]) == 2 and len(row["tokens_per_s_rounds"]) == 2
     checks = report["analysis"]["checks"]
     assert checks["token_count_problems"] == [] and checks["fp32_mismatches"] == []
+    # one process per engine and round, the second round in the reverse order
+    run_dir = cache_dir / "runs" / "quick"
+    logs = sorted(run_dir.glob("*.round*.result.json"), key=lambda path: path.stat().st_mtime_ns)
+    assert [path.name.split(".")[0] for path in logs] == ["mtgate-onnxruntime-fp32", "mtgate-openvino-fp32",
+                                                          "mtgate-openvino-fp32", "mtgate-onnxruntime-fp32"]
     assert (tmp_path / "quick.md").read_text(encoding="utf-8").startswith("# mtgate bench")
 
 
