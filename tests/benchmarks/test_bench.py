@@ -173,8 +173,11 @@ def test_ratios_are_paired_round_by_round() -> None:
     assert row["latency_ratio"] == pytest.approx(1 / 1.5, abs=1e-3)
     report = _report([mine, peer], result)
     report["workload"]["rounds"] = 3
+    report["machine"]["load_end"] = [2.3, 2.1, 1.9]  # the bench's own engines: no warning
     markdown = render_markdown(report)
-    assert "1.50x ok (2.00, 0.50, 1.50)" in markdown and "3 rounds" in markdown
+    assert "1.50x ok (2.00, 0.50, 1.50)" in markdown and "3 rounds" in markdown and "Warning" not in markdown
+    report["machine"]["load_start"] = [1.5, 1.0, 1.0]  # something else was running
+    assert "**Warning:** load average 1.5 on 2 cores when the run started" in render_markdown(report)
 
 
 def _report(entries: list[dict[str, Any]], analysis: dict[str, Any]) -> dict[str, Any]:
