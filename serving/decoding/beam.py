@@ -16,7 +16,7 @@ from serving.decoding.base import (
     writable,
 )
 from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process
-from serving.decoding.topk import top_k_sorted
+from serving.decoding.topk import top_k_beams, top_k_sorted
 
 # transformers masks with -1e9 (float32); tensor2tensor's INF is 1e7.
 _HF_MASK = np.float32(-1.0e9)
@@ -62,8 +62,7 @@ class BeamSearchBase:
             log_probs = np.repeat(log_probs, k, axis=0)
             self.expanded = True
         self._fit_width()
-        candidates = self._candidates(log_probs)
-        select = self._advance(candidates)  # rows (sentence * K + beam) to continue, in their new order
+        select = self._advance(self._next_log_probs(log_probs))  # rows (sentence * K + beam) to continue, in order
         if select is None:
             return None
         tokens = self.alive_seq[np.arange(self.ids.size), :, self.steps].reshape(-1, 1)
@@ -105,18 +104,16 @@ class BeamSearchBase:
         rows_per_sentence = self.k if self.expanded else 1
         return np.asarray((keep[:, None] * rows_per_sentence + np.arange(rows_per_sentence)).reshape(-1))
 
-    def _candidates(self, log_probs: np.ndarray) -> np.ndarray:
-        """``[n, K * V]`` float32 candidate log-probs: alive log-prob + next-token log-prob after the rules."""
+    def _next_log_probs(self, log_probs: np.ndarray) -> np.ndarray:
+        """``[n, K, V]`` float32 next-token log-probs after the rules; a candidate's log-prob adds its beam's
+        (``alive_scores``; ``top_k_beams`` adds it to the candidates it reads)."""
         n, k, v = self.ids.size, self.k, self.vocab
         forced = None
         if self.options.forced_eos:
             last = self.caps == self.steps + 1
             forced = np.repeat(last, k) if last.any() else None
         assert self.bad is not None
-        log_probs = writable(process(log_probs, self.options, self.bad, forced, self._history()))
-        scores = log_probs.reshape(n, k, v)
-        scores += self.alive_scores[:, :, None]
-        return scores.reshape(n, k * v)
+        return writable(process(log_probs, self.options, self.bad, forced, self._history())).reshape(n, k, v)
 
     def _history(self) -> RowHistory | None:
         """Each row's tokens for the rules that read them (None when no rule does)."""
@@ -224,7 +221,7 @@ class BeamSearchBase:
     def _init_state(self, n: int) -> None:
         raise NotImplementedError
 
-    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+    def _advance(self, log_probs: np.ndarray) -> np.ndarray | None:
         raise NotImplementedError
 
     def _final(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,14 +245,13 @@ class HFBeamSearch(BeamSearchBase):
     def _normalized(self, log_prob: float, generated: int) -> float:
         return float(np.float32(log_prob) / np.float32(float(generated) ** self.options.length_penalty))
 
-    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+    def _advance(self, log_probs: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
         lengths = self.steps + 1  # of the candidates, EOS included
         # transformers divides by float(length) ** lp, rounded to float32 (the length after a target prefix).
         generated = np.maximum(self._generated(), 1).astype(np.float64)
         penalty = (generated**opts.length_penalty).astype(np.float32)[:, None]
-        top = top_k_sorted(candidates, 2 * k)  # [n, 2K] flat indices
-        top_scores = np.take_along_axis(candidates, top, axis=1)
+        top, top_scores = top_k_beams(log_probs, self.alive_scores, 2 * k)  # [n, 2K] flat indices, their scores
         beam, token = top // v, top % v
         at_cap = (self.caps <= lengths)[:, None]
         hits = (token == opts.eos_id) | at_cap  # [n, 2K]
@@ -319,13 +315,11 @@ class T2TBeamSearch(BeamSearchBase):
         alpha = np.float32(self.options.length_penalty)
         return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
 
-    def _advance(self, candidates: np.ndarray) -> np.ndarray | None:
+    def _advance(self, log_probs: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
         lengths = self.steps + 1
         penalty = self._penalty(np.maximum(self._generated(), 1))[:, None]
-        penalized = candidates / penalty
-        top = top_k_sorted(penalized, 2 * k)
-        top_scores = np.take_along_axis(penalized, top, axis=1)
+        top, top_scores = top_k_beams(log_probs, self.alive_scores, 2 * k, divisor=penalty)  # (log-prob sum) / penalty
         top_log_probs = top_scores * penalty  # T2T recovers the log-probs this way
         beam, token = top // v, top % v
         finished_now = token == opts.eos_id

@@ -1,7 +1,10 @@
 """The k best entries of each row of a score array, exactly as a stable sort ranks them, without sorting whole rows
-(beam search's candidates are ``K x V`` wide: 232404 for opus-mt and 4 beams)."""
+(beam search's candidates are ``K x V`` wide: 232404 for opus-mt and 4 beams), and of beam search's candidates without
+writing them (``top_k_beams``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,42 +28,114 @@ def top_k_sorted(scores: np.ndarray, k: int) -> np.ndarray:
     n, width = scores.shape
     if width <= 256:
         return np.asarray(np.argsort(-scores, axis=1, kind="stable")[:, :k])
+    if width // _STRIPES >= 16 * k:
+        return _top_k_chunked(scores[:, None, :], k, None, None)[0]
+    part = np.broadcast_to(np.arange(width), scores.shape)
+    return _select(scores, part, k, lambda kth: np.zeros(n, dtype=bool), lambda row: scores[row])[0]
+
+
+def top_k_beams(log_probs: np.ndarray, offsets: np.ndarray, k: int,
+                divisor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_k_sorted` of beam search's candidate scores, and those k scores, without writing the candidates.
+
+    The candidates of sentence ``i`` are ``(log_probs[i, b, t] + offsets[i, b]) / divisor[i, 0]`` (float32, in that
+    order; no division without ``divisor``) at flat index ``b * V + t``. Adding an offset and dividing by a positive
+    number are monotone in float32 (rounding never reverses an order), so the maximum of a chunk of one beam's
+    log-probs, offset and divided, is the maximum of that chunk's scores: the chunks are taken within each beam's row
+    and only the chosen chunks' entries are scored. Results equal those of :func:`top_k_sorted` on the candidates.
+
+    Arguments:
+        log_probs: ``[n, K, V]`` float32.
+        offsets: ``[n, K]`` float32, each beam's score so far.
+        k: how many.
+        divisor: ``[n, 1]`` positive float32 (T2T's length penalty), or None.
+
+    Returns:
+        ``[n, k]`` flat indices ``b * V + t``, best first, and their scores.
+    """
+    n, beams, vocab = log_probs.shape
+    if (vocab // _STRIPES) * beams >= 16 * k and vocab >= _STRIPES:
+        return _top_k_chunked(log_probs, k, offsets, divisor)
+    scores = _scored(log_probs.reshape(n, beams * vocab), np.repeat(np.arange(beams), vocab)[None, :], offsets,
+                     divisor)
+    top = top_k_sorted(scores, k)
+    return top, np.take_along_axis(scores, top, axis=1)
+
+
+def _scored(values: np.ndarray, beam: np.ndarray, offsets: np.ndarray | None,
+            divisor: np.ndarray | None) -> np.ndarray:
+    """``values`` of the beams ``beam`` (same shape, or broadcast) as candidate scores (see top_k_beams)."""
+    if offsets is not None:
+        values = values + np.take_along_axis(offsets, np.broadcast_to(beam, values.shape), axis=1)
+    if divisor is not None:
+        values = values / divisor
+    return values
+
+
+def _top_k_chunked(rows: np.ndarray, k: int, offsets: np.ndarray | None,
+                   divisor: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The k best scores of ``rows [n, B, W]`` laid end to end (flat index ``b * W + t``), scored by ``_scored``,
+    through the maxima of 64-entry chunks of each of the B rows (top_k_sorted's docstring)."""
+    n, beams, width = rows.shape
     columns = width // _STRIPES
-    if columns >= 16 * k:
-        body = scores[:, : _STRIPES * columns].reshape(n, _STRIPES, columns)
-        maxima = body.max(axis=1)
-        if width > _STRIPES * columns:
-            rest = scores[:, _STRIPES * columns :].max(axis=1, keepdims=True)
-            maxima = np.concatenate([maxima, rest], axis=1)
-        chunks = np.argpartition(maxima, maxima.shape[1] - k, axis=1)[:, maxima.shape[1] - k :]
-        stripes = np.arange(_STRIPES)
-        part = np.where((chunks == columns)[:, :, None], _STRIPES * columns + stripes,
-                        chunks[:, :, None] + columns * stripes).reshape(n, k * _STRIPES)
-        inside = part < width  # the last chunk may hold fewer than 64 entries
-        values = np.where(inside, np.take_along_axis(scores, np.minimum(part, width - 1), axis=1), NEG_INF)
-        part = np.where(inside, part, width)  # past the end: ranked after every real entry
-    else:
-        maxima = None
-        part, values = np.broadcast_to(np.arange(width), scores.shape), scores
+    chunks_per_beam = columns + (width > _STRIPES * columns)
+    body = rows[:, :, : _STRIPES * columns].reshape(n, beams, _STRIPES, columns)
+    maxima = body.max(axis=2)
+    if chunks_per_beam > columns:
+        rest = rows[:, :, _STRIPES * columns :].max(axis=2, keepdims=True)
+        maxima = np.concatenate([maxima, rest], axis=2)
+    if offsets is not None:
+        maxima = maxima + offsets[:, :, None]
+    if divisor is not None:
+        maxima = maxima / divisor[:, :, None]
+    maxima = maxima.reshape(n, beams * chunks_per_beam)
+    total = maxima.shape[1]
+    chunks = np.argpartition(maxima, total - k, axis=1)[:, total - k :]
+    beam, column = chunks // chunks_per_beam, chunks % chunks_per_beam
+    stripes = np.arange(_STRIPES)
+    inner = np.where((column == columns)[:, :, None], _STRIPES * columns + stripes, column[:, :, None] + columns * stripes)
+    inside = (inner < width).reshape(n, k * _STRIPES)  # a row's last chunk may hold fewer than 64 entries
+    part = (beam[:, :, None] * width + np.minimum(inner, width - 1)).reshape(n, k * _STRIPES)
+    flat = rows.reshape(n, beams * width)
+    values = _scored(np.take_along_axis(flat, part, axis=1), part // width, offsets, divisor)
+    values = np.where(inside, values, NEG_INF)
+    part = np.where(inside, part, beams * width)  # past the end: ranked after every real entry
+
+    def row_scores(row: int) -> np.ndarray:
+        scores = rows[row]
+        if offsets is not None:
+            scores = scores + offsets[row][:, None]
+        if divisor is not None:
+            scores = scores / divisor[row, 0]
+        return np.asarray(scores).reshape(-1)
+
+    # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k is a tie at the k-th
+    # place (found without another pass over the whole row).
+    return _select(values, part, k, lambda kth: (maxima >= kth).sum(axis=1) > k, row_scores)
+
+
+def _select(values: np.ndarray, part: np.ndarray, k: int, tied_chunks: Callable[[np.ndarray], np.ndarray],
+            row_scores: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of the candidate ``values`` (``part``: their indices in the row), best first, ties in ascending
+    index order, and their values. ``tied_chunks(kth)`` marks the rows where a chunk not among the candidates ties
+    with the k-th value; ``row_scores(i)`` is row ``i`` whole, read only for a row tied at the k-th place."""
     best = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k :]
     best_values = np.take_along_axis(values, best, axis=1)
     best_index = np.take_along_axis(part, best, axis=1)
     order = np.lexsort((best_index, -best_values), axis=1)
     top = np.take_along_axis(best_index, order, axis=1)
+    top_values = np.take_along_axis(best_values, order, axis=1)
     kth = best_values.min(axis=1, keepdims=True)
-    # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k, or more such
-    # entries among the candidates, is a tie at the k-th place (found without another pass over the whole row).
-    tied = (values >= kth).sum(axis=1) > k
-    if maxima is not None:
-        tied |= (maxima >= kth).sum(axis=1) > k
-    if tied.any():  # exact ties at the k-th place (e.g. every entry but EOS masked at a sentence's last step)
-        above = np.take_along_axis(best_values, order, axis=1) > kth
-        for row in np.flatnonzero(tied):
-            # The entries above the k-th value are all among the candidates (a chunk holding one has a maximum above
-            # it, so it was picked); the places left go to the entries equal to it, in ascending index order.
-            better = top[row][above[row]]
-            top[row] = np.concatenate([better, _first_equal(scores[row], kth[row, 0], k - better.size)])
-    return np.asarray(top)
+    # More entries >= the k-th best among the candidates than k is a tie at the k-th place too.
+    tied = ((values >= kth).sum(axis=1) > k) | tied_chunks(kth)
+    for row in np.flatnonzero(tied):  # exact ties at the k-th place (e.g. every entry but EOS masked at a last step)
+        # The entries above the k-th value are all among the candidates (a chunk holding one has a maximum above it,
+        # so it was picked); the places left go to the entries equal to it, in ascending index order.
+        scores = row_scores(int(row))
+        better = top[row][top_values[row] > kth[row, 0]]
+        top[row] = np.concatenate([better, _first_equal(scores, kth[row, 0], k - better.size)])
+        top_values[row] = scores[top[row]]
+    return np.asarray(top), np.asarray(top_values)
 
 
 def _first_equal(row: np.ndarray, value: np.floating, count: int) -> np.ndarray:

@@ -344,3 +344,34 @@ def test_top_k_is_exact_with_ties_in_index_order(width: int) -> None:
         k = min(k, width)
         expected = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(_top_k_sorted(scores, k), expected)
+
+
+@pytest.mark.parametrize(("beams", "vocab"), [(4, 7), (4, 500), (4, 8000), (1, 9000), (4, 58_101)])
+@pytest.mark.parametrize("divided", [False, True])
+def test_top_k_of_beams_equals_top_k_of_the_written_candidates(beams: int, vocab: int, divided: bool) -> None:
+    """Beam search's candidates (log-prob + the beam's score, T2T: / the length penalty) ranked without writing them:
+    the same indices and the same float32 scores as top_k_sorted over the written candidates."""
+    from serving.decoding.topk import top_k_beams, top_k_sorted
+
+    rng = np.random.default_rng(vocab + beams)
+    n = 6
+    log_probs = (rng.standard_normal((n, beams, vocab)) * 3 - 10).astype(np.float32)
+    log_probs[0, :, rng.integers(0, vocab, vocab // 2)] = -np.inf  # bad words
+    log_probs[1] = np.round(log_probs[1])  # many exact ties, within and across beams
+    log_probs[2] = -np.inf  # a forced last step: only EOS left in every beam
+    log_probs[2, :, 0] = -0.5
+    log_probs[3, :, [vocab - 1, vocab // 2]] = 5.0  # ties for the best place, far apart
+    offsets = (rng.standard_normal((n, beams)) * 4).astype(np.float32)
+    offsets[4, 1:] = np.float32(-1.0e9)  # a first step: every beam but the first masked
+    offsets[1] = np.round(offsets[1])
+    divisor = (1.0 + rng.random((n, 1))).astype(np.float32) if divided else None
+    written = log_probs + offsets[:, :, None]
+    if divisor is not None:
+        written = written / divisor[:, :, None]
+    written = written.reshape(n, beams * vocab)
+    for k in (1, 2, 8):
+        k = min(k, beams * vocab)
+        top, values = top_k_beams(log_probs, offsets, k, divisor)
+        np.testing.assert_array_equal(top, top_k_sorted(written, k))
+        np.testing.assert_array_equal(values, np.take_along_axis(written, top, axis=1))
+        assert values.dtype == np.float32
