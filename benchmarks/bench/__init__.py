@@ -8,7 +8,8 @@ The workload: a Marian model (a random-weight model of the opus-mt-en-de shape b
 seed, or any Hugging Face Marian directory given with ``--checkpoint``), N source sentences (Multi30k test_2016
 lengths, or a file), exactly ``--new-tokens`` generated tokens per sentence, greedy and beam search, batch 1 and 16,
 on a fixed number of threads. Every engine runs in its own process, one after another, over the same token ids and
-the same batches, once per round (``--rounds``, the engines' order reversed every round):
+the same batches, once per case and round (``--rounds``, ``--interleave``; the engines' order reversed from one to the
+next):
 
 - mtgate: every runtime x precision of a package converted once from the model (``mtgate convert``, cached), run
   through ``Translator.translate`` with this interpreter (:mod:`benchmarks.bench.mtgate_worker`);
@@ -28,8 +29,8 @@ Modules, in the order a run uses them:
 ``cli``            the options, the resolved :class:`~benchmarks.bench.cli.Plan`, ``main``
 ``workload``       sentences, random source ids of the same lengths, summaries
 ``engines``        which engines exist (:class:`~benchmarks.bench.engines.EngineSpec`)
-``runner``         builds/converts the models once (cached), runs one process per engine and round, writes the
-                   reports
+``runner``         builds/converts the models once (cached), runs one process per engine, case and round, writes
+                   the reports
 ``measure``        the measuring loop every engine process runs (standard library and numpy only: the peers'
                    interpreter imports it without mtgate's dependencies)
 ``mtgate_worker``  mtgate's engine process (``python -m benchmarks.bench.mtgate_worker CONFIG``)

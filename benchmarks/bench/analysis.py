@@ -45,17 +45,22 @@ def agreement(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int
             "first_mismatch": first}
 
 
-def merge_rounds(rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One engine's raw cases over the rounds of a run (each round a process of its own, in the same case order): the
-    passes of every round, and ``round_seconds``, each round's passes apart (the harness pairs engines round by round).
-    Token counts and outputs are the last round's."""
+def merge_rounds(processes: Sequence[Sequence[dict[str, Any]]], cases: Sequence[Case]) -> list[dict[str, Any]]:
+    """One engine's raw cases over the rounds of a run, in the order of ``cases``: ``processes`` are its engine
+    processes in run order, each with the raw cases it measured (every case, or one with ``--interleave case``). A
+    case gets the passes of every round, and ``round_seconds``, each round's passes apart (the harness pairs engines
+    round by round). Token counts and outputs are the last round's."""
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for measured in processes:
+        for raw in measured:
+            by_case.setdefault(Case(raw["beam"], raw["batch"]).name, []).append(raw)
     merged: list[dict[str, Any]] = []
-    for index, last in enumerate(rounds[-1]):
-        cases = [r[index] for r in rounds]
-        merged.append({**last,
-                       "seconds": [s for c in cases for s in c["seconds"]],
-                       "cpu_seconds": [s for c in cases for s in c["cpu_seconds"]],
-                       "round_seconds": [list(c["seconds"]) for c in cases]})
+    for case in cases:
+        rounds = by_case[case.name]
+        merged.append({**rounds[-1],
+                       "seconds": [s for r in rounds for s in r["seconds"]],
+                       "cpu_seconds": [s for r in rounds for s in r["cpu_seconds"]],
+                       "round_seconds": [list(r["seconds"]) for r in rounds]})
     return merged
 
 

@@ -65,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rounds: every engine runs once per round, in a fresh process, the engines' order reversed "
                              "each round; ratios are taken within a round, their median reported (default 3; 1 with "
                              "--quick)")
+    parser.add_argument("--interleave", choices=("case", "engine"), default=None,
+                        help="case: a process per engine, case and round, so that the engines measured on one case "
+                             "run within a minute of each other; engine: a process per engine and round, every case "
+                             "in it (fewer model loads; default case, engine with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="timed passes per case and round (default 1)")
     parser.add_argument("--warmup-sentences", type=int, default=None,
                         help="sentences decoded before timing each case (default max(4, 2 x batch size))")
@@ -100,6 +104,7 @@ class Plan:
     engine_ids: list[str] | None  # None: every available engine of the selected families
     families: set[str]
     rounds: int
+    interleave: str
     repeats: int
     warmup_sentences: int | None
     threads: int
@@ -159,6 +164,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         engine_ids=engine_ids,
         families=families,
         rounds=args.rounds or (1 if quick else 3),
+        interleave=args.interleave or ("engine" if quick else "case"),
         repeats=args.repeats or 1,
         warmup_sentences=args.warmup_sentences if args.warmup_sentences is not None else (1 if quick else None),
         threads=args.threads,

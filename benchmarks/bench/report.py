@@ -21,10 +21,13 @@ def _fmt_tps(row: dict[str, Any] | None, with_ms: bool) -> str:
 def _rounds_text(workload: dict[str, Any]) -> str:
     passes = f"a warm-up, then {workload['repeats']} timed pass{'es' if workload['repeats'] > 1 else ''}"
     rounds = int(workload.get("rounds", 1))
-    if rounds == 1:
+    per = "engine, case and round" if workload.get("interleave") == "case" else "engine and round"
+    if rounds == 1 and per == "engine and round":
         return f"one process per engine: {passes}"
-    return (f"{rounds} rounds, each a process per engine, the engines' order reversed every round; per engine and "
-            f"round {passes}")
+    turns = "from one case to the next and, per case, from one round to the next" if per.startswith("engine, case") \
+        else "every round"
+    return (f"{rounds} round{'s' if rounds > 1 else ''}; a process per {per}, the engines' order reversed {turns}; "
+            f"in each, per case {passes}")
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine and round (the
-engines' order alternating between rounds), the reports.
+"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine, case and round
+(``--interleave engine``: per engine and round), the engines' order alternating from one to the next, the reports.
 
 The cache folder (``--cache-dir``) holds, per model, the mtgate package converted from it, the peers' artifacts, the
 logs of the slow preparation steps and each run's worker configs and results (``runs/<name>/``).
@@ -192,8 +192,8 @@ def _ensure_peer_artifact(plan: Plan, engine: EngineSpec, model: Path, folder: P
 
 
 def _run_engine(plan: Plan, engine: EngineSpec, run_dir: Path, worker_config: dict[str, Any],
-                progress: Callable[[str], None], round_number: int) -> dict[str, Any]:
-    stem = f"{engine.id}.round{round_number}"
+                progress: Callable[[str], None], turn: str) -> dict[str, Any]:
+    stem = f"{engine.id}.{turn}"
     config_path = run_dir / f"{stem}.config.json"
     result_path = run_dir / f"{stem}.result.json"
     config = {**worker_config, "engine": engine.id, "result": str(result_path)}
@@ -202,7 +202,7 @@ def _run_engine(plan: Plan, engine: EngineSpec, run_dir: Path, worker_config: di
         cmd = [sys.executable, "-m", "benchmarks.bench.mtgate_worker", str(config_path)]
     else:
         cmd = [str(plan.peer_python), str(PEERS_SCRIPT), "run", str(config_path)]
-    progress(f"running {engine.id}" + (f" (round {round_number} of {plan.rounds})" if plan.rounds > 1 else ""))
+    progress(f"running {engine.id} ({turn})")
     started = time.perf_counter()
     try:
         done = _run(cmd, engine.id, plan.timeout, _worker_env(plan.threads), run_dir / f"{stem}.log")
@@ -263,31 +263,37 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
         "special_ids": dataclasses.asdict(manifest.special_ids),
     }
 
-    # Rounds: every engine once per round, in the opposite order in the next round, so that a drift of the machine's
-    # speed over the run weighs on every engine alike; ratios are taken within a round (analysis.paired_ratio).
+    # Rounds: every engine once per round (with --interleave case, once per case and round), the engines' order
+    # reversed from one case to the next and, for each case, from one round to the next, so that a drift of the
+    # machine's speed over the run weighs on every engine alike; ratios are taken within a round
+    # (analysis.paired_ratio).
+    units = [[case] for case in plan.cases] if plan.interleave == "case" else [list(plan.cases)]
     results: dict[str, list[dict[str, Any]]] = {e.id: [] for e in engines}
     failures: dict[str, dict[str, Any]] = {}
     for round_index in range(plan.rounds):
-        for engine in engines if round_index % 2 == 0 else engines[::-1]:
-            if engine.id in failures:
-                continue
-            try:
-                artifact = (_ensure_peer_artifact(plan, engine, model, folder, progress)
-                            if engine.family == "peer" else None)
-                config = {**worker_config, "artifact": artifact and str(artifact)}
-                if engine.runtime is not None:
-                    config.update(runtime=engine.runtime, precision=engine.precision)
-                result = _run_engine(plan, engine, run_dir, config, progress, round_index + 1)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                result = {"status": "failed", "error": str(e)}
-            if result.pop("status") != "ok":
-                failures[engine.id] = result
-                progress(f"{engine.id}: failed: {result.get('error', '')}")
-                continue
-            results[engine.id].append(result)
-            progress(f"{engine.id}: " + ", ".join(
-                f"{Case(r['beam'], r['batch']).name} {r['tokens'] / statistics.median(r['seconds']):.0f} tok/s"
-                for r in result["cases"]))
+        for unit_index, unit in enumerate(units):
+            for engine in engines if (round_index + unit_index) % 2 == 0 else engines[::-1]:
+                if engine.id in failures:
+                    continue
+                try:
+                    artifact = (_ensure_peer_artifact(plan, engine, model, folder, progress)
+                                if engine.family == "peer" else None)
+                    config = {**worker_config, "artifact": artifact and str(artifact),
+                              "cases": [dataclasses.asdict(c) for c in unit]}
+                    if engine.runtime is not None:
+                        config.update(runtime=engine.runtime, precision=engine.precision)
+                    stem = f"round{round_index + 1}" + (f".case{unit_index + 1}" if len(units) > 1 else "")
+                    result = _run_engine(plan, engine, run_dir, config, progress, stem)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    result = {"status": "failed", "error": str(e)}
+                if result.pop("status") != "ok":
+                    failures[engine.id] = result
+                    progress(f"{engine.id}: failed: {result.get('error', '')}")
+                    continue
+                results[engine.id].append(result)
+                progress(f"{engine.id}: " + ", ".join(
+                    f"{Case(r['beam'], r['batch']).name} {r['tokens'] / statistics.median(r['seconds']):.0f} tok/s"
+                    for r in result["cases"]))
 
     entries: list[dict[str, Any]] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}
@@ -299,7 +305,7 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
             entries.append(entry)
             continue
         rounds = results[engine.id]
-        raw_cases = merge_rounds([r["cases"] for r in rounds])
+        raw_cases = merge_rounds([r["cases"] for r in rounds], plan.cases)
         outputs[engine.id] = {Case(r["beam"], r["batch"]).name: r["outputs"] for r in raw_cases}
         entry["status"] = "ok"
         entry.update({k: rounds[0][k] for k in ("versions", "settings") if k in rounds[0]})
@@ -325,6 +331,7 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
             "new_tokens": plan.new_tokens,
             "cases": [dataclasses.asdict(c) for c in plan.cases],
             "rounds": plan.rounds,
+            "interleave": plan.interleave,
             "repeats": plan.repeats,
             "warmup_sentences": plan.warmup_sentences,
             "threads": plan.threads,

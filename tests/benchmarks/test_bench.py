@@ -152,7 +152,7 @@ def _rounds_engine(engine_id: str, family: str, rounds: list[float]) -> tuple[di
     outputs = [[3, 4], [5, 6]]
     raw = [[{"beam": 1, "batch": 1, "seconds": [4 / tps], "cpu_seconds": [4 / tps], "tokens": 4, "lengths": [2, 2],
              "outputs": outputs}] for tps in rounds]
-    merged = merge_rounds(raw)
+    merged = merge_rounds(raw, [Case(1, 1)])
     assert merged[0]["seconds"] == [4 / tps for tps in rounds] and len(merged[0]["round_seconds"]) == len(rounds)
     row = summarize_case(merged[0], sentences=2, new_tokens=2)
     entry = {"id": engine_id, "label": engine_id, "family": family, "fp32": True, "status": "ok", "cases": [row],
@@ -176,6 +176,8 @@ def test_ratios_are_paired_round_by_round() -> None:
     report["machine"]["load_end"] = [2.3, 2.1, 1.9]  # the bench's own engines: no warning
     markdown = render_markdown(report)
     assert "1.50x ok (2.00, 0.50, 1.50)" in markdown and "3 rounds" in markdown and "Warning" not in markdown
+    report["workload"]["interleave"] = "case"
+    assert "a process per engine, case and round" in render_markdown(report)
     report["machine"]["load_start"] = [1.5, 1.0, 1.0]  # something else was running
     assert "**Warning:** load average 1.5 on 2 cores when the run started" in render_markdown(report)
 
@@ -277,6 +279,8 @@ def test_transformers_generates_the_same_tokens_as_mtgate(cache_dir: Path, tmp_p
             sys.executable,
             "--batch-sizes",
             "2",
+            "--interleave",
+            "case",
             "--cache-dir",
             str(cache_dir),
             "-o",
@@ -287,6 +291,12 @@ def test_transformers_generates_the_same_tokens_as_mtgate(cache_dir: Path, tmp_p
     )
     assert code == 0
     report = json.loads((tmp_path / "peer.json").read_text(encoding="utf-8"))
+    # a process per engine and case, the engines' order reversed from one case to the next
+    run_dir = cache_dir / "runs" / "peer"
+    results = sorted(run_dir.glob("*.result.json"), key=lambda path: path.stat().st_mtime_ns)
+    assert [path.name.rsplit(".", 2)[0] for path in results] == [
+        "mtgate-onnxruntime-fp32.round1.case1", "transformers-fp32.round1.case1",
+        "transformers-fp32.round1.case2", "mtgate-onnxruntime-fp32.round1.case2"]
     engines = {e["id"]: e for e in report["engines"]}
     assert engines["transformers-fp32"]["status"] == "ok", engines["transformers-fp32"].get("error")
     assert engines["transformers-fp32"]["versions"]["transformers"]
