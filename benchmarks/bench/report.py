@@ -21,11 +21,11 @@ def _fmt_tps(row: dict[str, Any] | None, with_ms: bool) -> str:
 def _rounds_text(workload: dict[str, Any]) -> str:
     passes = f"a warm-up, then {workload['repeats']} timed pass{'es' if workload['repeats'] > 1 else ''}"
     rounds = int(workload.get("rounds", 1))
-    per = "engine, case and round" if workload.get("interleave") == "case" else "engine and round"
-    if rounds == 1 and per == "engine and round":
+    by_case = workload.get("interleave") == "case"
+    if rounds == 1 and not by_case:
         return f"one process per engine: {passes}"
-    turns = "from one case to the next and, per case, from one round to the next" if per.startswith("engine, case") \
-        else "every round"
+    per, turns = (("engine, case and round", "from one case to the next and, per case, from one round to the next")
+                  if by_case else ("engine and round", "every round"))
     return (f"{rounds} round{'s' if rounds > 1 else ''}; a process per {per}, the engines' order reversed {turns}; "
             f"in each, per case {passes}")
 

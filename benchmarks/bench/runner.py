@@ -256,8 +256,8 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
     workload_path = run_dir / "workload.json"
     write_json(workload_path, {"sentences": sentences})
     manifest = open_package(package, verify=False).manifest
-    worker_config = {
-        "workload": str(workload_path), "cases": [dataclasses.asdict(c) for c in plan.cases],
+    worker_config = {  # each process also gets its "cases" (below)
+        "workload": str(workload_path),
         "repeats": plan.repeats, "warmup_sentences": plan.warmup_sentences, "threads": plan.threads,
         "new_tokens": plan.new_tokens, "package": str(package), "model": str(model),
         "special_ids": dataclasses.asdict(manifest.special_ids),

@@ -56,17 +56,27 @@ def top_k_beams(log_probs: np.ndarray, offsets: np.ndarray, k: int,
     n, beams, vocab = log_probs.shape
     if (vocab // _STRIPES) * beams >= 16 * k and vocab >= _STRIPES:
         return _top_k_chunked(log_probs, k, offsets, divisor)
-    scores = _scored(log_probs.reshape(n, beams * vocab), np.repeat(np.arange(beams), vocab)[None, :], offsets,
-                     divisor)
+    scores = _scored_rows(log_probs, offsets, divisor).reshape(n, beams * vocab)
     top = top_k_sorted(scores, k)
     return top, np.take_along_axis(scores, top, axis=1)
 
 
-def _scored(values: np.ndarray, beam: np.ndarray, offsets: np.ndarray | None,
-            divisor: np.ndarray | None) -> np.ndarray:
-    """``values`` of the beams ``beam`` (same shape, or broadcast) as candidate scores (see top_k_beams)."""
+def _scored_rows(rows: np.ndarray, offsets: np.ndarray | None, divisor: np.ndarray | None,
+                 sentences: slice = slice(None)) -> np.ndarray:
+    """``rows [n, B, X]`` (per-beam rows, or their chunk maxima) of the sentences ``sentences`` as candidate scores:
+    plus each beam's offset, then divided by the sentence's divisor (see top_k_beams)."""
     if offsets is not None:
-        values = values + np.take_along_axis(offsets, np.broadcast_to(beam, values.shape), axis=1)
+        rows = rows + offsets[sentences][:, :, None]
+    if divisor is not None:
+        rows = rows / divisor[sentences][:, :, None]
+    return rows
+
+
+def _scored_entries(values: np.ndarray, beam: np.ndarray, offsets: np.ndarray | None,
+                    divisor: np.ndarray | None) -> np.ndarray:
+    """Entries ``values [n, M]`` of the beams ``beam [n, M]`` as candidate scores (as ``_scored_rows``)."""
+    if offsets is not None:
+        values = values + np.take_along_axis(offsets, beam, axis=1)
     if divisor is not None:
         values = values / divisor
     return values
@@ -74,7 +84,7 @@ def _scored(values: np.ndarray, beam: np.ndarray, offsets: np.ndarray | None,
 
 def _top_k_chunked(rows: np.ndarray, k: int, offsets: np.ndarray | None,
                    divisor: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The k best scores of ``rows [n, B, W]`` laid end to end (flat index ``b * W + t``), scored by ``_scored``,
+    """The k best scores of ``rows [n, B, W]`` laid end to end (flat index ``b * W + t``), scored as ``_scored_rows``,
     through the maxima of 64-entry chunks of each of the B rows (top_k_sorted's docstring)."""
     n, beams, width = rows.shape
     columns = width // _STRIPES
@@ -84,11 +94,7 @@ def _top_k_chunked(rows: np.ndarray, k: int, offsets: np.ndarray | None,
     if chunks_per_beam > columns:
         rest = rows[:, :, _STRIPES * columns :].max(axis=2, keepdims=True)
         maxima = np.concatenate([maxima, rest], axis=2)
-    if offsets is not None:
-        maxima = maxima + offsets[:, :, None]
-    if divisor is not None:
-        maxima = maxima / divisor[:, :, None]
-    maxima = maxima.reshape(n, beams * chunks_per_beam)
+    maxima = _scored_rows(maxima, offsets, divisor).reshape(n, beams * chunks_per_beam)
     total = maxima.shape[1]
     chunks = np.argpartition(maxima, total - k, axis=1)[:, total - k :]
     beam, column = chunks // chunks_per_beam, chunks % chunks_per_beam
@@ -97,17 +103,12 @@ def _top_k_chunked(rows: np.ndarray, k: int, offsets: np.ndarray | None,
     inside = (inner < width).reshape(n, k * _STRIPES)  # a row's last chunk may hold fewer than 64 entries
     part = (beam[:, :, None] * width + np.minimum(inner, width - 1)).reshape(n, k * _STRIPES)
     flat = rows.reshape(n, beams * width)
-    values = _scored(np.take_along_axis(flat, part, axis=1), part // width, offsets, divisor)
+    values = _scored_entries(np.take_along_axis(flat, part, axis=1), part // width, offsets, divisor)
     values = np.where(inside, values, NEG_INF)
     part = np.where(inside, part, beams * width)  # past the end: ranked after every real entry
 
     def row_scores(row: int) -> np.ndarray:
-        scores = rows[row]
-        if offsets is not None:
-            scores = scores + offsets[row][:, None]
-        if divisor is not None:
-            scores = scores / divisor[row, 0]
-        return np.asarray(scores).reshape(-1)
+        return np.asarray(_scored_rows(rows[row : row + 1], offsets, divisor, slice(row, row + 1))).reshape(-1)
 
     # Every entry >= the k-th best lies in a chunk whose maximum is >= it: more such chunks than k is a tie at the k-th
     # place (found without another pass over the whole row).
