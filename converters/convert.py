@@ -28,6 +28,7 @@ from typing import Any
 
 from converters.base import ConversionError, LoadedModel
 from converters.readers import load_source
+from converters.shortlist import ShortlistRequest
 from serving import __version__
 from serving.package import (
     DEFAULT_REFERENCE,
@@ -77,6 +78,7 @@ def convert(
     quality: dict[str, Any] | None = None,
     overwrite: bool = False,
     fmt: str | None = None,
+    shortlist: ShortlistRequest | None = None,
 ) -> Manifest:
     """Convert a checkpoint directory into a model package at ``output_dir``.
 
@@ -94,6 +96,7 @@ def convert(
         overwrite: replace an existing ``output_dir`` (the old package stays until the new one is complete);
             without it an existing ``output_dir`` is refused before any work.
         fmt: the reader's format name (``converters.readers.FORMATS``); None: recognized from the directory.
+        shortlist: also build a vocabulary shortlist from parallel data (``converters.shortlist``), and measure it.
 
     Returns:
         The written manifest.
@@ -142,6 +145,9 @@ def convert(
             say("checking parity")
             with _timed(timings, "parity"):
                 manifest = dataclasses.replace(manifest, parity=_parity(tmp, manifest, loaded))
+        if shortlist is not None:
+            with _timed(timings, "shortlist"):
+                manifest = _add_shortlist(tmp, manifest, loaded, shortlist, say)
         return dataclasses.replace(manifest, conversion={"seconds": dict(timings)})
 
     manifest = write_package_atomically(output_dir, fill, overwrite=overwrite)
@@ -177,6 +183,17 @@ def _emit_artifacts(loaded: LoadedModel, tmp: Path, runtimes: Sequence[str], pre
             growing = emit_decoder(loaded.spec, Path(scratch) / "decoder.onnx", cache="growing")
             _emit_openvino(encoder, growing, tmp, precisions, add, say, timings)
     return artifacts
+
+
+def _add_shortlist(tmp: Path, manifest: Manifest, loaded: LoadedModel, request: ShortlistRequest,
+                   say: Callable[[str], None]) -> Manifest:
+    from converters.onnx_emitter import emit_decoder
+    from converters.quantize import quantize_onnx_int8
+    from converters.shortlist import add_shortlist
+
+    return add_shortlist(tmp, manifest, request, lambda path: emit_decoder(loaded.spec, path, "stationary",
+                                                                           shortlist=True),
+                         quantize_onnx_int8, say)
 
 
 def _emit_openvino(encoder: Path, decoder: Path, tmp: Path, precisions: Sequence[str],

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving.cli_options import non_negative_int
+from serving.cli_options import non_negative_int, positive_int
 from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ def _csv(value: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from converters.readers import FORMATS
+    from converters.shortlist import DEFAULT_CANDIDATES, DEFAULT_FREQUENT
 
     parser.add_argument("source", type=Path, metavar="SRC",
                         help="checkpoint directory; its format is recognized from its contents (see --format)")
@@ -45,6 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quality", type=Path, metavar="FILE",
                         help="JSON with scores measured on this model (e.g. BLEU/chrF per artifact), recorded in the "
                              "manifest as 'quality'")
+    short = parser.add_argument_group(
+        "vocabulary shortlist (opt-in at serve time: --shortlist; ONNX Runtime only; converters/shortlist.py)")
+    short.add_argument("--shortlist-corpus", nargs=2, type=Path, default=None, metavar=("SRC_TEXT", "TGT_TEXT"),
+                       help="parallel text (one sentence per line, .gz read as gzip, e.g. the training data) to build "
+                            "a vocabulary shortlist from")
+    short.add_argument("--shortlist-eval", nargs=2, type=Path, default=None, metavar=("SRC_TEXT", "REF_TEXT"),
+                       help="held-out sources and references: BLEU with and without the shortlist goes into the "
+                            "manifest")
+    short.add_argument("--shortlist-candidates", type=positive_int, default=DEFAULT_CANDIDATES, metavar="N",
+                       help=f"target candidates per source token (default {DEFAULT_CANDIDATES})")
+    short.add_argument("--shortlist-frequent", type=non_negative_int, default=DEFAULT_FREQUENT, metavar="N",
+                       help=f"most frequent target tokens every sentence may use (default {DEFAULT_FREQUENT})")
     t2t = parser.add_argument_group("tensor2tensor checkpoints")
     t2t.add_argument("--hparams-set", default=None,
                      help="hparams set when the checkpoint has no hparams.json (transformer_base, transformer_big)")
@@ -57,6 +70,23 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
     """The reader options the user set (unset ones are left to the reader's defaults)."""
     options = {"hparams_set": args.hparams_set, "vocab": args.vocab, "target_space_id": args.target_space_id}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def shortlist_request(args: argparse.Namespace) -> Any:
+    """The shortlist the options ask for (a ``converters.shortlist.ShortlistRequest``), or None."""
+    from converters.shortlist import ShortlistRequest
+    from serving.cli import UsageError
+
+    if args.shortlist_corpus is None:
+        if args.shortlist_eval is not None:
+            raise UsageError("--shortlist-eval needs --shortlist-corpus")
+        return None
+    for path in [*args.shortlist_corpus, *(args.shortlist_eval or [])]:
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+    return ShortlistRequest(corpus=tuple(args.shortlist_corpus), candidates=args.shortlist_candidates,
+                            frequent=args.shortlist_frequent,
+                            evaluation=None if args.shortlist_eval is None else tuple(args.shortlist_eval))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             progress=lambda message: logger.info("%s", message),
             quality=quality,
             overwrite=args.overwrite,
+            shortlist=shortlist_request(args),
         )
     except ParityError as e:
         sys.stderr.write(f"mtgate convert: {e}\n")
@@ -95,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{e.filename or args.output}: {e.strerror or e}") from e
     sys.stdout.write(f"wrote {args.output} ({manifest.name} {manifest.version}) in "
                      f"{time.perf_counter() - started:.1f}s\n")
+    evaluation = (manifest.shortlist or {}).get("evaluation")
+    if evaluation is not None:
+        sys.stdout.write(f"  shortlist ({evaluation['artifact']}, {evaluation['sentences']} sentences): BLEU "
+                         f"{evaluation['full_vocabulary']['bleu']:.2f} -> {evaluation['shortlist']['bleu']:.2f}, "
+                         f"{100 * evaluation['identical_translations']:.1f}% identical, decoding "
+                         f"{evaluation['full_vocabulary']['seconds']:.1f}s -> {evaluation['shortlist']['seconds']:.1f}s\n")
     for artifact in manifest.artifacts:
         row = manifest.parity.get(artifact.key)
         if row is None:

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 DecoderCache = Literal["stationary", "growing"]
 STATIONARY_HEAD_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention refuses other head sizes
+SHORTLIST_NODES = "decoder.shortlist"  # name prefix of the shortlist decoder's vocabulary gathers
 # Protobuf cannot serialize more than 2 GiB; bigger models keep their weights in an external data file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -119,7 +120,7 @@ def _encoder(spec: TransformerSpec) -> onnx.ModelProto:
     return g.model(inputs, outputs, "mtgate encoder: input_ids -> memory, cross_kv, src_bias")
 
 
-def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
+def _decoder(spec: TransformerSpec, stationary: bool, shortlist: bool = False) -> onnx.ModelProto:
     c = spec.config
     g = GraphBuilder("mtgate_decoder")
     e = SubLayers(spec, g, c.decoder)
@@ -214,10 +215,16 @@ def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
         hidden = g.op("Gather", [hidden, "row_order"], hint="ordered_hidden", axis=0)
     if output_table is None:
         output_table = g.weight("decoder.output_proj", spec.weights["decoder.output_proj"])
-    gemm_inputs = [hidden, output_table]
-    if c.logits_bias:
-        gemm_inputs.append(g.weight("decoder.output_bias", spec.weights["decoder.output_bias"]))
-    logits = g.op("Gemm", gemm_inputs, hint="logits", transB=1)
+    bias = g.weight("decoder.output_bias", spec.weights["decoder.output_bias"]) if c.logits_bias else None
+    if shortlist:
+        # Only the rows of the vocabulary the caller names: log_probs [B, K] over vocab_ids [K] (a log-softmax over
+        # those K tokens). The gathered rows stay float32 (``SHORTLIST_NODES``: int8 quantization leaves them).
+        output_table = g.op("Gather", [output_table, "vocab_ids"], hint=f"{SHORTLIST_NODES}.rows", axis=0)
+        if bias is not None:
+            bias = g.op("Gather", [bias, "vocab_ids"], hint=f"{SHORTLIST_NODES}.bias", axis=0)
+    logits = g.op("Gemm", [hidden, output_table, *([bias] if bias is not None else [])], hint="logits", transB=1)
+    if shortlist:  # each row's own candidates: 0 for them, -inf for the rest of the step's union
+        logits = g.op("Add", [logits, "vocab_bias"], hint=f"{SHORTLIST_NODES}.own")
     g.rename_output(g.op("LogSoftmax", [logits], axis=-1), "log_probs")
 
     float_t = TensorProto.FLOAT
@@ -230,9 +237,11 @@ def _decoder(spec: TransformerSpec, stationary: bool) -> onnx.ModelProto:
         helper.make_tensor_value_info("src_bias", float_t, ["batch", 1, 1, "src_len"]),
         *([helper.make_tensor_value_info("row_order", TensorProto.INT64, ["batch"])] if stationary
           else [helper.make_tensor_value_info("self_bias", float_t, ["batch", 1, 1, "past_len"])]),
+        *([helper.make_tensor_value_info("vocab_ids", TensorProto.INT64, ["shortlist"]),
+           helper.make_tensor_value_info("vocab_bias", float_t, ["batch", "shortlist"])] if shortlist else []),
     ]
     outputs = [
-        helper.make_tensor_value_info("log_probs", float_t, ["batch", c.target_vocab_size]),
+        helper.make_tensor_value_info("log_probs", float_t, ["batch", "shortlist" if shortlist else c.target_vocab_size]),
         *(helper.make_tensor_value_info(name, float_t, ["batch", h, "capacity" if stationary else "present_len", dh])
           for name in present_names(n_layers)),
     ]
@@ -274,11 +283,21 @@ def emit_onnx(spec: TransformerSpec, out_dir: Path, cache: DecoderCache = "stati
     return _write(_encoder(spec), out_dir / "encoder.onnx"), emit_decoder(spec, out_dir / "decoder.onnx", cache)
 
 
-def emit_decoder(spec: TransformerSpec, path: Path, cache: DecoderCache) -> Path:
+def emit_decoder(spec: TransformerSpec, path: Path, cache: DecoderCache, *, shortlist: bool = False) -> Path:
     """Write the decoder-step graph with the ``cache`` contract at ``path`` (its directory must exist).
 
     GroupQueryAttention needs a head size that is a multiple of 8 (every published translation model's is: 64); a
     decoder whose head size is not gets the growing contract instead, which the ONNX Runtime backend also runs.
+
+    ``shortlist``: the vocabulary-shortlist variant (``serving.shortlist``): two more inputs, ``vocab_ids [K]``
+    (int64: the step's union of candidates) and ``vocab_bias [B, K]`` (0 where the output row may produce the id,
+    -inf elsewhere), and ``log_probs [B, K]``, each row's log-softmax over its own candidates. Stationary cache only.
+
+    Raises:
+        ValueError: a shortlist decoder for a model whose decoder cannot keep a stationary cache.
     """
     stationary = cache == "stationary" and spec.config.decoder.head_dim % STATIONARY_HEAD_MULTIPLE == 0
-    return _write(_decoder(spec, stationary=stationary), path)
+    if shortlist and not stationary:
+        raise ValueError("a vocabulary shortlist needs the stationary decoder (ONNX Runtime, a head size that is a "
+                         f"multiple of {STATIONARY_HEAD_MULTIPLE})")
+    return _write(_decoder(spec, stationary=stationary, shortlist=shortlist), path)

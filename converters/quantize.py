@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from converters.onnx_emitter import SHORTLIST_NODES
+
 logger = logging.getLogger(__name__)
 
 # Measured (teacher-forced next-token agreement with fp32 over 48 Multi30k sentences x 30 steps, random-weight
@@ -78,11 +80,30 @@ def _gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _own_shortlist_table(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give a shortlist decoder's gather of output rows a float32 table of its own when it reads a tied embedding
+    table: int8 quantization turns that table into int8 and a DequantizeLinear of the whole table, which every step
+    would then run (and the logits would lose the per-channel resolution)."""
+    inits = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.name.startswith(SHORTLIST_NODES) and node.op_type == "Gather" and node.input[0].endswith("embed_tokens"):
+            table = node.input[0]
+            own = f"{SHORTLIST_NODES}.table"
+            if own not in inits:
+                model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[table]), own))
+                inits[own] = model.graph.initializer[-1]
+            node.input[0] = own
+    return model
+
+
 def _nodes_to_quantize(model: onnx.ModelProto) -> list[str]:
-    """MatMuls with a constant weight and Gathers from a token-embedding table."""
+    """MatMuls with a constant weight and Gathers from a token-embedding table (but a shortlist decoder's gathers of
+    output rows: their Gemm's weight is not a constant, it stays float32 and so do they)."""
     inits = {init.name for init in model.graph.initializer}
     names: list[str] = []
     for node in model.graph.node:
+        if node.name.startswith(SHORTLIST_NODES):  # the shortlist decoder's gathered output rows stay float32
+            continue
         if node.op_type == "MatMul" and node.input[1] in inits:
             names.append(node.name)
         elif node.op_type == "Gather" and node.input[0] in inits and node.input[0].endswith("embed_tokens"):
@@ -105,7 +126,7 @@ def quantize_onnx_int8(onnx_path: Path, out_path: Path, *, per_channel: bool = P
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = _gemm_to_matmul(onnx.load(str(onnx_path)))
+    model = _own_shortlist_table(_gemm_to_matmul(onnx.load(str(onnx_path))))
     nodes = _nodes_to_quantize(model)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp, _quiet_root_logger():

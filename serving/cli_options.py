@@ -30,6 +30,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--backend NAME", "the runtime: `onnxruntime` or `openvino` (Triton's `backend`)", "`--runtime`"),
     Term("--precision NAME", "which artifact of the package: `fp32` or `int8`"),
     Term("--threads N", "intra-op threads of the runtime"),
+    Term("--shortlist", "decode with the package's vocabulary shortlist (`mtgate convert --shortlist-corpus`; "
+         "onnxruntime)"),
     Term("--beam-size N", "beams (1: greedy search); at most the server's `max_beam_size`"),
     Term("--max-length N", "most generated tokens per sentence, EOS excluded"),
     Term("--num-hypotheses N", "n-best: translations per sentence, best first (beam search)"),
@@ -169,6 +171,13 @@ def add_runtime(parser: argparse.ArgumentParser | Any, *, default_backend: str |
     parser.add_argument("--precision", choices=PRECISIONS, default=default_precision,
                         help=f"which artifact of the package to load{shown}")
     parser.add_argument("--threads", type=positive_int, metavar="N", help=threads_help)
+
+
+def add_shortlist(parser: argparse.ArgumentParser | Any, *, default: bool | None = False) -> None:
+    """``--shortlist``: decode with the package's vocabulary shortlist (``serving.shortlist``)."""
+    parser.add_argument("--shortlist", action="store_true", default=default,
+                        help="score only each sentence's vocabulary shortlist candidates (built by mtgate convert "
+                             "--shortlist-corpus, its BLEU cost in the manifest; onnxruntime only)")
 
 
 def add_decoding(parser: argparse.ArgumentParser | Any, *, max_beam_size: int | None = None,

@@ -189,7 +189,8 @@ class ContinuousDecoder:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
                 lane.detach()
             self._lanes.append(Lane(self.backend))
-        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook)
+        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook,
+                             getattr(encoded, "candidates", None))
 
     # -- groups ------------------------------------------------------------------------------------------------------
 

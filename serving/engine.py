@@ -45,6 +45,7 @@ from serving.request import (
     fit_sources,
 )
 from serving.scoring import check_pairs, encode_texts, fit_scored_sources, score_references
+from serving.shortlist import Shortlist
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
@@ -103,6 +104,7 @@ class Translator:
         threads: int | None = None,
         *,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        shortlist: bool = False,
     ) -> Translator:
         """Load a model package (format and every checksum verified) on a runtime.
 
@@ -112,6 +114,7 @@ class Translator:
             precision: ``fp32`` or ``int8``.
             threads: intra-op threads of the runtime (None: its default).
             max_batch_tokens: sub-batch budget (sentences x beams x padded source length).
+            shortlist: decode with the package's vocabulary shortlist (``serving.shortlist``; ONNX Runtime).
 
         Returns:
             A ready Translator.
@@ -119,7 +122,8 @@ class Translator:
         Raises:
             PackageError: not a package, unknown format, an invalid manifest (a path outside the package, an id
                 outside the vocabulary, ...), a file missing, modified or not in the checksum list, no such artifact,
-                an unusable tokenizer, a graph the runtime cannot load, or the runtime is not installed.
+                an unusable tokenizer, a graph the runtime cannot load, the runtime is not installed, or a
+                shortlist asked of a package or runtime without one.
         """
         package = open_package(package_dir)
         manifest, artifact = package.manifest, package.artifact(runtime, precision)
@@ -137,11 +141,20 @@ class Translator:
             source_vocab_size=architecture.source_vocab_size,
             target_vocab_size=architecture.target_vocab_size,
             source_language=manifest.tokenizer.settings.get("source_lang") or None,
+            shortlist=shortlist,
         )
         tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
+        decoder, table = artifact.decoder, None
+        if shortlist:
+            if manifest.shortlist is None or artifact.shortlist_decoder is None:
+                raise PackageError(f"{package.root}: no vocabulary shortlist for {artifact.key} (convert with "
+                                   "--shortlist-corpus; the shortlist runs on onnxruntime only)")
+            decoder = artifact.shortlist_decoder
+            table = Shortlist.load(package.path(manifest.shortlist["table"]), architecture.source_vocab_size,
+                                   architecture.target_vocab_size)
         try:
-            backend = create_backend(runtime, package.path(artifact.encoder), package.path(artifact.decoder), threads,
-                                     reuse_buffers=True)
+            backend = create_backend(runtime, package.path(artifact.encoder), package.path(decoder), threads,
+                                     reuse_buffers=True, shortlist=table)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
         logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package.root)
@@ -359,7 +372,8 @@ class Translator:
         try:
             encoded = self.encode_batch(prepared.sources, batch)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
-                                prefixes=part.prefixes, seeds=part.seeds)
+                                prefixes=part.prefixes, seeds=part.seeds,
+                                candidates=getattr(encoded, "candidates", None))
         except ServingError:
             raise
         except Exception as e:

@@ -75,7 +75,8 @@ class Lane:
         """Masked cache slots a row joining now would carry (0 for a stationary cache)."""
         return self.decode_rows.width
 
-    def join(self, joining: list[Joining], cross_kv: np.ndarray, src_bias: np.ndarray, on_tokens: OnTokens) -> None:
+    def join(self, joining: list[Joining], cross_kv: np.ndarray, src_bias: np.ndarray, on_tokens: OnTokens,
+             candidates: np.ndarray | None = None) -> None:
         """Add the joining sentences' rows (position 0) as new blocks at the end, one per search options; after
         their first step they merge into the block of their options (:meth:`step`). ``joining[i].rows``: their rows
         of ``cross_kv``/``src_bias``."""
@@ -96,7 +97,7 @@ class Lane:
             self.blocks.append(Block(options, search, rows.size))
             sources.append(-1 - rows)  # encoder row j is source -1 - j
             tokens.append(search.tokens)
-        self.decode_rows.arrange(np.concatenate(sources), cross_kv, src_bias)
+        self.decode_rows.arrange(np.concatenate(sources), cross_kv, src_bias, candidates)
         self._tokens = np.concatenate(tokens)
 
     def detach(self) -> None:

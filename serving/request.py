@@ -44,6 +44,7 @@ class ModelInfo:
         target_vocab_size: target vocabulary size.
         source_language: the sources' language code when the manifest names one (``tokenizer.source_lang``), else
             None (``serving.documents`` splits in it).
+        shortlist: decoding is restricted to the package's vocabulary shortlist (``serving.shortlist``).
     """
 
     name: str
@@ -56,6 +57,7 @@ class ModelInfo:
     source_vocab_size: int
     target_vocab_size: int
     source_language: str | None = None
+    shortlist: bool = False
 
 
 @dataclass(frozen=True)

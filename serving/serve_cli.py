@@ -29,6 +29,7 @@ from serving.cli_options import (
     add_max_queue_size,
     add_model,
     add_runtime,
+    add_shortlist,
     non_negative_int,
     positive_float,
 )
@@ -47,6 +48,7 @@ _SETTINGS_FLAGS = {
     "backend": "backend",
     "precision": "precision",
     "threads": "threads",
+    "shortlist": "shortlist",
     "max_batch_size": "max_batch_size",
     "max_batch_tokens": "max_batch_tokens",
     "max_queue_delay_us": "max_queue_delay_us",
@@ -83,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
     add_runtime(parser, default_backend=None, default_precision=None)
+    add_shortlist(parser, default=None)
     add_max_batch_size(parser, "most sentences per engine batch (default 32)")
     add_max_batch_tokens(parser, "most padded source tokens per batch (default 8192)")
     add_max_queue_delay(parser, "longest wait of a queued sentence for a fuller batch, in microseconds (default 5000)")
@@ -158,7 +161,10 @@ def build_settings(args: argparse.Namespace) -> Any:
             raise UsageError(f"model package {package} does not exist")
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
-            open_package(package).artifact(settings.backend, settings.precision)
+            artifact = open_package(package).artifact(settings.backend, settings.precision)
+            if settings.shortlist and artifact.shortlist_decoder is None:
+                raise PackageError(f"{package}: no vocabulary shortlist for {artifact.key} (convert with "
+                                   "--shortlist-corpus; the shortlist runs on onnxruntime only)")
         except PackageError as e:
             raise UsageError(_one_line(f"{package}: {e}" if str(package) not in str(e) else str(e))) from None
     return settings

@@ -50,6 +50,7 @@ class ServingSettings(BaseSettings):
         backend: runtime to run the graphs with.
         precision: which artifact of the package to load.
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
+        shortlist: decode with the packages' vocabulary shortlists (``serving.shortlist``; onnxruntime).
         host: address to listen on.
         port: TCP port to listen on.
         grpc_port: when set, also serve the KServe v2 / Triton gRPC protocol on this port (Triton's is 8001; 0 picks
@@ -105,6 +106,7 @@ class ServingSettings(BaseSettings):
     backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
     precision: Literal["fp32", "int8"] = "fp32"
     threads: int | None = Field(default=None, ge=1)
+    shortlist: bool = False
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int | None = Field(default=None, ge=0, le=65535)

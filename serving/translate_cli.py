@@ -23,6 +23,7 @@ from serving.cli_options import (
     add_decoding_features,
     add_model,
     add_runtime,
+    add_shortlist,
     add_truncate,
     decoding_values,
     flag_name,
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: stdin, one per line)")
     add_model(parser, f"model package directory (default: the demo model {DEFAULT_MODEL_DIR})")
     add_runtime(parser)
+    add_shortlist(parser)
     add_decoding(parser, max_beam_size=MAX_BEAM_SIZE, max_length=MAX_OUTPUT_TOKENS)
     add_decoding_features(parser)
     parser.add_argument("--split-sentences", action="store_true",
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
                          "--num-hypotheses above 1")
 
     try:
-        translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
+        translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads,
+                                     shortlist=args.shortlist)
     except PackageError as e:
         raise UsageError(str(e)) from e
     subject = "argument" if args.text else "line"

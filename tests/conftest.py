@@ -7,6 +7,8 @@ tiny model, rather than one built with options of its own, uses these instead of
 - ``tiny_package``: that checkpoint converted for onnxruntime and openvino (fp32), parity verified.
 - ``tiny_onnx_package``: the same checkpoint for onnxruntime only (fp32, not verified), for tests whose cost grows
   with the number of artifacts (``mtgate validate`` checks the parity of every artifact).
+- ``tiny_shortlist_package``: the same checkpoint for onnxruntime (fp32 and int8, not verified) with a vocabulary
+  shortlist built from the tokenizers' corpus and measured on its first 40 lines.
 
 Both packages are named ``tiny-marian``, version ``test``. They are shared, so they are read-only: a test that
 damages, edits or deletes anything copies it into its own ``tmp_path`` first (``shutil.copytree``). Each fixture
@@ -88,3 +90,24 @@ def tiny_onnx_package(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFa
     """``tiny_marian_dir`` converted for onnxruntime only, fp32, without the parity check."""
     out = tmp_path_factory.mktemp("tiny-onnx-package") / "package"
     yield from _unchanged(_convert(tiny_marian_dir, out, ["onnxruntime"], verify=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_shortlist_package(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``tiny_marian_dir`` for onnxruntime, fp32 and int8, with a vocabulary shortlist (10 candidates per source
+    token, the 20 most frequent target tokens) from ``tests.utils.marian_factory.corpus``, measured on its first 40
+    lines."""
+    from converters.convert import convert
+    from converters.shortlist import ShortlistRequest
+    from tests.utils.marian_factory import corpus
+
+    data = tmp_path_factory.mktemp("shortlist-data")
+    for lang in ("en", "de"):
+        (data / f"train.{lang}").write_text("\n".join(corpus(lang)) + "\n", encoding="utf-8")
+        (data / f"eval.{lang}").write_text("\n".join(corpus(lang)[:40]) + "\n", encoding="utf-8")
+    out = tmp_path_factory.mktemp("tiny-shortlist-package") / "package"
+    request = ShortlistRequest(corpus=(data / "train.en", data / "train.de"), candidates=10, frequent=20,
+                               evaluation=(data / "eval.en", data / "eval.de"))
+    convert(tiny_marian_dir, out, runtimes=["onnxruntime"], precisions=["fp32", "int8"], verify=False,
+            name=PACKAGE_NAME, version=PACKAGE_VERSION, shortlist=request)
+    yield from _unchanged(out)

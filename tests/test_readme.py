@@ -81,6 +81,11 @@ SKIPPED: dict[str, str] = {
     "LD_LIBRARY_PATH=$(echo .venv-perf/lib/python3*/site-packages/nvidia/cuda_runtime/lib) .venv-perf/bin/perf_analyzer "
     "-m demo-en-de -u localhost:8000 -i http --input-data /tmp/input.json --shape INPUT_TEXT:1 --concurrency-range 1:4":
         "drives the demo model for minutes; tests/serving/api/test_perf_analyzer.py runs it, bounded, on a tiny model",
+    "mtgate convert models/demo-en-de-src -o build/demo-shortlist --runtimes onnxruntime --shortlist-corpus "
+    "MULTI30K/train.en.gz MULTI30K/train.de.gz --shortlist-eval models/data/multi30k/test_2016_flickr.en.gz "
+    "models/data/multi30k/test_2016_flickr.de.gz":
+        "needs Multi30k's training split (not shipped); tests/converters/test_shortlist_build.py converts a tiny model "
+        "with a shortlist",
     "make demo": "converts the real demo model (minutes, and it may not be trained yet); the test uses a tiny stand-in",
     "python3 -m venv .venv && .venv/bin/pip install -e .": "installs packages; the test runs in the installed .venv",
     ".venv/bin/pip install -e '.[convert]'": "installs packages; the test runs in the installed .venv",

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.backends.base import Backend, BackendUnavailable, EncoderOutput, empty_past
+
+if TYPE_CHECKING:
+    from serving.shortlist import Shortlist
 
 __all__ = ["Backend", "BackendUnavailable", "EncoderOutput", "create_backend", "empty_past"]
 
 
 def create_backend(
-    runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False
+    runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False,
+    shortlist: Shortlist | None = None,
 ) -> Backend:
     """Open the artifact's two graphs with the named runtime.
 
@@ -21,6 +26,8 @@ def create_backend(
         threads: intra-op threads (None: the runtime's default).
         reuse_buffers: let the backend hand out decoder outputs in buffers it reuses (``OnnxRuntimeBackend``; the
             engine's search loop allows it); other runtimes ignore it.
+        shortlist: decode with this vocabulary shortlist (ONNX Runtime; ``decoder_path`` is then the package's
+            shortlist decoder).
 
     Raises:
         ValueError: unknown runtime.
@@ -30,7 +37,9 @@ def create_backend(
     if runtime == "onnxruntime":
         from serving.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(encoder_path, decoder_path, threads, reuse_buffers=reuse_buffers)
+        return OnnxRuntimeBackend(encoder_path, decoder_path, threads, reuse_buffers=reuse_buffers, shortlist=shortlist)
+    if shortlist is not None:
+        raise ValueError(f"a vocabulary shortlist runs on onnxruntime only, not on {runtime}")
     if runtime == "openvino":
         from serving.backends.openvino import OpenVinoBackend
 

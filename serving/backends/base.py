@@ -24,11 +24,14 @@ class EncoderOutput:
         memory: final encoder states ``[B, S, D]``.
         cross_kv: every decoder layer's cross-attention keys (0) and values (1), ``[L, 2, B, H, S, Dh]``.
         src_bias: additive attention bias ``[B, 1, 1, S]``: 0 at tokens, a large negative number at padding.
+        candidates: ``[B, V]`` bool, the target ids each sentence may produce, from a backend that decodes with a
+            vocabulary shortlist (``serving.shortlist``); None: every id.
     """
 
     memory: np.ndarray
     cross_kv: np.ndarray
     src_bias: np.ndarray
+    candidates: np.ndarray | None = None
 
 
 @runtime_checkable

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from serving.backends.base import BackendUnavailable, EncoderOutput, as_floats, as_ids, decoder_feeds, open_graph
-from serving.package import ENCODER_OUTPUTS, cross_names, past_names, present_names, stacked
+from serving.package import ENCODER_OUTPUTS, PackageError, cross_names, past_names, present_names, stacked
+from serving.shortlist import Shortlist
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,15 @@ class OnnxRuntimeBackend:
         reuse_buffers: write the decoder step's outputs into buffers the backend keeps (ONNX Runtime I/O binding)
             instead of fresh arrays; see :meth:`decode_step` for how long they stay valid. The search loop of the
             engine turns it on; callers that keep every step's outputs leave it off.
+        shortlist: decode with this vocabulary shortlist (``serving.shortlist``); ``decoder_path`` must then be the
+            package's shortlist decoder (input ``vocab_ids``).
     """
 
     runtime = "onnxruntime"
 
     def __init__(
-        self, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False
+        self, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False,
+        shortlist: Shortlist | None = None,
     ) -> None:
         try:
             import onnxruntime as ort
@@ -66,16 +70,23 @@ class OnnxRuntimeBackend:
         self.threads = threads
         self.reuse_buffers = reuse_buffers
         # Package format 4: the decoder keeps each row's cache in place (serving.backends.base.STATIONARY_NOTE).
-        self.stationary = "self_bias" not in {i.name for i in self.decoder.get_inputs()}
+        inputs = {i.name for i in self.decoder.get_inputs()}
+        self.stationary = "self_bias" not in inputs
+        if (shortlist is not None) != ("vocab_ids" in inputs):
+            raise PackageError(f"{decoder_path}: " + ("not a shortlist decoder (no vocab_ids input)" if shortlist
+                                                      else "a shortlist decoder needs its shortlist table"))
+        self.shortlist = shortlist
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
-        self._vocab: int | None = None
+        self._short_log_probs = np.empty(0, dtype=np.float32)
+        self._vocab: int | None = None if shortlist is None else shortlist.target_vocab
         logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
                     threads)
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         memory, cross_kv, src_bias = self.encoder.run(list(ENCODER_OUTPUTS), {"input_ids": as_ids(input_ids)})
-        return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias)
+        candidates = None if self.shortlist is None else self.shortlist.candidates(input_ids)
+        return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias, candidates=candidates)
 
     def decode_step(
         self,
@@ -124,7 +135,7 @@ class OnnxRuntimeBackend:
 
     def decode_in_place(
         self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
-        src_bias: np.ndarray, order: np.ndarray,
+        src_bias: np.ndarray, order: np.ndarray, candidates: np.ndarray | None = None,
     ) -> np.ndarray:
         """One step of a stationary decoder for rows ``0..n-1`` (``n = len(input_ids)``): row ``i`` feeds
         ``input_ids[i]`` at ``positions[i]``, attends over its cache slots ``0..positions[i]`` and writes its new keys
@@ -137,9 +148,12 @@ class OnnxRuntimeBackend:
             cross_kv: ``[L, 2, R', H, S, Dh]`` with ``R' >= n``; rows ``0..n-1`` are used.
             src_bias: ``[R', 1, 1, S]``.
             order: ``[n]`` a permutation of ``0..n-1``: row ``i`` of the log-probs is row ``order[i]``'s.
+            candidates: with a shortlist, ``[R'', V]`` bool, the target ids each row may produce (rows ``0..n-1``
+                are used; the encoder output's ``candidates``); None: every id.
 
         Returns:
-            ``log_probs [n, V]``; with ``reuse_buffers`` a view of a buffer valid until the next call.
+            ``log_probs [n, V]``; with ``reuse_buffers`` a view of a buffer valid until the next call. With a
+            shortlist, the ids a row may not produce are -inf and the others sum to one.
         """
         rows = int(input_ids.shape[0])
         layers = cache.shape[0]
@@ -147,6 +161,18 @@ class OnnxRuntimeBackend:
             raise ValueError("the stationary cache must be a C-contiguous float32 array")
         log_probs = self._log_probs_out(rows)
         binding = self.decoder.io_binding()
+        if self.shortlist is not None:
+            if candidates is None:
+                vocab_ids = np.arange(log_probs.shape[1])
+                vocab_bias = np.zeros((rows, vocab_ids.size), dtype=np.float32)
+            else:
+                vocab_ids = np.flatnonzero(candidates[:rows].any(axis=0))
+                allowed = np.take(candidates[:rows], vocab_ids, axis=1)[order]
+                vocab_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+            short = self._short_log_probs_out(rows, vocab_ids.size)
+            binding.bind_cpu_input("vocab_ids", vocab_ids)
+            binding.bind_cpu_input("vocab_bias", vocab_bias)
+            binding.bind_output("log_probs", "cpu", 0, np.float32, list(short.shape), short.ctypes.data)
         binding.bind_cpu_input("input_ids", as_ids(input_ids))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.reshape(positions, (rows, 1)), dtype=np.int64))
         binding.bind_cpu_input("src_bias", as_floats(src_bias[:rows]))
@@ -159,9 +185,19 @@ class OnnxRuntimeBackend:
             view = cache[layer, kind, :rows]
             binding.bind_cpu_input(name, view)
             binding.bind_output(out_name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
-        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
+        if self.shortlist is None:
+            binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
         self.decoder.run_with_iobinding(binding)
+        if self.shortlist is not None:
+            log_probs.fill(-np.inf)
+            log_probs[:, vocab_ids] = short
         return log_probs
+
+    def _short_log_probs_out(self, rows: int, size: int) -> np.ndarray:
+        """Where a shortlist step writes its ``[rows, size]`` log-probs: a buffer the backend keeps."""
+        if self._short_log_probs.size < rows * size:
+            self._short_log_probs = np.empty(rows * size, dtype=np.float32)
+        return self._short_log_probs[: rows * size].reshape(rows, size)
 
     def _log_probs_out(self, rows: int) -> np.ndarray:
         """Where the step writes its log-probs: the reused buffer, or a new array."""

@@ -62,6 +62,7 @@ def search(
     *,
     prefixes: list[list[int]] | None = None,
     seeds: np.ndarray | None = None,
+    candidates: np.ndarray | None = None,
 ) -> list[Hypothesis]:
     """Decode a batch of encoded sentences.
 
@@ -74,6 +75,7 @@ def search(
         on_tokens: optional streaming hook (:data:`OnTokens`).
         prefixes: each sentence's forced target prefix, or None.
         seeds: ``[B]`` each sentence's sampling seed, or None.
+        candidates: ``[B, V]`` the target ids each sentence may produce (a vocabulary shortlist's), or None.
 
     Returns:
         One :class:`Hypothesis` per sentence, in batch order.
@@ -85,7 +87,7 @@ def search(
         return []
     state = start_search(caps, options, on_tokens, prefixes=prefixes, seeds=seeds)
     rows = open_rows(decoder)
-    rows.arrange(-1 - np.arange(caps.size), cross_kv, src_bias)
+    rows.arrange(-1 - np.arange(caps.size), cross_kv, src_bias, candidates)
     tokens = state.tokens
     while True:
         plan = state.advance(rows.decode(tokens))

@@ -176,20 +176,24 @@ class TokenizerEntry:
 
 @dataclass(frozen=True)
 class Artifact:
-    """One runtime/precision variant: its encoder and decoder-step graphs (package-relative paths)."""
+    """One runtime/precision variant: its encoder and decoder-step graphs (package-relative paths), and the decoder
+    that scores a vocabulary shortlist only (``serving.shortlist``; None: the package has no shortlist)."""
 
     runtime: str
     precision: str
     encoder: str
     decoder: str
+    shortlist_decoder: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.runtime}/{self.precision}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runtime": self.runtime, "precision": self.precision,
-                "files": {"encoder": self.encoder, "decoder": self.decoder}}
+        files = {"encoder": self.encoder, "decoder": self.decoder}
+        if self.shortlist_decoder is not None:
+            files["shortlist_decoder"] = self.shortlist_decoder
+        return {"runtime": self.runtime, "precision": self.precision, "files": files}
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,8 @@ class Manifest:
         artifacts: every runtime/precision variant.
         files: package-relative path -> sha256 of every file but the manifest.
         source, parity, quality, conversion: what conversion recorded (free-form JSON objects).
+        shortlist: the vocabulary shortlist (``serving.shortlist``): ``table``, the package-relative path of its
+            table, and what conversion recorded of how it was built and what it costs in BLEU; None: no shortlist.
     """
 
     architecture: Architecture
@@ -224,6 +230,7 @@ class Manifest:
     quality: dict[str, Any] | None = None
     conversion: dict[str, Any] | None = None
     files: dict[str, str] = field(default_factory=dict)
+    shortlist: dict[str, Any] | None = None
 
     @property
     def source_framework(self) -> str:
@@ -247,6 +254,10 @@ class Manifest:
         paths = [*self.tokenizer.files.values(), self.reference["encoder"], self.reference["decoder"]]
         for artifact in self.artifacts:
             paths += [artifact.encoder, artifact.decoder]
+            if artifact.shortlist_decoder is not None:
+                paths.append(artifact.shortlist_decoder)
+        if self.shortlist is not None:
+            paths.append(self.shortlist["table"])
         paths += [c for c in map(companion, paths) if c is not None]
         return list(dict.fromkeys(paths))
 
@@ -258,7 +269,7 @@ class Manifest:
                                 "decoding": _jsonable(asdict(self.decoding)), "tokenizer": self.tokenizer.to_dict(),
                                 "reference": dict(self.reference),
                                 "artifacts": [a.to_dict() for a in self.artifacts], "parity": self.parity,
-                                "quality": self.quality, "conversion": self.conversion}
+                                "quality": self.quality, "conversion": self.conversion, "shortlist": self.shortlist}
         data = {k: v for k, v in data.items() if v is not None}
         return data | {"format": FORMAT, "files": dict(self.files)}
 

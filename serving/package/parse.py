@@ -64,13 +64,16 @@ def parse_manifest(data: Any, where: str = MANIFEST) -> Manifest:
     reference = _graph_files(data.get("reference", DEFAULT_REFERENCE), "reference", problems)
     files = _checksums(data.get("files"), problems)
     text = {k: _optional(data, k, str, problems) for k in ("name", "version", "created", "mtgate_version")}
-    objects = {k: _optional(data, k, dict, problems) for k in ("source", "parity", "quality", "conversion")}
+    objects = {k: _optional(data, k, dict, problems) for k in ("source", "parity", "quality", "conversion",
+                                                                "shortlist")}
+    if objects["shortlist"] is not None and not isinstance(objects["shortlist"].get("table"), str):
+        problems.append("shortlist: expected an object with a 'table' path")
     if problems or architecture is None or special_ids is None or tokenizer is None:
         raise PackageError(f"{where}: " + "; ".join(problems))
     manifest = Manifest(architecture=architecture, special_ids=special_ids, tokenizer=tokenizer, decoding=decoding,
                         artifacts=artifacts, reference=reference or dict(DEFAULT_REFERENCE), files=files,
                         source=objects["source"] or {}, parity=objects["parity"] or {}, quality=objects["quality"],
-                        conversion=objects["conversion"], **text)
+                        conversion=objects["conversion"], shortlist=objects["shortlist"], **text)
     problems += _id_problems(manifest) + _path_problems(manifest)
     if problems:
         raise PackageError(f"{where}: " + "; ".join(problems))
@@ -100,7 +103,10 @@ def _path_problems(manifest: Manifest) -> list[str]:
     named = [(f"tokenizer.files.{role}", rel) for role, rel in manifest.tokenizer.files.items()]
     named += [(f"reference.{role}", rel) for role, rel in manifest.reference.items()]
     named += [(f"artifacts[{i}].files.{role}", rel) for i, a in enumerate(manifest.artifacts)
-              for role, rel in (("encoder", a.encoder), ("decoder", a.decoder))]
+              for role, rel in (("encoder", a.encoder), ("decoder", a.decoder), ("shortlist_decoder",
+                                                                                 a.shortlist_decoder)) if rel is not None]
+    if manifest.shortlist is not None:
+        named.append(("shortlist.table", manifest.shortlist["table"]))
     named += [("files", rel) for rel in manifest.files]
     problems = [f"{label} {rel!r}: {why}" for label, rel in named if (why := unsafe_path(rel))]
     if not manifest.files:
@@ -233,7 +239,12 @@ def _artifacts(value: Any, problems: list[str]) -> tuple[Artifact, ...]:
         if not kind_ok:
             problems.append(f"artifacts[{i}]: expected runtime and precision strings, got {entry!r}")
         elif graphs is not None:
-            found.append(Artifact(entry["runtime"], entry["precision"], graphs["encoder"], graphs["decoder"]))
+            shortlist_decoder = entry["files"].get("shortlist_decoder")
+            if shortlist_decoder is not None and not isinstance(shortlist_decoder, str):
+                problems.append(f"artifacts[{i}].files.shortlist_decoder: expected a path, got {shortlist_decoder!r}")
+                continue
+            found.append(Artifact(entry["runtime"], entry["precision"], graphs["encoder"], graphs["decoder"],
+                                  shortlist_decoder))
     return tuple(found)
 
 

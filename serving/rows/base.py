@@ -45,10 +45,11 @@ class DecodeRows(Protocol):
         ...
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
-                src_bias: np.ndarray | None = None) -> None:
+                src_bias: np.ndarray | None = None, candidates: np.ndarray | None = None) -> None:
         """Rebuild the rows between steps: row ``i`` is the current row ``sources[i]`` as it is (``>= 0``), or, for
         ``sources[i] = -1 - j``, a new row at position 0 over encoder row ``j`` of ``cross_kv`` ``[L, 2, B, H, S,
-        Dh]`` / ``src_bias`` ``[B, 1, 1, S]``. Rows not named are dropped."""
+        Dh]`` / ``src_bias`` ``[B, 1, 1, S]`` (and ``candidates [B, V]``, the encoder output's, with a vocabulary
+        shortlist). Rows not named are dropped."""
         ...
 
     def detach(self) -> None:

@@ -72,7 +72,9 @@ class DenseRows:
         self._positions = positions
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
-                src_bias: np.ndarray | None = None) -> None:
+                src_bias: np.ndarray | None = None, candidates: np.ndarray | None = None) -> None:
+        if candidates is not None:
+            raise ValueError("a vocabulary shortlist needs a stationary decoder (SlotRows)")
         sources = np.asarray(sources, dtype=np.int64)
         new = sources < 0
         if not new.any():

@@ -37,6 +37,7 @@ class SlotRows:
         self.positions = np.zeros(0, dtype=np.int64)  # [R] slots each slot's row has filled
         self.owner = np.zeros(0, dtype=np.int64)  # [R] which encoder row each slot's cross_kv is (-1: none)
         self.source_len = np.zeros(0, dtype=np.int64)  # [R] source positions each slot's encoder row needs
+        self.candidates: np.ndarray | None = None  # [R, V] bool: the target ids each slot's row may produce
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
@@ -60,7 +61,7 @@ class SlotRows:
         slot_tokens[self.slot] = tokens
         # The decoder returns the log-probs in logical order (it gathers the final states by ``self.slot``).
         return np.asarray(self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias,
-                                       self.slot))
+                                       self.slot, *([] if self.candidates is None else [self.candidates])))
 
     def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:
         n = self.count
@@ -71,12 +72,14 @@ class SlotRows:
         self._fit()
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
-                src_bias: np.ndarray | None = None) -> None:
+                src_bias: np.ndarray | None = None, candidates: np.ndarray | None = None) -> None:
         sources = np.asarray(sources, dtype=np.int64)
         new = sources < 0
         if new.any():
             assert cross_kv is not None and src_bias is not None
             self._reserve(sources.size, 0, cross_kv.shape[4], cross_kv, src_bias)
+            if candidates is not None and self.candidates is None:
+                self.candidates = np.zeros((self.positions.size, candidates.shape[1]), dtype=bool)
         origin = np.where(new, -1, self.slot[np.where(new, 0, sources)] if self.slot.size else -1)
         fresh = self._assign(origin)
         if fresh.size:
@@ -88,6 +91,9 @@ class SlotRows:
             self.src_bias[fresh] = MASK_VALUE
             self.src_bias[fresh, :, :, :width] = np.take(src_bias, encoder_rows, axis=0)
             self.positions[fresh] = 0
+            if self.candidates is not None:
+                assert candidates is not None, "a shortlist decode batch needs every new row's candidates"
+                self.candidates[fresh] = candidates[encoder_rows]
             self.owner[fresh] = self._owners + encoder_rows
             self._owners += int(encoder_rows.max()) + 1
             unmasked = src_bias[encoder_rows, 0, 0, :] > MASK_VALUE / 2
@@ -133,6 +139,8 @@ class SlotRows:
             self.src_bias[target] = self.src_bias[source]
             self.owner[target] = self.owner[source]
             self.source_len[target] = self.source_len[source]
+            if self.candidates is not None:
+                self.candidates[target] = self.candidates[source]
         self.positions[target] = filled
 
     def _fit(self) -> None:
@@ -178,6 +186,10 @@ class SlotRows:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
             self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])
             self.source_len = np.concatenate([self.source_len, np.zeros(new_slots - self.source_len.size, np.int64)])
+            if self.candidates is not None:
+                grown = np.zeros((new_slots, self.candidates.shape[1]), dtype=bool)
+                grown[: self.candidates.shape[0]] = self.candidates
+                self.candidates = grown
 
     def _resize_cache(self, slots: int, capacity: int) -> None:
         """A cache of ``slots`` slots and ``capacity`` positions (grown or shrunk) holding the live slots' filled

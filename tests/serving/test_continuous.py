@@ -1,5 +1,6 @@
 """Step-level batching in the engine (serving.continuous): groups that join a running batch at different steps, with
-different options and source lengths, get the translations they get alone, on both runtimes."""
+different options and source lengths, get the translations they get alone, on both runtimes, and with a vocabulary
+shortlist (each row restricted to its own sentence's candidates, whatever else is in the batch)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from tests.utils.marian_factory import corpus
 SENTENCES = corpus("en")
 
 
-@pytest.fixture(scope="module", params=["onnxruntime", "openvino"])
+@pytest.fixture(scope="module", params=["onnxruntime", "openvino", "onnxruntime-shortlist"])
 def translator(request: pytest.FixtureRequest, tiny_package: Path) -> Translator:
+    if request.param == "onnxruntime-shortlist":  # each row restricted to its own sentence's candidates
+        return Translator.load(request.getfixturevalue("tiny_shortlist_package"), shortlist=True)
     return Translator.load(tiny_package, runtime=request.param)
 
 
