@@ -35,6 +35,7 @@ from serving.engine import Translator
 from serving.errors import InferenceFailed, InvalidInput, ServingError
 from serving.lane import Joining, Lane
 from serving.request import OnPartial, Prepared, Translation
+from serving.shortlist import allow_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -189,8 +190,10 @@ class ContinuousDecoder:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
                 lane.detach()
             self._lanes.append(Lane(self.backend))
-        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook,
-                             getattr(encoded, "candidates", None))
+        candidates = getattr(encoded, "candidates", None)  # a vocabulary shortlist's
+        for joiner in joining:
+            allow_prefixes(candidates, joiner.rows, joiner.prefixes)
+        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook, candidates)
 
     # -- groups ------------------------------------------------------------------------------------------------------
 

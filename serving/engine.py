@@ -45,7 +45,7 @@ from serving.request import (
     fit_sources,
 )
 from serving.scoring import check_pairs, encode_texts, fit_scored_sources, score_references
-from serving.shortlist import Shortlist
+from serving.shortlist import Shortlist, allow_prefixes
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
@@ -152,6 +152,8 @@ class Translator:
             decoder = artifact.shortlist_decoder
             table = Shortlist.load(package.path(manifest.shortlist["table"]), architecture.source_vocab_size,
                                    architecture.target_vocab_size)
+            if ids.eos not in table.always:
+                raise PackageError(f"{package.root}: the vocabulary shortlist does not always allow EOS")
         try:
             backend = create_backend(runtime, package.path(artifact.encoder), package.path(decoder), threads,
                                      reuse_buffers=True, shortlist=table)
@@ -371,9 +373,10 @@ class Translator:
         part = prepared.take(batch.tolist())
         try:
             encoded = self.encode_batch(prepared.sources, batch)
+            candidates = getattr(encoded, "candidates", None)  # a vocabulary shortlist's
+            allow_prefixes(candidates, np.arange(batch.size), part.prefixes)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
-                                prefixes=part.prefixes, seeds=part.seeds,
-                                candidates=getattr(encoded, "candidates", None))
+                                prefixes=part.prefixes, seeds=part.seeds, candidates=candidates)
         except ServingError:
             raise
         except Exception as e:

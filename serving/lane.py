@@ -120,7 +120,7 @@ class Lane:
         offset = 0
         for block in self.blocks:
             size = block.rows
-            plan = block.search.advance(log_probs[offset : offset + size])
+            plan = block.search.advance(log_probs[offset : offset + size], self.decode_rows.columns)
             deliver(block.search)
             if plan is not None:
                 rows.append(offset + plan.rows)

@@ -94,3 +94,12 @@ class Shortlist:
             raise PackageError(f"{path}: " + "; ".join(problems))
         return cls(offsets.astype(np.int64), targets.astype(np.int64), always.astype(np.int64), vocab)
 
+
+
+def allow_prefixes(candidates: np.ndarray | None, rows: np.ndarray, prefixes: list[list[int]] | None) -> None:
+    """Let sentence ``rows[i]`` of ``candidates [B, V]`` produce the ids of its forced target prefix ``prefixes[i]``
+    (in place; nothing to do without a shortlist or prefixes)."""
+    if candidates is None or not prefixes:
+        return
+    for row, prefix in zip(np.asarray(rows).tolist(), prefixes, strict=True):
+        candidates[row, prefix] = True

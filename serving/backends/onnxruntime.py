@@ -78,7 +78,6 @@ class OnnxRuntimeBackend:
         self.shortlist = shortlist
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
-        self._short_log_probs = np.empty(0, dtype=np.float32)
         self._vocab: int | None = None if shortlist is None else shortlist.target_vocab
         logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
                     threads)
@@ -135,7 +134,8 @@ class OnnxRuntimeBackend:
 
     def decode_in_place(
         self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
-        src_bias: np.ndarray, order: np.ndarray, candidates: np.ndarray | None = None,
+        src_bias: np.ndarray, order: np.ndarray, vocab_ids: np.ndarray | None = None,
+        vocab_bias: np.ndarray | None = None,
     ) -> np.ndarray:
         """One step of a stationary decoder for rows ``0..n-1`` (``n = len(input_ids)``): row ``i`` feeds
         ``input_ids[i]`` at ``positions[i]``, attends over its cache slots ``0..positions[i]`` and writes its new keys
@@ -148,31 +148,29 @@ class OnnxRuntimeBackend:
             cross_kv: ``[L, 2, R', H, S, Dh]`` with ``R' >= n``; rows ``0..n-1`` are used.
             src_bias: ``[R', 1, 1, S]``.
             order: ``[n]`` a permutation of ``0..n-1``: row ``i`` of the log-probs is row ``order[i]``'s.
-            candidates: with a shortlist, ``[R'', V]`` bool, the target ids each row may produce (rows ``0..n-1``
-                are used; the encoder output's ``candidates``); None: every id.
+            vocab_ids: with a shortlist, the sorted target ids ``[K]`` to score (None: every id).
+            vocab_bias: with ``vocab_ids``, ``[n, K]`` float32 in output order: 0 where the row may produce the id,
+                -inf elsewhere.
 
         Returns:
-            ``log_probs [n, V]``; with ``reuse_buffers`` a view of a buffer valid until the next call. With a
-            shortlist, the ids a row may not produce are -inf and the others sum to one.
+            ``log_probs [n, V]``, or with a shortlist ``[n, K]`` (a column per id of ``vocab_ids``, each row's
+            log-softmax over its own ids); with ``reuse_buffers`` a view of a buffer valid until the next call.
         """
         rows = int(input_ids.shape[0])
         layers = cache.shape[0]
         if not (cache.flags.c_contiguous and cache.dtype == np.float32):
             raise ValueError("the stationary cache must be a C-contiguous float32 array")
-        log_probs = self._log_probs_out(rows)
         binding = self.decoder.io_binding()
         if self.shortlist is not None:
-            if candidates is None:
-                vocab_ids = np.arange(log_probs.shape[1])
+            if vocab_ids is None:
+                vocab_ids = np.arange(self._vocab_size())
+            if vocab_bias is None:
                 vocab_bias = np.zeros((rows, vocab_ids.size), dtype=np.float32)
-            else:
-                vocab_ids = np.flatnonzero(candidates[:rows].any(axis=0))
-                allowed = np.take(candidates[:rows], vocab_ids, axis=1)[order]
-                vocab_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
-            short = self._short_log_probs_out(rows, vocab_ids.size)
-            binding.bind_cpu_input("vocab_ids", vocab_ids)
-            binding.bind_cpu_input("vocab_bias", vocab_bias)
-            binding.bind_output("log_probs", "cpu", 0, np.float32, list(short.shape), short.ctypes.data)
+            log_probs = self._log_probs_out(rows, vocab_ids.size)
+            binding.bind_cpu_input("vocab_ids", as_ids(vocab_ids))
+            binding.bind_cpu_input("vocab_bias", as_floats(vocab_bias))
+        else:
+            log_probs = self._log_probs_out(rows)
         binding.bind_cpu_input("input_ids", as_ids(input_ids))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.reshape(positions, (rows, 1)), dtype=np.int64))
         binding.bind_cpu_input("src_bias", as_floats(src_bias[:rows]))
@@ -185,23 +183,14 @@ class OnnxRuntimeBackend:
             view = cache[layer, kind, :rows]
             binding.bind_cpu_input(name, view)
             binding.bind_output(out_name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
-        if self.shortlist is None:
-            binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
+        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
         self.decoder.run_with_iobinding(binding)
-        if self.shortlist is not None:
-            log_probs.fill(-np.inf)
-            log_probs[:, vocab_ids] = short
         return log_probs
 
-    def _short_log_probs_out(self, rows: int, size: int) -> np.ndarray:
-        """Where a shortlist step writes its ``[rows, size]`` log-probs: a buffer the backend keeps."""
-        if self._short_log_probs.size < rows * size:
-            self._short_log_probs = np.empty(rows * size, dtype=np.float32)
-        return self._short_log_probs[: rows * size].reshape(rows, size)
-
-    def _log_probs_out(self, rows: int) -> np.ndarray:
-        """Where the step writes its log-probs: the reused buffer, or a new array."""
-        vocab = self._vocab_size()
+    def _log_probs_out(self, rows: int, columns: int | None = None) -> np.ndarray:
+        """Where the step writes its log-probs (``columns`` per row, default the vocabulary): the reused buffer, or
+        a new array."""
+        vocab = self._vocab_size() if columns is None else columns
         if not self.reuse_buffers:
             return np.empty((rows, vocab), dtype=np.float32)
         if self._log_probs.size < rows * vocab:

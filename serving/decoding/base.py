@@ -101,6 +101,8 @@ class StepPlan:
 class Search(Protocol):
     """A search over encoded sentences, driven one decoder step at a time: feed ``tokens`` (an empty cache) to the
     decoder, pass its log-probs to :meth:`advance`, and continue with the plan it returns until it returns None.
+    With a vocabulary shortlist the log-probs have a column per id of the sorted ``columns`` only (the others are
+    -inf for every row); None: a column per id of the vocabulary.
     ``results`` collects each finished sentence's hypothesis under its id as soon as it is done.
 
     Sentences may join a running search (:meth:`join`, for step-level batching): their rows come after the running
@@ -109,7 +111,7 @@ class Search(Protocol):
     tokens: np.ndarray
     results: dict[int, Hypothesis]
 
-    def advance(self, log_probs: np.ndarray) -> StepPlan | None: ...
+    def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None: ...
 
     def join(self, other: Search) -> None: ...
 
@@ -124,9 +126,27 @@ def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOpt
     return np.asarray(log_prob / length**options.length_penalty)
 
 
-def bad_word_index(options: SearchOptions, vocab: int) -> np.ndarray:
+def bad_word_index(options: SearchOptions, vocab: int, columns: np.ndarray | None = None) -> np.ndarray:
+    """The log-prob columns of ``options.bad_word_ids`` (those in the vocabulary of ``vocab`` ids, or, when a
+    shortlist narrowed the step to the sorted ids ``columns``, those among them)."""
     ids = np.asarray(options.bad_word_ids, dtype=np.int64)
-    return ids[(ids >= 0) & (ids < vocab)]
+    index = ids[(ids >= 0) & (ids < vocab)] if columns is None else column_index(columns, ids)
+    return index[index >= 0]
+
+
+def column_index(columns: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
+    """The log-prob column of each id: the id itself (``columns`` None: the whole vocabulary), or its position in the
+    sorted ids ``columns`` of a shortlisted step, -1 where it is not among them."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if columns is None:
+        return ids
+    at = np.minimum(np.searchsorted(columns, ids), max(columns.size - 1, 0))
+    return np.where((columns.size > 0) & (columns[at] == ids), at, -1)
+
+
+def token_ids(columns: np.ndarray | None, index: np.ndarray) -> np.ndarray:
+    """The token ids of log-prob columns (:func:`column_index`'s inverse)."""
+    return np.asarray(index if columns is None else columns[index], dtype=np.int64)
 
 
 def writable(log_probs: np.ndarray) -> np.ndarray:

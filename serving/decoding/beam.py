@@ -13,6 +13,7 @@ from serving.decoding.base import (
     StepPlan,
     bad_word_index,
     pad_width,
+    token_ids,
     writable,
 )
 from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process
@@ -49,14 +50,19 @@ class BeamSearchBase:
         self.finished_flag = np.zeros((n, k), dtype=bool)
         self.prefix, self.prefix_len = prefix_arrays(prefixes, n)
         self.results: dict[int, Hypothesis] = {}
-        self.bad: np.ndarray | None = None
+        self.bad: np.ndarray | None = None  # the bad words' columns, of the last step
+        self.bad_columns: np.ndarray | None = None  # the shortlisted columns self.bad was found in
+        self.columns: np.ndarray | None = None  # the ids of this step's log-prob columns (None: every id)
         self._init_state(n)
 
-    def advance(self, log_probs: np.ndarray) -> StepPlan | None:
+    def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None:
         k = self.k
-        if self.bad is None:
-            self.vocab = log_probs.shape[1]
+        self.vocab, self.columns = log_probs.shape[1], columns
+        if columns is not None:  # a shortlisted step: its own columns
+            self.bad = bad_word_index(self.options, self.vocab, columns)
+        elif self.bad is None or self.bad_columns is not None:
             self.bad = bad_word_index(self.options, self.vocab)
+        self.bad_columns = columns
         first = not self.expanded
         if first:
             log_probs = np.repeat(log_probs, k, axis=0)
@@ -113,7 +119,8 @@ class BeamSearchBase:
             last = self.caps == self.steps + 1
             forced = np.repeat(last, k) if last.any() else None
         assert self.bad is not None
-        return writable(process(log_probs, self.options, self.bad, forced, self._history())).reshape(n, k, v)
+        return writable(process(log_probs, self.options, self.bad, forced, self._history(), self.columns)
+                        ).reshape(n, k, v)
 
     def _history(self) -> RowHistory | None:
         """Each row's tokens for the rules that read them (None when no rule does)."""
@@ -252,7 +259,7 @@ class HFBeamSearch(BeamSearchBase):
         generated = np.maximum(self._generated(), 1).astype(np.float64)
         penalty = (generated**opts.length_penalty).astype(np.float32)[:, None]
         top, top_scores = top_k_beams(log_probs, self.alive_scores, 2 * k)  # [n, 2K] flat indices, their scores
-        beam, token = top // v, top % v
+        beam, token = top // v, token_ids(self.columns, top % v)
         at_cap = (self.caps <= lengths)[:, None]
         hits = (token == opts.eos_id) | at_cap  # [n, 2K]
         cand_seq = self._extend(beam, token)
@@ -321,7 +328,7 @@ class T2TBeamSearch(BeamSearchBase):
         penalty = self._penalty(np.maximum(self._generated(), 1))[:, None]
         top, top_scores = top_k_beams(log_probs, self.alive_scores, 2 * k, divisor=penalty)  # (log-prob sum) / penalty
         top_log_probs = top_scores * penalty  # T2T recovers the log-probs this way
-        beam, token = top // v, top % v
+        beam, token = top // v, token_ids(self.columns, top % v)
         finished_now = token == opts.eos_id
         cand_seq = self._extend(beam, token)
 

@@ -14,6 +14,7 @@ from serving.decoding.base import (
     bad_word_index,
     normalize_score,
     pad_width,
+    token_ids,
 )
 from serving.decoding.rules import RowHistory, needs_history, prefix_arrays, process, sample, warp
 
@@ -38,22 +39,27 @@ class GreedySearch:
         self.results: dict[int, Hypothesis] = {}
         self.bad: np.ndarray | None = None
 
-    def advance(self, log_probs: np.ndarray) -> StepPlan | None:
+    def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None:
         options = self.options
-        if self.bad is None:
-            self.bad = bad_word_index(options, log_probs.shape[1])
+        if columns is not None:  # a shortlisted step: its own columns
+            bad = bad_word_index(options, log_probs.shape[1], columns)
+        elif self.bad is None:
+            bad = self.bad = bad_word_index(options, log_probs.shape[1])
+        else:
+            bad = self.bad
         forced = None
         if options.forced_eos:
             last = self.caps == self.steps + 1
             forced = last if last.any() else None
-        log_probs = process(log_probs, options, self.bad, forced, self._history())
+        log_probs = process(log_probs, options, bad, forced, self._history(), columns)
         if options.sampling:
-            next_ids = sample(warp(log_probs, options), self.seeds, self.steps)
+            chosen = sample(warp(log_probs, options), self.seeds, self.steps)
         else:
-            next_ids = log_probs.argmax(axis=1)
-        rows = np.arange(next_ids.size)
+            chosen = log_probs.argmax(axis=1)
+        rows = np.arange(chosen.size)
+        next_ids = token_ids(columns, chosen)
         generated = self.steps >= self.prefix_len
-        self.log_prob_sum += np.where(generated, log_probs[rows, next_ids], 0.0)
+        self.log_prob_sum += np.where(generated, log_probs[rows, chosen], 0.0)
         self.out[rows, self.steps] = next_ids
         lengths = self.steps = self.steps + 1
         if self.on_tokens is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.decoding.base import NEG_INF, SearchOptions, writable
+from serving.decoding.base import NEG_INF, SearchOptions, column_index, writable
 
 
 @dataclass
@@ -51,32 +51,37 @@ def process(
     bad: np.ndarray,
     forced: np.ndarray | None,
     history: RowHistory | None,
+    columns: np.ndarray | None = None,
 ) -> np.ndarray:
     """The step's log-probs ``[R, V]`` after every rule of ``options`` (module docstring); modified in place when the
-    backend's buffer allows. ``forced``: the rows at their last allowed step (EOS only), or None."""
+    backend's buffer allows. ``bad``: the columns of the bad words; ``forced``: the rows at their last allowed step
+    (EOS only), or None; ``columns``: the ids of a shortlisted step's columns (``serving.decoding.base.Search``),
+    which hold EOS and every target prefix token (None: column ``i`` is id ``i``)."""
     prefixed = history is not None and bool((history.steps < history.prefix_len).any())
     if not (bad.size or forced is not None or options.renormalize_logits or prefixed
             or (history is not None and needs_history(options))):
         return log_probs
     log_probs = writable(log_probs)
+    eos = int(column_index(columns, np.array([options.eos_id]))[0])  # EOS is always among a shortlist's columns
     if history is not None and options.repetition_penalty != 1.0:
-        _penalize_repetitions(log_probs, history, options)
+        _penalize_repetitions(log_probs, history, options, columns)
     if history is not None and options.no_repeat_ngram_size > 0:
-        _ban_repeated_ngrams(log_probs, history, options)
+        _ban_repeated_ngrams(log_probs, history, options, columns)
     if bad.size:
         log_probs[:, bad] = NEG_INF
     if history is not None and options.min_length > 0:
         short = history.steps - history.prefix_len < options.min_length
-        log_probs[short, options.eos_id] = NEG_INF
+        log_probs[short, eos] = NEG_INF
     if forced is not None:
         log_probs[forced] = NEG_INF
-        log_probs[forced, options.eos_id] = 0.0
+        log_probs[forced, eos] = 0.0
     if options.renormalize_logits:
         _log_softmax(log_probs)
     if prefixed:
         assert history is not None
         rows = np.flatnonzero(history.steps < history.prefix_len)
-        tokens = history.prefix[rows, history.steps[rows]]
+        tokens = column_index(columns, history.prefix[rows, history.steps[rows]])
+        assert (tokens >= 0).all(), "a shortlisted step always has the target prefix tokens among its columns"
         log_probs[rows] = NEG_INF
         log_probs[rows, tokens] = 0.0
     return log_probs
@@ -90,28 +95,34 @@ def _log_softmax(scores: np.ndarray) -> None:
         scores -= np.log(np.exp(scores).sum(axis=1, keepdims=True))
 
 
-def _seen(history: RowHistory, start_id: int, vocab: int) -> np.ndarray:
-    """``[R, V]`` True where a token is in the row's history (the start token included, as in ``input_ids``)."""
+def _seen(history: RowHistory, start_id: int, vocab: int, columns: np.ndarray | None) -> np.ndarray:
+    """``[R, V]`` True where a token is in the row's history (the start token included, as in ``input_ids``); ``V``
+    columns, those of ``columns``' ids when a shortlist narrowed the step."""
     rows, width = history.tokens.shape
     seen = np.zeros((rows, vocab), dtype=bool)
     valid = np.arange(width)[None, :] < history.steps[:, None]
     row_index = np.broadcast_to(np.arange(rows)[:, None], (rows, width))
-    seen[row_index[valid], history.tokens[valid]] = True
-    if 0 <= start_id < vocab:
-        seen[:, start_id] = True
+    column = column_index(columns, history.tokens[valid])
+    present = column >= 0
+    seen[row_index[valid][present], column[present]] = True
+    start = int(column_index(columns, np.array([start_id]))[0])
+    if 0 <= start < vocab:
+        seen[:, start] = True
     return seen
 
 
-def _penalize_repetitions(log_probs: np.ndarray, history: RowHistory, options: SearchOptions) -> None:
+def _penalize_repetitions(log_probs: np.ndarray, history: RowHistory, options: SearchOptions,
+                          columns: np.ndarray | None) -> None:
     """transformers' ``RepetitionPenaltyLogitsProcessor``: a seen token's score times the penalty when negative,
     divided by it otherwise."""
-    seen = _seen(history, options.decoder_start_id, log_probs.shape[1])
+    seen = _seen(history, options.decoder_start_id, log_probs.shape[1], columns)
     penalty = np.float32(options.repetition_penalty)
     scores = log_probs[seen]
     log_probs[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
 
 
-def _ban_repeated_ngrams(log_probs: np.ndarray, history: RowHistory, options: SearchOptions) -> None:
+def _ban_repeated_ngrams(log_probs: np.ndarray, history: RowHistory, options: SearchOptions,
+                         columns: np.ndarray | None) -> None:
     """transformers' ``NoRepeatNGramLogitsProcessor``: a token that would repeat an n-gram of the row's history
     (start token included) is banned."""
     n = options.no_repeat_ngram_size
@@ -123,7 +134,8 @@ def _ban_repeated_ngrams(log_probs: np.ndarray, history: RowHistory, options: Se
         tail = tuple(sequence[len(sequence) - n + 1 :]) if n > 1 else ()
         banned = [sequence[i + n - 1] for i in range(len(sequence) - n + 1) if tuple(sequence[i : i + n - 1]) == tail]
         if banned:
-            log_probs[row, banned] = NEG_INF
+            index = column_index(columns, np.asarray(banned))
+            log_probs[row, index[index >= 0]] = NEG_INF
 
 
 def warp(log_probs: np.ndarray, options: SearchOptions) -> np.ndarray:

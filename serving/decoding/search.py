@@ -90,7 +90,8 @@ def search(
     rows.arrange(-1 - np.arange(caps.size), cross_kv, src_bias, candidates)
     tokens = state.tokens
     while True:
-        plan = state.advance(rows.decode(tokens))
+        log_probs = rows.decode(tokens)
+        plan = state.advance(log_probs, rows.columns)
         if plan is None:
             break
         rows.advance(plan.rows, plan.encoder_rows)

@@ -33,9 +33,14 @@ class DecodeRows(Protocol):
         """Masked cache slots a row joining now would carry (0: none)."""
         ...
 
+    columns: np.ndarray | None
+    """The sorted ids of the last :meth:`decode`'s log-prob columns when a vocabulary shortlist narrowed it (None: a
+    column per id)."""
+
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         """One decoder step: row ``i`` feeds ``tokens[i]`` (``[n, 1]``); returns ``log_probs [n, V]`` in logical
-        order (valid until the next call). Raises what the runtime raises."""
+        order (valid until the next call; ``[n, K]``, the ids of :attr:`columns`, with a shortlist). Raises what the
+        runtime raises."""
         ...
 
     def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:

@@ -25,6 +25,7 @@ class DenseRows:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.private = False  # keep the cache in arrays of its own, not the backend's reused buffers
+        self.columns: np.ndarray | None = None  # no vocabulary shortlist here: a column per id
         self._positions = np.zeros(0, dtype=np.int64)
         self._past = self._present = self._cross_kv = self._src_bias = self._self_bias = None
 

@@ -38,6 +38,7 @@ class SlotRows:
         self.owner = np.zeros(0, dtype=np.int64)  # [R] which encoder row each slot's cross_kv is (-1: none)
         self.source_len = np.zeros(0, dtype=np.int64)  # [R] source positions each slot's encoder row needs
         self.candidates: np.ndarray | None = None  # [R, V] bool: the target ids each slot's row may produce
+        self.columns: np.ndarray | None = None  # the ids of the last step's log-prob columns (None: every id)
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
@@ -59,9 +60,14 @@ class SlotRows:
         assert self.cache is not None
         slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
         slot_tokens[self.slot] = tokens
+        shortlist: list[np.ndarray] = []
+        if self.candidates is not None:  # the union of the rows' candidates, each row masked to its own
+            self.columns = np.flatnonzero(self.candidates[:n].any(axis=0))
+            allowed = np.take(self.candidates[:n], self.columns, axis=1)[self.slot]
+            shortlist = [self.columns, np.where(allowed, np.float32(0.0), np.float32(-np.inf))]
         # The decoder returns the log-probs in logical order (it gathers the final states by ``self.slot``).
         return np.asarray(self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias,
-                                       self.slot, *([] if self.candidates is None else [self.candidates])))
+                                       self.slot, *shortlist))
 
     def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:
         n = self.count

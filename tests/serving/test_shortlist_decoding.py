@@ -12,6 +12,7 @@ import pytest
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
 from serving.package import PackageError
+from serving.rows import SlotRows
 from serving.shortlist import Shortlist
 from tests.utils.marian_factory import corpus
 
@@ -43,6 +44,46 @@ def test_a_sentence_translates_the_same_alone_and_in_a_batch(tiny_shortlist_pack
         together = [t.token_ids for t in translator.translate(SENTENCES, options)]
         alone = [translator.translate([s], options)[0].token_ids for s in SENTENCES]
         assert together == alone
+
+
+OPTION_SETS = [
+    DecodeOptions(beam_size=1),
+    DecodeOptions(beam_size=3, num_hypotheses=2),
+    DecodeOptions(beam_size=2, min_length=3, no_repeat_ngram_size=2, repetition_penalty=1.3, disable_unk=True),
+    DecodeOptions(beam_size=1, min_length=2, repetition_penalty=1.5),
+    DecodeOptions(do_sample=True, seed=3, top_k=8, temperature=1.5),
+]
+
+
+@pytest.mark.parametrize("options", OPTION_SETS, ids=["greedy", "n-best", "beam-rules", "greedy-rules", "sampled"])
+def test_searches_over_the_shortlisted_columns_decide_as_over_the_whole_vocabulary(
+        tiny_shortlist_package: Path, monkeypatch: pytest.MonkeyPatch, options: DecodeOptions) -> None:
+    """The searches read a shortlisted step's K columns (``columns``: their ids); the reference spreads the same
+    log-probs over the whole vocabulary (-inf elsewhere), as a search without a shortlist reads them."""
+    translator = Translator.load(tiny_shortlist_package, shortlist=True)
+    prefix = ["Ein Hund"] * 4
+    narrow = translator.translate(SENTENCES, options)
+    narrow_prefixed = translator.run(translator.prepare(SENTENCES[:4], options, target_prefix=prefix))
+    vocab = translator.info.target_vocab_size
+    decode = SlotRows.decode
+
+    def spread(self: SlotRows, tokens: np.ndarray) -> np.ndarray:
+        short = decode(self, tokens)
+        assert self.columns is not None and short.shape[1] == self.columns.size < vocab
+        full = np.full((short.shape[0], vocab), -np.inf, dtype=np.float32)
+        full[:, self.columns] = short
+        self.columns = None
+        return full
+
+    monkeypatch.setattr(SlotRows, "decode", spread)
+    wide = translator.translate(SENTENCES, options)
+    wide_prefixed = translator.run(translator.prepare(SENTENCES[:4], options, target_prefix=prefix))
+    for got, expected in ((narrow, wide), (narrow_prefixed, wide_prefixed)):
+        assert [t.token_ids for t in got] == [t.token_ids for t in expected]
+        assert [[a.token_ids for a in t.alternatives] for t in got] == \
+            [[a.token_ids for a in t.alternatives] for t in expected]
+        assert [t.score for t in got] == pytest.approx([t.score for t in expected], abs=1e-5)
+    assert all(t.text.startswith("Ein Hund") for t in narrow_prefixed)
 
 
 def test_a_shortlist_that_allows_every_id_changes_nothing(tiny_shortlist_package: Path) -> None:
