@@ -39,6 +39,10 @@ class SlotRows:
         self.source_len = np.zeros(0, dtype=np.int64)  # [R] source positions each slot's encoder row needs
         self.candidates: np.ndarray | None = None  # [R, V] bool: the target ids each slot's row may produce
         self.columns: np.ndarray | None = None  # the ids of the last step's log-prob columns (None: every id)
+        # The last union of candidates, the live sentences' masks over it ([u, K]) and their encoder rows (sorted).
+        self._union = np.zeros(0, dtype=np.int64)
+        self._sentence_bias = np.zeros((0, 0), dtype=np.float32)
+        self._bias_owners = np.full(1, -1, dtype=np.int64)
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)
@@ -62,12 +66,26 @@ class SlotRows:
         slot_tokens[self.slot] = tokens
         shortlist: list[np.ndarray] = []
         if self.candidates is not None:  # the union of the rows' candidates, each row masked to its own
-            self.columns = np.flatnonzero(self.candidates[:n].any(axis=0))
-            allowed = np.take(self.candidates[:n], self.columns, axis=1)[self.slot]
-            shortlist = [self.columns, np.where(allowed, np.float32(0.0), np.float32(-np.inf))]
+            shortlist = self._shortlist(n)
         # The decoder returns the log-probs in logical order (it gathers the final states by ``self.slot``).
         return np.asarray(self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias,
                                        self.slot, *shortlist))
+
+    def _shortlist(self, n: int) -> list[np.ndarray]:
+        """The step's ``vocab_ids`` (the union of the live rows' candidates, also kept as :attr:`columns`) and
+        ``vocab_bias`` (each output row masked to its own candidates). Rows of one encoder row (a sentence's beams)
+        share their candidates: the union and the masks are made once per sentence, and again only when the live
+        sentences change."""
+        assert self.candidates is not None
+        owners, first, inverse = np.unique(self.owner[:n], return_index=True, return_inverse=True)
+        if not np.array_equal(owners, self._bias_owners):
+            distinct = self.candidates[first]
+            self._union = np.flatnonzero(distinct.any(axis=0))
+            allowed = np.take(distinct, self._union, axis=1)
+            self._sentence_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+            self._bias_owners = owners
+        self.columns = self._union
+        return [self._union, self._sentence_bias[inverse.reshape(-1)[self.slot]]]
 
     def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:
         n = self.count
