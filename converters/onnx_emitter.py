@@ -218,7 +218,7 @@ def _decoder(spec: TransformerSpec, stationary: bool, shortlist: bool = False) -
     bias = g.weight("decoder.output_bias", spec.weights["decoder.output_bias"]) if c.logits_bias else None
     if shortlist:
         # Only the rows of the vocabulary the caller names: log_probs [B, K] over vocab_ids [K] (a log-softmax over
-        # those K tokens). The gathered rows stay float32 (``SHORTLIST_NODES``: int8 quantization leaves them).
+        # those K tokens). int8 quantization rewrites this projection (``converters.quantize``, ``SHORTLIST_NODES``).
         output_table = g.op("Gather", [output_table, "vocab_ids"], hint=f"{SHORTLIST_NODES}.rows", axis=0)
         if bias is not None:
             bias = g.op("Gather", [bias, "vocab_ids"], hint=f"{SHORTLIST_NODES}.bias", axis=0)

@@ -80,29 +80,63 @@ def _gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _own_shortlist_table(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Give a shortlist decoder's gather of output rows a float32 table of its own when it reads a tied embedding
-    table: int8 quantization turns that table into int8 and a DequantizeLinear of the whole table, which every step
-    would then run (and the logits would lose the per-channel resolution)."""
+def _quantized_shortlist_projection(model: onnx.ModelProto, reduce_range: bool) -> onnx.ModelProto:
+    """A shortlist decoder's projection onto the gathered output rows (``Gather(table, vocab_ids)`` then ``Gemm(h,
+    rows, [bias], transB=1)``) in int8, as the other matmuls: the table quantized per row (per output channel, 7-bit
+    with ``reduce_range``), its gathered rows multiplied with ONNX Runtime's ``DynamicQuantizeMatMul`` (the hidden
+    states quantized per call), scaled by their rows' scales. quantize_dynamic cannot do it (the rows are not a
+    constant), and quantizing a tied embedding table for the input gather would otherwise make the gather read the
+    whole table dequantized, every step."""
     inits = {init.name: init for init in model.graph.initializer}
+    gathers = {node.output[0]: node for node in model.graph.node
+               if node.name.startswith(f"{SHORTLIST_NODES}.rows") and node.op_type == "Gather"}
+    if not gathers:
+        return model
+    limit = 63.0 if reduce_range else 127.0
+    nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        if node.name.startswith(SHORTLIST_NODES) and node.op_type == "Gather" and node.input[0].endswith("embed_tokens"):
-            table = node.input[0]
-            own = f"{SHORTLIST_NODES}.table"
-            if own not in inits:
-                model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[table]), own))
-                inits[own] = model.graph.initializer[-1]
-            node.input[0] = own
+        if node.output[0] in gathers:
+            continue  # replaced with the int8 gather below, at its Gemm
+        if node.op_type != "Gemm" or node.input[1] not in gathers:
+            nodes.append(node)
+            continue
+        gather = gathers[node.input[1]]
+        table = numpy_helper.to_array(inits[gather.input[0]]).astype(np.float32)
+        scale = np.abs(table).max(axis=1) / limit
+        scale[scale == 0] = 1.0
+        quantized = np.clip(np.round(table / scale[:, None]), -limit, limit).astype(np.int8)
+        prefix = f"{SHORTLIST_NODES}.int8"
+        model.graph.initializer.extend([numpy_helper.from_array(quantized, f"{prefix}.table"),
+                                        numpy_helper.from_array(scale.astype(np.float32), f"{prefix}.scale")])
+        ids = gather.input[1]
+        nodes += [
+            helper.make_node("Gather", [f"{prefix}.table", ids], [f"{prefix}.rows"], name=f"{prefix}.rows", axis=0),
+            helper.make_node("Transpose", [f"{prefix}.rows"], [f"{prefix}.columns"], name=f"{prefix}.columns",
+                             perm=[1, 0]),
+            helper.make_node("Gather", [f"{prefix}.scale", ids], [f"{prefix}.scales"], name=f"{prefix}.scales", axis=0),
+            helper.make_node("DynamicQuantizeMatMul",
+                             [node.input[0], f"{prefix}.columns", f"{prefix}.scales", "",
+                              *(node.input[2:3] if len(node.input) > 2 else [])],
+                             [node.output[0]], name=f"{prefix}.matmul", domain="com.microsoft"),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in model.graph.node for name in node.input}
+    keep = [init for init in model.graph.initializer if init.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
 
 
 def _nodes_to_quantize(model: onnx.ModelProto) -> list[str]:
-    """MatMuls with a constant weight and Gathers from a token-embedding table (but a shortlist decoder's gathers of
-    output rows: their Gemm's weight is not a constant, it stays float32 and so do they)."""
+    """MatMuls with a constant weight and Gathers from a token-embedding table (a shortlist decoder's projection is
+    already int8: ``_quantized_shortlist_projection``)."""
     inits = {init.name for init in model.graph.initializer}
     names: list[str] = []
     for node in model.graph.node:
-        if node.name.startswith(SHORTLIST_NODES):  # the shortlist decoder's gathered output rows stay float32
+        if node.name.startswith(SHORTLIST_NODES):  # the shortlist projection: int8 already (its bias stays float32)
             continue
         if node.op_type == "MatMul" and node.input[1] in inits:
             names.append(node.name)
@@ -126,7 +160,7 @@ def quantize_onnx_int8(onnx_path: Path, out_path: Path, *, per_channel: bool = P
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = _own_shortlist_table(_gemm_to_matmul(onnx.load(str(onnx_path))))
+    model = _quantized_shortlist_projection(_gemm_to_matmul(onnx.load(str(onnx_path))), reduce_range)
     nodes = _nodes_to_quantize(model)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp, _quiet_root_logger():

@@ -97,3 +97,21 @@ def test_a_damaged_table_is_refused_at_load(tiny_shortlist_package: Path, tmp_pa
     (copy / "shortlist" / "table.npz").write_bytes(b"x")
     with pytest.raises(PackageError, match="table.npz"):
         Translator.load(copy, shortlist=True)
+
+
+def test_the_int8_shortlist_decoder_projects_with_int8_rows(tiny_shortlist_package: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    manifest = open_package(tiny_shortlist_package).manifest
+    vocab = manifest.architecture.target_vocab_size
+    path = manifest.artifact("onnxruntime", "int8").shortlist_decoder
+    assert path is not None
+    graph = onnx.load(str(tiny_shortlist_package / path)).graph
+    assert any(n.op_type == "DynamicQuantizeMatMul" and n.name == "decoder.shortlist.int8.matmul" for n in graph.node)
+    tables = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.dims and i.dims[0] == vocab
+              and len(i.dims) == 2}
+    assert tables and all(t.dtype in (np.int8, np.uint8) for t in tables.values()), {k: t.dtype for k, t in tables.items()}
+    # no step dequantizes a whole table: every DequantizeLinear reads gathered rows, not an initializer
+    initializers = {i.name for i in graph.initializer}
+    assert not [n.name for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
