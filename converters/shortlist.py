@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from converters.base import ConversionError
-from serving.package import Manifest, write_manifest
+from serving.package import Artifact, Manifest, write_manifest
 from serving.shortlist import Shortlist
 from serving.tokenizers import load_tokenizer
 
@@ -184,11 +184,61 @@ def add_shortlist(package: Path, manifest: Manifest, request: ShortlistRequest,
         "mean_candidates_per_source_token": round(float(table.targets.size) / max(1, table.source_vocab), 2),
         "build_seconds": round(built, 2),
     }
+    say("checking the shortlist decoders against the decoders")
+    section["parity"] = {a.key: decoder_parity(package, a, table, manifest, sources[:8], targets[:8], tokenizer)
+                         for a in artifacts if a.shortlist_decoder is not None}
     manifest = dataclasses.replace(manifest, artifacts=tuple(artifacts), shortlist=section)
     if request.evaluation is not None:
         say(f"measuring the shortlist on {request.evaluation[0]}")
         section["evaluation"] = evaluate(package, manifest, request.evaluation)
     return manifest
+
+
+PARITY_TOLERANCE = 1e-3  # float32 log-probs of the same graph but for the gathered projection
+PARITY_STEPS = 12
+
+
+def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, manifest: Manifest, sources: list[str],
+                   targets: list[str], tokenizer: Any) -> dict[str, Any]:
+    """The artifact's shortlist decoder, asked for every id, against its decoder: the same teacher-forced steps
+    (the corpus's first sentence pairs) through both. float32 must agree within ``PARITY_TOLERANCE``; int8 reports
+    its next-token agreement (its projection is quantized per row, the decoder's by ONNX Runtime's quantizer).
+
+    Raises:
+        ConversionError: a float32 shortlist decoder that computes something else than the decoder.
+    """
+    from serving.backends.base import empty_past
+    from serving.backends.onnxruntime import OnnxRuntimeBackend
+
+    assert artifact.shortlist_decoder is not None
+    ids = manifest.special_ids
+    full = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads=1)
+    short = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.shortlist_decoder, threads=1,
+                               shortlist=table)
+    source_ids = [[*tokenizer.encode(line), ids.eos] for line in sources]
+    target_ids = [[ids.decoder_start, *tokenizer.encode_target(line)][:PARITY_STEPS] for line in targets]
+    width, steps = max(map(len, source_ids)), min(map(len, target_ids))
+    input_ids = np.array([s + [ids.pad] * (width - len(s)) for s in source_ids], dtype=np.int64)
+    encoded = full.encode(input_ids)
+    pasts = [empty_past(encoded.cross_kv)] * 2
+    worst, agree, total = 0.0, 0, 0
+    for step in range(steps):
+        tokens = np.array([[t[step]] for t in target_ids], dtype=np.int64)
+        outputs = [backend.decode_step(tokens, step, past, encoded.cross_kv, encoded.src_bias)
+                   for backend, past in zip((full, short), pasts, strict=True)]
+        (expected, _), (got, _) = outputs
+        pasts = [present for _, present in outputs]
+        worst = max(worst, float(np.abs(expected - got).max()))
+        agree += int((expected.argmax(axis=1) == got.argmax(axis=1)).sum())
+        total += expected.shape[0]
+    result: dict[str, Any] = {"sentences": len(source_ids), "decoder_steps": steps,
+                              "log_probs_max_abs": round(worst, 6), "next_token_agreement": round(agree / total, 4)}
+    if artifact.precision == "fp32":
+        result["tolerance"] = PARITY_TOLERANCE
+        if not worst <= PARITY_TOLERANCE:
+            raise ConversionError(f"{artifact.shortlist_decoder}: log-probs differ from {artifact.decoder}'s by "
+                                  f"{worst:.3g} > {PARITY_TOLERANCE:g}")
+    return result
 
 
 def evaluate(package: Path, manifest: Manifest, data: tuple[Path, Path]) -> dict[str, Any]:

@@ -64,6 +64,9 @@ def test_the_package_records_the_shortlist_and_its_bleu_cost(tiny_shortlist_pack
     assert 0 <= evaluation["identical_translations"] <= 1
     vocab = manifest.architecture.target_vocab_size
     assert 20 < evaluation["shortlist"]["mean_allowed_ids_per_sentence"] < vocab  # a real restriction
+    parity = manifest.shortlist["parity"]  # each shortlist decoder asked for every id, against its decoder
+    assert parity["onnxruntime/fp32"]["log_probs_max_abs"] <= parity["onnxruntime/fp32"]["tolerance"] == 1e-3
+    assert parity["onnxruntime/int8"]["next_token_agreement"] >= 0.9
     data = json.loads((tiny_shortlist_package / "manifest.json").read_text(encoding="utf-8"))
     assert data["shortlist"]["candidates_per_token"] == 10 and data["shortlist"]["frequent_targets"] == 20
 

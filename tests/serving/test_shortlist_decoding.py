@@ -126,3 +126,26 @@ def test_translate_cli_with_the_shortlist(tiny_shortlist_package: Path, capsys: 
     shortlisted = capsys.readouterr().out.strip()
     expected = Translator.load(tiny_shortlist_package, shortlist=True).translate([SENTENCES[0]])[0].text
     assert shortlisted == expected
+
+
+@pytest.mark.parametrize("batching", ["request", "step"])
+def test_a_server_started_with_the_shortlist_translates_as_the_engine(tiny_shortlist_package: Path,
+                                                                      batching: str) -> None:
+    """A real ``mtgate serve --shortlist`` on loopback (the setting read from the environment for step level)."""
+    import httpx
+
+    from tests.serving.api.servers import start_server
+
+    flags, env = ("--shortlist", "--batching", batching), None
+    if batching == "step":
+        flags, env = ("--batching", "step"), {"MTGATE_SHORTLIST": "true"}
+    server = start_server(tiny_shortlist_package, *flags, env=env)
+    try:
+        response = httpx.post(server.url + "/v1/translate", json={"text": SENTENCES[:6]}, timeout=60)
+        assert response.status_code == 200, response.text
+        served = [t["text"] for t in response.json()["translations"]]
+    finally:
+        assert server.stop() == 0
+    engine = Translator.load(tiny_shortlist_package, shortlist=True)
+    assert served == [t.text for t in engine.translate(SENTENCES[:6])]
+    assert served != [t.text for t in Translator.load(tiny_shortlist_package).translate(SENTENCES[:6])]
