@@ -131,12 +131,33 @@ class ModeResult:
 # ---------------------------------------------------------------- arguments
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.served_batching", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def served_parser(name: str, description: str | None) -> argparse.ArgumentParser:
+    """The options every served benchmark (``benchmarks.<name>``) has: the model, the modes, the server's runtime
+    settings, where results and work files go."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--model", type=Path, help="model package (default: the bundled demo models/demo-en-de)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"batching modes, in order (default: {','.join(MODES)})")
+    parser.add_argument("--threads", type=int, default=2, help="runtime threads, MTGATE_THREADS (default: 2)")
+    parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
+                        help="artifact, MTGATE_PRECISION (default: int8)")
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                        help="runtime, MTGATE_BACKEND (default: onnxruntime)")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
+    file_name = name.replace("_", "-")
+    parser.add_argument("--name", help=f"result file name (default: {file_name}-<UTC date>)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results",
+                        help="where <name>.json and <name>.md go (default: benchmarks/results)")
+    parser.add_argument("--work-dir", type=Path,
+                        help=f"Locust CSVs and server logs (default: build/{file_name}/<name>)")
+    parser.add_argument("--server-timeout", type=float, default=120.0,
+                        help="seconds to wait for a server to become ready (default: 120)")
+    return parser
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = served_parser("served_batching", __doc__)
     parser.add_argument("--rates", default=DEFAULT_RATES,
                         help=f"offered requests/s, increasing (default: {DEFAULT_RATES})")
     parser.add_argument("--duration", default="30s", help="Locust run time per rate: 30, '30s', '2m' (default: 30s)")
@@ -144,21 +165,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--users", type=int, default=0,
                         help=f"Locust users per rate (default: {USERS_PER_RPS} per request/s, at least {MIN_USERS}, "
                              f"at most {MAX_USERS})")
-    parser.add_argument("--threads", type=int, default=2, help="MTGATE_THREADS of the server (default: 2)")
-    parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
-                        help="MTGATE_PRECISION of the server (default: int8)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="MTGATE_BACKEND of the server (default: onnxruntime)")
     parser.add_argument("--beam-size", type=int, help="beam_size sent with every request (default: the package's)")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
-    parser.add_argument("--name", help="result file name (default: served-batching-<UTC date>)")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results",
-                        help="where <name>.json and <name>.md go (default: benchmarks/results)")
-    parser.add_argument("--work-dir", type=Path,
-                        help="Locust CSVs and server logs (default: build/served-batching/<name>)")
-    parser.add_argument("--server-timeout", type=float, default=120.0,
-                        help="seconds to wait for a server to become ready (default: 120)")
     return parser
 
 
@@ -393,12 +400,12 @@ def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], o
                                                           env=server_environment(config, mode)))
             except (LoadTestError, BenchmarkError) as e:
                 result.error = str(e)
-                _say(f"{mode}: error: {e}")
+                say(f"{mode}: error: {e}")
                 continue
             servers[mode] = server
             result.reported_batching = reported_batching(server.log)
             if result.reported_batching != mode:
-                _say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
+                say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
                      f"not {mode}")
         misses = dict.fromkeys(servers, 0)
         for rate in config.rates:
@@ -409,15 +416,15 @@ def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], o
                 try:
                     wait_until_idle(servers[mode].url)
                     users = config.users or users_for(rate)
-                    _say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
+                    say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
                     measured = run_rate(servers[mode].url, rate, config, config.work_dir / mode / f"rate-{rate:g}")
                 except (LoadTestError, BenchmarkError) as e:
                     result.error = str(e)
-                    _say(f"{mode}: error: {e}")
+                    say(f"{mode}: error: {e}")
                     misses[mode] = MISSES_TO_STOP
                     continue
                 result.rates.append(measured)
-                _say(f"{mode}: {rate:g} req/s: p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, "
+                say(f"{mode}: {rate:g} req/s: p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, "
                      f"{measured.failures} failed: " + ("holds" if measured.holds else "; ".join(measured.reasons)))
                 on_rate()
                 misses[mode] = 0 if measured.holds else misses[mode] + 1
@@ -477,16 +484,13 @@ def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], start
 
 def to_markdown(data: dict[str, Any]) -> str:
     """The report: how it was measured, the highest holding rate per mode, then each mode's table."""
-    m, model, server, load, rule = data["machine"], data["model"], data["server"], data["load"], data["rule"]
+    model, server, load, rule = data["model"], data["server"], data["load"], data["rule"]
     beam = load["beam_size"] if load["beam_size"] is not None else f"the package's ({model['package_beam_size']})"
     extra_env = ", ".join(f"`{k}={v}`" for k, v in server["env"].items())
     lines = [
         f"# Served batching at fixed arrival rates: {data['name']}",
         "",
-        f"- command: `{data['command']}`" + ("" if data["complete"] else " (**incomplete run**)"),
-        f"- started {data['started']}, finished {data['finished'] or '-'}",
-        f"- machine: {m['cpu_count']} CPUs ({m['usable_cpus']} usable), {m['cpu_model'] or 'unknown CPU'}; "
-        f"load average at start {m['load_average_start']}, at end {m.get('load_average_end', '-')}",
+        *run_header(data),
         f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['backend']}, "
         f"{server['precision']}, {server['threads']} threads" + (f", {extra_env}" if extra_env else ""),
         f"- load: Locust `{load['user']}` (one sentence per `POST /v1/translate`), sentences from "
@@ -519,9 +523,47 @@ def to_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """A progress line on stderr (the report goes to stdout)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+def run_header(data: dict[str, Any]) -> list[str]:
+    """The report lines every served benchmark starts with: the command, when, the machine."""
+    m = data["machine"]
+    return [f"- command: `{data['command']}`" + ("" if data["complete"] else " (**incomplete run**)"),
+            f"- started {data['started']}, finished {data['finished'] or '-'}",
+            f"- machine: {m['cpu_count']} CPUs ({m['usable_cpus']} usable), {m['cpu_model'] or 'unknown CPU'}; "
+            f"load average at start {m['load_average_start']}, at end {m.get('load_average_end', '-')}"]
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where a run writes its report: ``<out_dir>/<name>.json`` and ``.md``, each replaced atomically after every
+    measurement, so that an interrupted run leaves what it measured."""
+
+    json_path: Path
+    md_path: Path
+
+    @classmethod
+    def of(cls, out_dir: Path, name: str) -> ReportFiles:
+        return cls(out_dir / f"{name}.json", out_dir / f"{name}.md")
+
+    def write(self, data: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> str:
+        """Write ``data`` as JSON and ``markdown(data)``; return the markdown."""
+        text = markdown(data)
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.json_path, json.dumps(data, indent=2) + "\n")
+        atomic_write_text(self.md_path, text)
+        return text
+
+    def finish(self, host: dict[str, Any], data: Callable[[], dict[str, Any]],
+               markdown: Callable[[dict[str, Any]], str]) -> None:
+        """The complete report: the end load average recorded, written, printed."""
+        host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        sys.stdout.write(self.write(data(), markdown))
+        say(f"wrote {self.json_path} and {self.md_path}")
 
 
 # ---------------------------------------------------------------- command
@@ -532,32 +574,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_args(args)
     except UsageError as e:
-        _say(f"served_batching: error: {e}")
+        say(f"served_batching: error: {e}")
         return 2
     except SystemExit as e:  # argparse: --help, or a malformed flag (its usage message is already on stderr)
         return int(e.code or 0)
     started = datetime.now(UTC)
     host = machine()
     modes: list[ModeResult] = []
-    json_path, md_path = config.out_dir / f"{config.name}.json", config.out_dir / f"{config.name}.md"
-
-    def write(complete: bool) -> str:
-        data = to_json(config, host, modes, started, complete)
-        markdown = to_markdown(data)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")
-        atomic_write_text(md_path, markdown)
-        return markdown
-
+    report = ReportFiles.of(config.out_dir, config.name)
     try:
         modes.extend(ModeResult(mode) for mode in config.modes)
-        run_modes(modes, config, on_rate=lambda: write(False))
+        run_modes(modes, config, on_rate=lambda: report.write(to_json(config, host, modes, started, False),
+                                                               to_markdown))
     except KeyboardInterrupt:
-        _say(f"served_batching: interrupted; what was measured is in {json_path}")
+        say(f"served_batching: interrupted; what was measured is in {report.json_path}")
         return 130
-    host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    sys.stdout.write(write(True))
-    _say(f"wrote {json_path} and {md_path}")
+    report.finish(host, lambda: to_json(config, host, modes, started, True), to_markdown)
     return 2 if any(m.error for m in modes) else 0
 
 

@@ -35,7 +35,6 @@ not be measured (the package did not load, a server did not start, Locust failed
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -58,8 +57,8 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/served_offline.py` fr
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.served_batching import (  # noqa: E402
-    MODES,
     BenchmarkError,
+    ReportFiles,
     UsageError,
     locust_command,
     machine,
@@ -67,6 +66,9 @@ from benchmarks.served_batching import (  # noqa: E402
     parse_server_env,
     read_package,
     reported_batching,
+    run_header,
+    say,
+    served_parser,
     server_environment,
     wait_until_idle,
 )
@@ -74,7 +76,6 @@ from loadtest.cli import LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
 from loadtest.stats import RunStats  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
-from serving.files import atomic_write_text  # noqa: E402
 
 TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the engine's offline tokens/s
 WARMUP_BATCHES = 2  # offline: batches translated once after each load, before the timed passes
@@ -272,22 +273,13 @@ class ModeResult:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.served_offline", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-m", "--model", type=Path, help="model package (default: the bundled demo models/demo-en-de)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"batching modes, in order (default: {','.join(MODES)})")
+    parser = served_parser("served_offline", __doc__)
     parser.add_argument("--duration", default="45s",
                         help="served: the measurement window per mode: 45, '45s', '2m' (default: 45s)")
     parser.add_argument("--warmup", default="10s",
                         help="served: load before the window starts, from the first request (default: 10s)")
     parser.add_argument("--users", type=int, default=64,
                         help="served: Locust users, a closed loop without think time (default: 64, two full batches)")
-    parser.add_argument("--threads", type=int, default=2, help="runtime threads, MTGATE_THREADS (default: 2)")
-    parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
-                        help="artifact, MTGATE_PRECISION (default: int8)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="runtime, MTGATE_BACKEND (default: onnxruntime)")
     parser.add_argument("--beam-size", type=int,
                         help="beam_size of every request and of the offline calls (default: the package's)")
     parser.add_argument("--batch-size", type=int, default=32,
@@ -297,15 +289,6 @@ def _build_parser() -> argparse.ArgumentParser:
                              "(default: 1)")
     parser.add_argument("--sentences", type=int, default=0,
                         help="offline: the corpus's first N sentences (default: all; the users draw from all)")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
-    parser.add_argument("--name", help="result file name (default: served-offline-<UTC date>)")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results",
-                        help="where <name>.json and <name>.md go (default: benchmarks/results)")
-    parser.add_argument("--work-dir", type=Path,
-                        help="Locust CSVs and server logs (default: build/served-offline/<name>)")
-    parser.add_argument("--server-timeout", type=float, default=120.0,
-                        help="seconds to wait for a server to become ready (default: 120)")
     return parser
 
 
@@ -383,11 +366,11 @@ def run_offline(result: OfflineResult, config: Config, texts: list[str], slot: s
             done = OfflinePass(slot=slot, seconds=time.perf_counter() - wall,
                                cpu_seconds=time.process_time() - cpu, sentences=len(texts), output_tokens=tokens)
             result.passes.append(done)
-            _say(f"offline {slot}: pass {number} of {config.passes}: {done.seconds:.2f} s, "
+            say(f"offline {slot}: pass {number} of {config.passes}: {done.seconds:.2f} s, "
                  f"{done.tokens_per_s:.0f} tokens/s")
     except (PackageError, ServingError) as e:
         result.error = str(e)
-        _say(f"offline: error: {e}")
+        say(f"offline: error: {e}")
 
 
 # ---------------------------------------------------------------- served
@@ -548,26 +531,26 @@ def run_mode(result: ModeResult, config: Config) -> None:
                           env=server_environment(config, mode)) as server:
             result.reported_batching = reported_batching(server.log)
             if result.reported_batching != mode:
-                _say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
+                say(f"{mode}: warning: the server reports batching {result.reported_batching or '(nothing)'}, "
                      f"not {mode}")
             wait_until_idle(server.url)
             directory.mkdir(parents=True, exist_ok=True)
             prefix = directory / "locust"
             command = locust_command(server.url, None, config.users, run_s, prefix, config.beam_size)
-            _say(f"{mode}: {config.users} users, {config.warmup_s:g} s warm-up, {config.duration_s:g} s window")
+            say(f"{mode}: {config.users} users, {config.warmup_s:g} s warm-up, {config.duration_s:g} s window")
             with ThreadPoolExecutor(max_workers=1) as pool:  # on an error, leaving the block waits for Locust's end
                 locust = pool.submit(_locust_with_cpu, command, prefix, run_s)
                 watch_window(server.url, server.process.pid, locust, config, result)
                 run, result.locust_wall_s, result.locust_cpu_s = locust.result()
     except (LoadTestError, BenchmarkError) as e:
         result.error = str(e)
-        _say(f"{mode}: error: {e}")
+        say(f"{mode}: error: {e}")
         return
     row = run.aggregated
     result.locust_requests, result.locust_failures, result.locust_rps = row.requests, row.failures, row.rps
     result.p50_ms, result.p95_ms, result.p99_ms = row.percentile("50%"), row.percentile("95%"), row.percentile("99%")
     result.top_failures = [f"{f.occurrences} x {f.error}" for f in sorted(run.failures, key=lambda f: -f.occurrences)[:3]]
-    _say(f"{mode}: {_num(result.tokens_per_s)} tokens/s, batches {_num(None if result.fill is None else 100 * result.fill)}% full, "
+    say(f"{mode}: {_num(result.tokens_per_s)} tokens/s, batches {_num(None if result.fill is None else 100 * result.fill)}% full, "
          f"queue held sentences at {sum(q > 0 for q in result.queue_depths)} of {len(result.queue_depths)} scrapes, "
          f"{result.locust_failures} failed")
 
@@ -611,16 +594,13 @@ def to_json(config: Config, host: dict[str, Any], offline: OfflineResult, modes:
 
 def to_markdown(data: dict[str, Any]) -> str:
     """The report: how it was measured, the summary per mode, then the offline passes and each mode's figures."""
-    m, model, engine, off, served = data["machine"], data["model"], data["engine"], data["offline"], data["served"]
+    model, engine, off, served = data["model"], data["engine"], data["offline"], data["served"]
     beam = engine["beam_size"] if engine["beam_size"] is not None else f"the package's ({off['beam_size'] or '-'})"
     extra_env = ", ".join(f"`{k}={v}`" for k, v in served["server_env"].items())
     lines = [
         f"# Served vs offline throughput: {data['name']}",
         "",
-        f"- command: `{data['command']}`" + ("" if data["complete"] else " (**incomplete run**)"),
-        f"- started {data['started']}, finished {data['finished'] or '-'}",
-        f"- machine: {m['cpu_count']} CPUs ({m['usable_cpus']} usable), {m['cpu_model'] or 'unknown CPU'}; "
-        f"load average at start {m['load_average_start']}, at end {m.get('load_average_end', '-')}",
+        *run_header(data),
         f"- model: `{model['package']}` ({model['name']} {model['version']}); {engine['backend']}, "
         f"{engine['precision']}, {engine['threads']} threads, beam size {beam}",
         f"- sentences: `{Path(data['corpus']).name}` ({off['sentences_rule']}: {off['sentences']} offline; the Locust "
@@ -705,11 +685,6 @@ def _failed(mode: dict[str, Any]) -> str:
     return str(mode["locust_failures"])
 
 
-def _say(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
 # ---------------------------------------------------------------- command
 
 
@@ -719,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_args(args)
         texts = read_lines(default_corpus())
     except (UsageError, CorpusError) as e:
-        _say(f"served_offline: error: {e}")
+        say(f"served_offline: error: {e}")
         return 2
     except SystemExit as e:  # argparse: --help, or a malformed flag (its usage message is already on stderr)
         return int(e.code or 0)
@@ -727,15 +702,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = machine()
     offline = OfflineResult()
     modes: list[ModeResult] = []
-    json_path, md_path = config.out_dir / f"{config.name}.json", config.out_dir / f"{config.name}.md"
+    report = ReportFiles.of(config.out_dir, config.name)
 
     def write(complete: bool) -> str:
-        data = to_json(config, host, offline, modes, started, complete)
-        markdown = to_markdown(data)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")
-        atomic_write_text(md_path, markdown)
-        return markdown
+        return report.write(to_json(config, host, offline, modes, started, complete), to_markdown)
 
     sentences = texts[:config.sentences]
 
@@ -752,11 +722,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             write(False)
         offline_slot(f"after {config.modes[-1]}")
     except KeyboardInterrupt:
-        _say(f"served_offline: interrupted; what was measured is in {json_path}")
+        say(f"served_offline: interrupted; what was measured is in {report.json_path}")
         return 130
-    host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    sys.stdout.write(write(True))
-    _say(f"wrote {json_path} and {md_path}")
+    report.finish(host, lambda: to_json(config, host, offline, modes, started, True), to_markdown)
     return 2 if offline.error or any(m.error for m in modes) else 0
 
 
