@@ -62,7 +62,7 @@ def process(
             or (history is not None and needs_history(options))):
         return log_probs
     log_probs = writable(log_probs)
-    eos = int(column_index(columns, np.array([options.eos_id]))[0])  # EOS is always among a shortlist's columns
+    eos = int(column_index(columns, np.array([options.eos_id]))[0])
     if history is not None and options.repetition_penalty != 1.0:
         _penalize_repetitions(log_probs, history, options, columns)
     if history is not None and options.no_repeat_ngram_size > 0:
@@ -70,9 +70,11 @@ def process(
     if bad.size:
         log_probs[:, bad] = NEG_INF
     if history is not None and options.min_length > 0:
+        assert eos >= 0, "a shortlisted step always has EOS among its columns"
         short = history.steps - history.prefix_len < options.min_length
         log_probs[short, eos] = NEG_INF
     if forced is not None:
+        assert eos >= 0, "a shortlisted step always has EOS among its columns"
         log_probs[forced] = NEG_INF
         log_probs[forced, eos] = 0.0
     if options.renormalize_logits:
