@@ -190,10 +190,9 @@ class ContinuousDecoder:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
                 lane.detach()
             self._lanes.append(Lane(self.backend))
-        candidates = getattr(encoded, "candidates", None)  # a vocabulary shortlist's
         for joiner in joining:
-            allow_prefixes(candidates, joiner.rows, joiner.prefixes)
-        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook, candidates)
+            allow_prefixes(encoded.candidates, joiner.rows, joiner.prefixes)
+        self._lanes[-1].join(joining, encoded.cross_kv, encoded.src_bias, self._stream_hook, encoded.candidates)
 
     # -- groups ------------------------------------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ def join_encoder_outputs(parts: Sequence[EncoderOutput], starts: Sequence[int], 
         memory[start : start + rows, :length] = part.memory
         cross_kv[:, :, start : start + rows, :, :length] = part.cross_kv
         src_bias[start : start + rows, :, :, :length] = part.src_bias
-    candidates = None  # a test backend's own output type may have no such field
-    if getattr(first, "candidates", None) is not None:
+    candidates = None
+    if first.candidates is not None:
         candidates = np.concatenate([part.candidates for part in parts if part.candidates is not None])
     return EncoderOutput(memory=memory, cross_kv=cross_kv, src_bias=src_bias, candidates=candidates)

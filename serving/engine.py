@@ -373,10 +373,9 @@ class Translator:
         part = prepared.take(batch.tolist())
         try:
             encoded = self.encode_batch(prepared.sources, batch)
-            candidates = getattr(encoded, "candidates", None)  # a vocabulary shortlist's
-            allow_prefixes(candidates, np.arange(batch.size), part.prefixes)
+            allow_prefixes(encoded.candidates, np.arange(batch.size), part.prefixes)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
-                                prefixes=part.prefixes, seeds=part.seeds, candidates=candidates)
+                                prefixes=part.prefixes, seeds=part.seeds, candidates=encoded.candidates)
         except ServingError:
             raise
         except Exception as e:

@@ -8,21 +8,14 @@ as with the ONNX/OpenVINO backends, while every number comes from transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from transformers import MarianMTModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from serving.backends import EncoderOutput
+
 _MASK = -1.0e9
-
-
-@dataclass
-class HFEncoderOutput:
-    memory: np.ndarray
-    cross_kv: np.ndarray
-    src_bias: np.ndarray
 
 
 class HFMarianBackend:
@@ -40,7 +33,7 @@ class HFMarianBackend:
         return x.view(batch, length, self.heads, dim // self.heads).transpose(1, 2)
 
     @torch.no_grad()
-    def encode(self, input_ids: np.ndarray) -> HFEncoderOutput:
+    def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64))
         mask = (ids != self.pad_id).long()
         memory = self.model.model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -49,7 +42,7 @@ class HFMarianBackend:
             attn = layer.encoder_attn
             cross.append(torch.stack([self._split_heads(attn.k_proj(memory)), self._split_heads(attn.v_proj(memory))]))
         src_bias = ((1 - mask).float() * _MASK)[:, None, None, :]
-        return HFEncoderOutput(memory.numpy(), torch.stack(cross).numpy(), src_bias.numpy())
+        return EncoderOutput(memory.numpy(), torch.stack(cross).numpy(), src_bias.numpy())
 
     @torch.no_grad()
     def decode_step(

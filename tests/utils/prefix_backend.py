@@ -10,23 +10,16 @@ caches, and any mistake there changes the result.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from serving.backends import EncoderOutput
 from serving.package import MASK_VALUE
 
 Encode = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``encode(input_ids [B,S], mask [B,S] bool) -> memory [B,S,D]``."""
 Step = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """``step(memory [B,S,D], mask [B,S] bool, prefix [B,T] int64) -> log_probs [B,V]`` of the token after the prefix."""
-
-
-@dataclass
-class PrefixEncoderOutput:
-    memory: np.ndarray
-    cross_kv: np.ndarray
-    src_bias: np.ndarray
 
 
 class PrefixBackend:
@@ -42,11 +35,11 @@ class PrefixBackend:
     def __init__(self, encode_fn: Encode, step_fn: Step, pad: int, unseen: tuple[int, ...] = ()) -> None:
         self.encode_fn, self.step_fn, self.pad, self.unseen = encode_fn, step_fn, pad, unseen
 
-    def encode(self, input_ids: np.ndarray) -> PrefixEncoderOutput:
+    def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         mask = (input_ids != self.pad) & ~np.isin(input_ids, self.unseen)
         memory = np.asarray(self.encode_fn(input_ids, mask), dtype=np.float32)
         src_bias = np.where(mask, 0.0, MASK_VALUE).astype(np.float32)[:, None, None, :]
-        return PrefixEncoderOutput(memory=memory, cross_kv=np.ascontiguousarray(memory[None, None, :, None]),
+        return EncoderOutput(memory=memory, cross_kv=np.ascontiguousarray(memory[None, None, :, None]),
                                    src_bias=src_bias)
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
