@@ -50,19 +50,12 @@ class BeamSearchBase:
         self.finished_flag = np.zeros((n, k), dtype=bool)
         self.prefix, self.prefix_len = prefix_arrays(prefixes, n)
         self.results: dict[int, Hypothesis] = {}
-        self.bad: np.ndarray | None = None  # the bad words' columns, of the last step
-        self.bad_columns: np.ndarray | None = None  # the shortlisted columns self.bad was found in
         self.columns: np.ndarray | None = None  # the ids of this step's log-prob columns (None: every id)
         self._init_state(n)
 
     def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None:
         k = self.k
         self.vocab, self.columns = log_probs.shape[1], columns
-        if columns is not None:  # a shortlisted step: its own columns
-            self.bad = bad_word_index(self.options, self.vocab, columns)
-        elif self.bad is None or self.bad_columns is not None:
-            self.bad = bad_word_index(self.options, self.vocab)
-        self.bad_columns = columns
         first = not self.expanded
         if first:
             log_probs = np.repeat(log_probs, k, axis=0)
@@ -118,9 +111,8 @@ class BeamSearchBase:
         if self.options.forced_eos:
             last = self.caps == self.steps + 1
             forced = np.repeat(last, k) if last.any() else None
-        assert self.bad is not None
-        return writable(process(log_probs, self.options, self.bad, forced, self._history(), self.columns)
-                        ).reshape(n, k, v)
+        bad = bad_word_index(self.options, v, self.columns)
+        return writable(process(log_probs, self.options, bad, forced, self._history(), self.columns)).reshape(n, k, v)
 
     def _history(self) -> RowHistory | None:
         """Each row's tokens for the rules that read them (None when no rule does)."""

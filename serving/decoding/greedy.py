@@ -37,16 +37,10 @@ class GreedySearch:
         self.seeds = np.zeros(caps.size, dtype=np.uint64) if seeds is None else np.asarray(seeds, dtype=np.uint64)
         self.tokens = np.full((caps.size, 1), options.decoder_start_id, dtype=np.int64)
         self.results: dict[int, Hypothesis] = {}
-        self.bad: np.ndarray | None = None
 
     def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None:
         options = self.options
-        if columns is not None:  # a shortlisted step: its own columns
-            bad = bad_word_index(options, log_probs.shape[1], columns)
-        elif self.bad is None:
-            bad = self.bad = bad_word_index(options, log_probs.shape[1])
-        else:
-            bad = self.bad
+        bad = bad_word_index(options, log_probs.shape[1], columns)
         forced = None
         if options.forced_eos:
             last = self.caps == self.steps + 1
