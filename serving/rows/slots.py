@@ -37,7 +37,9 @@ class SlotRows:
         self.positions = np.zeros(0, dtype=np.int64)  # [R] slots each slot's row has filled
         self.owner = np.zeros(0, dtype=np.int64)  # [R] which encoder row each slot's cross_kv is (-1: none)
         self.source_len = np.zeros(0, dtype=np.int64)  # [R] source positions each slot's encoder row needs
-        self.candidates: np.ndarray | None = None  # [R, V] bool: the target ids each slot's row may produce
+        # With a vocabulary shortlist: the live encoder rows (``owner``) -> ``[V]`` bool, the target ids the
+        # sentence may produce (the encoder output's ``candidates``); empty without one.
+        self.candidates: dict[int, np.ndarray] = {}
         self.columns: np.ndarray | None = None  # the ids of the last step's log-prob columns (None: every id)
         # The last union of candidates, the live sentences' masks over it ([u, K]) and their encoder rows (sorted).
         self._union = np.zeros(0, dtype=np.int64)
@@ -65,7 +67,7 @@ class SlotRows:
         slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
         slot_tokens[self.slot] = tokens
         shortlist: list[np.ndarray] = []
-        if self.candidates is not None:  # the union of the rows' candidates, each row masked to its own
+        if self.candidates:  # the union of the rows' candidates, each row masked to its own
             shortlist = self._shortlist(n)
         # The decoder returns the log-probs in logical order (it gathers the final states by ``self.slot``).
         return np.asarray(self._decode(slot_tokens, self.positions[:n], self.cache, self.cross, self.src_bias,
@@ -76,10 +78,10 @@ class SlotRows:
         ``vocab_bias`` (each output row masked to its own candidates). Rows of one encoder row (a sentence's beams)
         share their candidates: the union and the masks are made once per sentence, and again only when the live
         sentences change."""
-        assert self.candidates is not None
-        owners, first, inverse = np.unique(self.owner[:n], return_index=True, return_inverse=True)
+        owners, inverse = np.unique(self.owner[:n], return_inverse=True)
         if not np.array_equal(owners, self._bias_owners):
-            distinct = self.candidates[first]
+            self.candidates = {owner: self.candidates[owner] for owner in owners.tolist()}  # forget those that left
+            distinct = np.stack(list(self.candidates.values()))
             self._union = np.flatnonzero(distinct.any(axis=0))
             allowed = np.take(distinct, self._union, axis=1)
             self._sentence_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
@@ -102,8 +104,6 @@ class SlotRows:
         if new.any():
             assert cross_kv is not None and src_bias is not None
             self._reserve(sources.size, 0, cross_kv.shape[4], cross_kv, src_bias)
-            if candidates is not None and self.candidates is None:
-                self.candidates = np.zeros((self.positions.size, candidates.shape[1]), dtype=bool)
         origin = np.where(new, -1, self.slot[np.where(new, 0, sources)] if self.slot.size else -1)
         fresh = self._assign(origin)
         if fresh.size:
@@ -115,9 +115,9 @@ class SlotRows:
             self.src_bias[fresh] = MASK_VALUE
             self.src_bias[fresh, :, :, :width] = np.take(src_bias, encoder_rows, axis=0)
             self.positions[fresh] = 0
-            if self.candidates is not None:
+            if candidates is not None or self.candidates:
                 assert candidates is not None, "a shortlist decode batch needs every new row's candidates"
-                self.candidates[fresh] = candidates[encoder_rows]
+                self.candidates.update((self._owners + row, candidates[row]) for row in np.unique(encoder_rows).tolist())
             self.owner[fresh] = self._owners + encoder_rows
             self._owners += int(encoder_rows.max()) + 1
             unmasked = src_bias[encoder_rows, 0, 0, :] > MASK_VALUE / 2
@@ -163,8 +163,6 @@ class SlotRows:
             self.src_bias[target] = self.src_bias[source]
             self.owner[target] = self.owner[source]
             self.source_len[target] = self.source_len[source]
-            if self.candidates is not None:
-                self.candidates[target] = self.candidates[source]
         self.positions[target] = filled
 
     def _fit(self) -> None:
@@ -210,10 +208,6 @@ class SlotRows:
             self.positions = np.concatenate([self.positions, np.zeros(new_slots - self.positions.size, np.int64)])
             self.owner = np.concatenate([self.owner, np.full(new_slots - self.owner.size, -1, np.int64)])
             self.source_len = np.concatenate([self.source_len, np.zeros(new_slots - self.source_len.size, np.int64)])
-            if self.candidates is not None:
-                grown = np.zeros((new_slots, self.candidates.shape[1]), dtype=bool)
-                grown[: self.candidates.shape[0]] = self.candidates
-                self.candidates = grown
 
     def _resize_cache(self, slots: int, capacity: int) -> None:
         """A cache of ``slots`` slots and ``capacity`` positions (grown or shrunk) holding the live slots' filled
