@@ -146,10 +146,8 @@ class Translator:
         tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
         decoder, table = artifact.decoder, None
         if shortlist:
-            if manifest.shortlist is None or artifact.shortlist_decoder is None:
-                raise PackageError(f"{package.root}: no vocabulary shortlist for {artifact.key} (convert with "
-                                   "--shortlist-corpus; the shortlist runs on onnxruntime only)")
-            decoder = artifact.shortlist_decoder
+            decoder = manifest.shortlist_decoder(artifact)
+            assert manifest.shortlist is not None
             table = Shortlist.load(package.path(manifest.shortlist["table"]), architecture.source_vocab_size,
                                    architecture.target_vocab_size)
             if ids.eos not in table.always:

@@ -161,10 +161,10 @@ def build_settings(args: argparse.Namespace) -> Any:
             raise UsageError(f"model package {package} does not exist")
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
-            artifact = open_package(package).artifact(settings.backend, settings.precision)
-            if settings.shortlist and artifact.shortlist_decoder is None:
-                raise PackageError(f"{package}: no vocabulary shortlist for {artifact.key} (convert with "
-                                   "--shortlist-corpus; the shortlist runs on onnxruntime only)")
+            opened = open_package(package)
+            artifact = opened.artifact(settings.backend, settings.precision)
+            if settings.shortlist:
+                opened.manifest.shortlist_decoder(artifact)
         except PackageError as e:
             raise UsageError(_one_line(f"{package}: {e}" if str(package) not in str(e) else str(e))) from None
     return settings

@@ -248,6 +248,17 @@ class Manifest:
         have = ", ".join(a.key for a in self.artifacts) or "none"
         raise PackageError(f"package has no {runtime}/{precision} artifact (available: {have})")
 
+    def shortlist_decoder(self, artifact: Artifact) -> str:
+        """The artifact's vocabulary-shortlist decoder (package-relative path).
+
+        Raises:
+            PackageError: the package has no shortlist for this artifact.
+        """
+        if self.shortlist is None or artifact.shortlist_decoder is None:
+            raise PackageError(f"no vocabulary shortlist for {artifact.key} (convert with --shortlist-corpus; the "
+                               "shortlist runs on onnxruntime only)")
+        return artifact.shortlist_decoder
+
     def opened_files(self) -> list[str]:
         """Every file the loader may open: the tokenizer's, the reference graphs, every artifact's graphs, and the
         files a runtime opens beside a graph (OpenVINO's ``.bin``)."""
