@@ -28,7 +28,7 @@ from typing import Any
 
 from converters.base import ConversionError, LoadedModel
 from converters.readers import load_source
-from converters.shortlist import ShortlistRequest
+from converters.shortlist import ShortlistRequest, add_shortlist
 from serving import __version__
 from serving.package import (
     DEFAULT_REFERENCE,
@@ -147,7 +147,7 @@ def convert(
                 manifest = dataclasses.replace(manifest, parity=_parity(tmp, manifest, loaded))
         if shortlist is not None:
             with _timed(timings, "shortlist"):
-                manifest = _add_shortlist(tmp, manifest, loaded, shortlist, say)
+                manifest = add_shortlist(tmp, manifest, loaded.spec, shortlist, say)
         return dataclasses.replace(manifest, conversion={"seconds": dict(timings)})
 
     manifest = write_package_atomically(output_dir, fill, overwrite=overwrite)
@@ -183,17 +183,6 @@ def _emit_artifacts(loaded: LoadedModel, tmp: Path, runtimes: Sequence[str], pre
             growing = emit_decoder(loaded.spec, Path(scratch) / "decoder.onnx", cache="growing")
             _emit_openvino(encoder, growing, tmp, precisions, add, say, timings)
     return artifacts
-
-
-def _add_shortlist(tmp: Path, manifest: Manifest, loaded: LoadedModel, request: ShortlistRequest,
-                   say: Callable[[str], None]) -> Manifest:
-    from converters.onnx_emitter import emit_decoder
-    from converters.quantize import quantize_onnx_int8
-    from converters.shortlist import add_shortlist
-
-    return add_shortlist(tmp, manifest, request, lambda path: emit_decoder(loaded.spec, path, "stationary",
-                                                                           shortlist=True),
-                         quantize_onnx_int8, say)
 
 
 def _emit_openvino(encoder: Path, decoder: Path, tmp: Path, precisions: Sequence[str],

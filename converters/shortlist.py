@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from converters.base import ConversionError
-from serving.package import Artifact, Manifest, write_manifest
+from converters.spec import TransformerSpec
+from serving.package import Artifact, Manifest, SpecialIds, write_manifest
 from serving.shortlist import Shortlist
 from serving.tokenizers import load_tokenizer
 
@@ -134,13 +135,11 @@ def build_table(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int
     return Shortlist(np.cumsum(offsets), t.astype(np.int64), always_ids, target_vocab)
 
 
-def add_shortlist(package: Path, manifest: Manifest, request: ShortlistRequest,
-                  emit_decoder: Callable[[Path], Path], quantize: Callable[[Path, Path], Path],
+def add_shortlist(package: Path, manifest: Manifest, spec: TransformerSpec, request: ShortlistRequest,
                   say: Callable[[str], None]) -> Manifest:
-    """Build the table from ``request.corpus``, write it and a shortlist decoder per ONNX Runtime artifact into the
-    package being written at ``package``, measure it on ``request.evaluation``; return the manifest with them.
-
-    ``emit_decoder(path)`` writes the fp32 shortlist decoder; ``quantize(fp32_path, path)`` its int8 version.
+    """Build the table from ``request.corpus``, write it and a shortlist decoder per ONNX Runtime artifact (from
+    ``spec``) into the package being written at ``package``, check the decoders and measure the shortlist on
+    ``request.evaluation``; return the manifest with them.
 
     Raises:
         ConversionError: no ONNX Runtime artifact, unreadable data, or a decoder that cannot keep a stationary cache.
@@ -154,22 +153,25 @@ def add_shortlist(package: Path, manifest: Manifest, request: ShortlistRequest,
     started = time.perf_counter()
     sources, targets = read_pairs(*request.corpus, request.max_sentences)
     ids = manifest.special_ids
-    table = build_table([tokenizer.encode(line) for line in sources],
-                        [tokenizer.encode_target(line) for line in targets],
-                        source_vocab=arch.source_vocab_size, target_vocab=arch.target_vocab_size,
+    source_ids = [tokenizer.encode(line) for line in sources]
+    target_ids = [tokenizer.encode_target(line) for line in targets]
+    table = build_table(source_ids, target_ids, source_vocab=arch.source_vocab_size, target_vocab=arch.target_vocab_size,
                         always=[i for i in (ids.eos, ids.unk) if i is not None], candidates=request.candidates,
                         frequent=request.frequent, copy_source=arch.shared_embeddings)
     table.save(package / TABLE)
     built = time.perf_counter() - started
+    from converters.onnx_emitter import emit_decoder
+    from converters.quantize import quantize_onnx_int8
+
     try:
-        fp32 = emit_decoder(package / "onnx" / "decoder.shortlist.onnx")
+        fp32 = emit_decoder(spec, package / "onnx" / "decoder.shortlist.onnx", "stationary", shortlist=True)
     except ValueError as e:
         raise ConversionError(str(e)) from e
     artifacts = []
     for artifact in manifest.artifacts:
         path = None
         if artifact.runtime == "onnxruntime":
-            path = fp32 if artifact.precision == "fp32" else quantize(
+            path = fp32 if artifact.precision == "fp32" else quantize_onnx_int8(
                 fp32, package / "onnx" / f"decoder.shortlist.{artifact.precision}.onnx")
         artifacts.append(dataclasses.replace(
             artifact, shortlist_decoder=None if path is None else path.relative_to(package).as_posix()))
@@ -185,12 +187,12 @@ def add_shortlist(package: Path, manifest: Manifest, request: ShortlistRequest,
         "build_seconds": round(built, 2),
     }
     say("checking the shortlist decoders against the decoders")
-    section["parity"] = {a.key: decoder_parity(package, a, table, manifest, sources[:8], targets[:8], tokenizer)
+    section["parity"] = {a.key: decoder_parity(package, a, table, ids, source_ids[:8], target_ids[:8])
                          for a in artifacts if a.shortlist_decoder is not None}
     manifest = dataclasses.replace(manifest, artifacts=tuple(artifacts), shortlist=section)
     if request.evaluation is not None:
         say(f"measuring the shortlist on {request.evaluation[0]}")
-        section["evaluation"] = evaluate(package, manifest, request.evaluation)
+        section["evaluation"] = evaluate(package, manifest, table, request.evaluation)
     return manifest
 
 
@@ -198,10 +200,10 @@ PARITY_TOLERANCE = 1e-3  # float32 log-probs of the same graph but for the gathe
 PARITY_STEPS = 12
 
 
-def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, manifest: Manifest, sources: list[str],
-                   targets: list[str], tokenizer: Any) -> dict[str, Any]:
+def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, ids: SpecialIds,
+                   sources: list[list[int]], targets: list[list[int]]) -> dict[str, Any]:
     """The artifact's shortlist decoder, asked for every id, against its decoder: the same teacher-forced steps
-    (the corpus's first sentence pairs) through both. float32 must agree within ``PARITY_TOLERANCE``; int8 reports
+    (``sources`` and ``targets``, the corpus's first sentence pairs tokenized) through both. float32 must agree within ``PARITY_TOLERANCE``; int8 reports
     its next-token agreement (its projection is quantized per row, the decoder's by ONNX Runtime's quantizer).
 
     Raises:
@@ -211,12 +213,11 @@ def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, manifest
     from serving.backends.onnxruntime import OnnxRuntimeBackend
 
     assert artifact.shortlist_decoder is not None
-    ids = manifest.special_ids
     full = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads=1)
     short = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.shortlist_decoder, threads=1,
                                shortlist=table)
-    source_ids = [[*tokenizer.encode(line), ids.eos] for line in sources]
-    target_ids = [[ids.decoder_start, *tokenizer.encode_target(line)][:PARITY_STEPS] for line in targets]
+    source_ids = [[*source, ids.eos] for source in sources]
+    target_ids = [[ids.decoder_start, *target][:PARITY_STEPS] for target in targets]
     width, steps = max(map(len, source_ids)), min(map(len, target_ids))
     input_ids = np.array([s + [ids.pad] * (width - len(s)) for s in source_ids], dtype=np.int64)
     encoded = full.encode(input_ids)
@@ -241,7 +242,7 @@ def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, manifest
     return result
 
 
-def evaluate(package: Path, manifest: Manifest, data: tuple[Path, Path]) -> dict[str, Any]:
+def evaluate(package: Path, manifest: Manifest, table: Shortlist, data: tuple[Path, Path]) -> dict[str, Any]:
     """BLEU (sacrebleu, default 13a tokenization) of the package's ONNX Runtime artifact (int8 when there is one)
     on ``data``, without and with the shortlist, at the package's decoding defaults; the share of identical
     translations, the mean number of target ids a sentence may use, and the decoding time of each."""
@@ -267,8 +268,6 @@ def evaluate(package: Path, manifest: Manifest, data: tuple[Path, Path]) -> dict
         key = "shortlist" if shortlist else "full_vocabulary"
         result[key] = {"bleu": round(bleu, 2), "seconds": round(seconds, 2)}
         if shortlist:
-            table = Shortlist.load(package / TABLE, manifest.architecture.source_vocab_size,
-                                   manifest.architecture.target_vocab_size)
             allowed = [int(table.candidates(np.asarray([ids])).sum()) for ids in translator.encode(sources)]
             result[key]["mean_allowed_ids_per_sentence"] = round(float(np.mean(allowed)), 1)
     result["bleu_cost"] = round(result["full_vocabulary"]["bleu"] - result["shortlist"]["bleu"], 2)
