@@ -15,7 +15,6 @@ are identical and the decoding time of each, in the manifest's ``shortlist`` sec
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ import numpy as np
 
 from converters.base import ConversionError
 from converters.spec import TransformerSpec
+from loadtest.corpus import CorpusError, read_lines
 from serving.package import Artifact, Manifest, SpecialIds, write_manifest
 from serving.shortlist import Shortlist
 from serving.tokenizers import load_tokenizer
@@ -43,7 +43,7 @@ class ShortlistRequest:
     """What ``mtgate convert --shortlist-corpus`` asked for.
 
     Attributes:
-        corpus: parallel text, one sentence per line: (source file, target file); ``.gz`` is read as gzip.
+        corpus: parallel text, one sentence per line: (source file, target file), plain or gzip.
         candidates: candidates per source token.
         frequent: the most frequent target tokens every sentence may use.
         evaluation: (source file, reference file) to measure the shortlist's BLEU cost on, or None.
@@ -57,31 +57,19 @@ class ShortlistRequest:
     max_sentences: int | None = None
 
 
-def read_lines(path: Path) -> list[str]:
-    """The lines of a text file (gzip when it ends in ``.gz``), newline stripped.
+def read_pairs(source: Path, target: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Parallel lines of two files, plain text or gzip (``loadtest.corpus.read_lines``, blank lines kept so that the
+    files stay aligned; the first ``limit``).
 
     Raises:
-        ConversionError: the file cannot be read as UTF-8 text.
+        ConversionError: unreadable, not UTF-8, no sentence, or the two files have different numbers of lines.
     """
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as lines:
-            return [line.rstrip("\n") for line in lines]
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise ConversionError(f"{path}: cannot read it as UTF-8 text: {e}") from e
-
-
-def read_pairs(source: Path, target: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Parallel lines of two files (the first ``limit``).
-
-    Raises:
-        ConversionError: unreadable, empty, or the two files have different numbers of lines.
-    """
-    sources, targets = read_lines(source), read_lines(target)
+        sources, targets = read_lines(source, keep_empty=True), read_lines(target, keep_empty=True)
+    except CorpusError as e:
+        raise ConversionError(str(e)) from e
     if len(sources) != len(targets):
         raise ConversionError(f"{source} has {len(sources)} lines and {target} {len(targets)}: not parallel")
-    if not sources:
-        raise ConversionError(f"{source}: no sentences")
     return sources[:limit], targets[:limit]
 
 
