@@ -45,7 +45,7 @@ from serving.request import (
     fit_sources,
 )
 from serving.scoring import check_pairs, encode_texts, fit_scored_sources, score_references
-from serving.shortlist import Shortlist, allow_prefixes
+from serving.shortlist import allow_prefixes, open_shortlist
 from serving.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
@@ -144,17 +144,10 @@ class Translator:
             shortlist=shortlist,
         )
         tokenizer = load_tokenizer(package.root, manifest.tokenizer.to_dict())
-        decoder, table = artifact.decoder, None
-        if shortlist:
-            decoder = manifest.shortlist_decoder(artifact)
-            assert manifest.shortlist is not None
-            table = Shortlist.load(package.path(manifest.shortlist["table"]), architecture.source_vocab_size,
-                                   architecture.target_vocab_size)
-            if ids.eos not in table.always:
-                raise PackageError(f"{package.root}: the vocabulary shortlist does not always allow EOS")
+        decoder, table = open_shortlist(package, artifact) if shortlist else (package.path(artifact.decoder), None)
         try:
-            backend = create_backend(runtime, package.path(artifact.encoder), package.path(decoder), threads,
-                                     reuse_buffers=True, shortlist=table)
+            backend = create_backend(runtime, package.path(artifact.encoder), decoder, threads, reuse_buffers=True,
+                                     shortlist=table)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
         logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package.root)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.package import PackageError
+from serving.package import Artifact, Package, PackageError
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,23 @@ class Shortlist:
             raise PackageError(f"{path}: " + "; ".join(problems))
         return cls(offsets.astype(np.int64), targets.astype(np.int64), always.astype(np.int64), vocab)
 
+
+
+def open_shortlist(package: Package, artifact: Artifact) -> tuple[Path, Shortlist]:
+    """The artifact's shortlist decoder and the package's table, checked against the model.
+
+    Raises:
+        PackageError: no shortlist for the artifact, a table that is not one for this model, or one that does not
+            always allow EOS.
+    """
+    manifest = package.manifest
+    decoder = manifest.shortlist_decoder(artifact)
+    assert manifest.shortlist is not None
+    table = Shortlist.load(package.path(manifest.shortlist["table"]), manifest.architecture.source_vocab_size,
+                           manifest.architecture.target_vocab_size)
+    if manifest.special_ids.eos not in table.always:
+        raise PackageError(f"{package.root}: the vocabulary shortlist does not always allow EOS")
+    return package.path(decoder), table
 
 
 def allow_prefixes(candidates: np.ndarray | None, rows: np.ndarray, prefixes: list[list[int]] | None) -> None:
