@@ -1,9 +1,9 @@
 """The Dockerfile, without a Docker engine: hadolint, its structure, the .dockerignore allow-list, and the installs
 it performs, each replayed in a fresh venv.
 
-- The server image (the default target): the plain install serves the bundled model (or the tiny test package),
-  holds none of the distributions serving does not need, imports none of them while serving a request, and each
-  command that needs an extra answers with one line naming it.
+- The server image (the default target): the plain install plus the grpc extra serves the bundled model (or the tiny
+  test package) over HTTP and gRPC, holds none of the distributions serving does not need, imports none of them while
+  serving a request, and each command that needs an extra answers with one line naming it.
 - The batch image (``--target batch``): the plain install plus the batch extra runs the Kubernetes Job's
   ``batch-score`` command (deploy/k8s/batch-score-job.yaml) on a TFRecord.
 
@@ -40,10 +40,13 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 K8S_JOB = ROOT / "deploy" / "k8s" / "batch-score-job.yaml"
 FORBIDDEN = ("torch", "transformers")  # never in any image
 # Distributions (and their top-level modules) the server never needs: not in the server image, not imported.
+# tritonclient is in the server image: the grpc extra's compiled protocol messages (tritonclient.grpc), not its HTTP
+# client (geventhttpclient), which the server never needs.
 NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "keras": "keras", "locust": "locust",
-               "gevent": "gevent", "sacrebleu": "sacrebleu", "tritonclient": "tritonclient", "torch": "torch",
-               "transformers": "transformers", "onnx": "onnx", "nncf": "nncf", "safetensors": "safetensors",
-               "pyyaml": "yaml"}  # tqdm is in the image (sacremoses, for FSMT/fairseq packages' tokenizer)
+               "gevent": "gevent", "geventhttpclient": "geventhttpclient", "sacrebleu": "sacrebleu",
+               "torch": "torch", "transformers": "transformers", "onnx": "onnx", "nncf": "nncf",
+               "safetensors": "safetensors", "pyyaml": "yaml"}  # tqdm is in the image (sacremoses, for FSMT/fairseq)
+SERVER_EXTRAS = ["grpc"]  # what the server image installs beside the plain install: gRPC (serve --grpc-port)
 NOT_SERVING_PACKAGES = ("converters", "batch", "loadtest")  # mtgate's own packages a server never imports
 
 
@@ -182,9 +185,10 @@ def test_multi_stage_slim_non_root_runtime() -> None:
 
 def test_installs_runtime_dependencies_only() -> None:
     installs = [step for steps in run_steps("builder") for step in steps if "pip install" in step]
-    assert installs == ["pip install --no-cache-dir uv==0.13.9", "uv pip install -r pyproject.toml",
+    assert installs == ["pip install --no-cache-dir uv==0.13.9", "uv pip install -r pyproject.toml --extra grpc",
                         "uv pip install --no-deps -e ."]
-    assert not any("[" in c for c in installs)  # no extras: no torch, no transformers
+    assert not any("[" in c for c in installs)  # no bracketed extras: no torch, no transformers
+    assert [e for c in installs for e in re.findall(r"--extra (\S+)", c)] == SERVER_EXTRAS
     # the server image is the builder's venv: the plain install, nothing more
     assert {c.split()[1] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"/opt/venv", "/app"}
     assert {c.split()[0] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"--from=builder"}
@@ -206,7 +210,9 @@ def test_configured_through_mtgate_env_and_serves_on_the_exposed_port() -> None:
     assert {k for k in env if k.startswith("MTGATE_")} <= fields
     assert env["MTGATE_HOST"] == "0.0.0.0"
     [expose] = of("EXPOSE", FINAL)
-    assert expose == env["MTGATE_PORT"] == str(ServingSettings().port)
+    # HTTP on the server's default port, gRPC on Triton's (8001): both served, both exposed
+    assert expose.split() == [env["MTGATE_PORT"], env["MTGATE_GRPC_PORT"]] == [str(ServingSettings().port), "8001"]
+    assert ServingSettings(grpc_port=env["MTGATE_GRPC_PORT"]).grpc_port == 8001
     [cmd] = of("CMD", FINAL)
     assert json.loads(cmd) == ["mtgate", "serve"]
     [healthcheck] = of("HEALTHCHECK", FINAL)
@@ -219,9 +225,45 @@ def test_demo_model_lands_where_the_server_looks_by_default() -> None:
     [serving_dest] = [dest for source, dest in copies("builder") if source == "serving"]
     source_root = serving_dest.parent
     relative = DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix()
-    [model_dest] = [dest for source, dest in copies(FINAL) if source == relative]
+    [model_dest] = [dest for source, dest in copies("builder") if source == relative]
     assert model_dest == source_root / relative
-    assert f"--from=builder {source_root} {source_root}" in of("COPY", FINAL)  # the editable install's tree
+    for image in (FINAL, BATCH, "ray"):  # each image takes the builder's tree, model included
+        [tree] = [c for c in of("COPY", image) if c.startswith("--from=") and c.split()[1] == str(source_root)]
+        assert tree.split()[2] == str(source_root) and tree.split()[0].removeprefix("--from=").endswith("builder")
+        assert not [dest for _, dest in copies(image) if dest.is_relative_to(source_root)]  # nothing else over it
+
+
+def test_demo_model_is_readable_by_the_image_user(tmp_path: Path) -> None:
+    """The images run as a non-root uid (1000; any uid on OpenShift) and COPY keeps the build context's modes with
+    root as owner: a demo built under umask 077 (files 0600, directories 0700) would be unreadable. The builder's
+    chmod after the model's COPY gives everyone read (and directory search) on it; run here on such a tree."""
+    relative = DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix()
+    stage_copies = [i for i in INSTRUCTIONS if i.stage == "builder" and i.keyword in ("COPY", "RUN")]
+    model_copy = next(n for n, i in enumerate(stage_copies) if i.keyword == "COPY" and i.args.startswith(relative))
+    later_chmods = [step for i in stage_copies[model_copy + 1:] if i.keyword == "RUN"
+                    for step in " ".join(p for p in i.args.split() if not p.startswith("--mount=")).split("&&")
+                    if step.strip().startswith("chmod ")]
+    assert later_chmods, "no chmod after the demo model's COPY: its build-context modes reach the image"
+    [(_, model_dest)] = [(s, d) for s, d in copies("builder") if s == relative]
+    image_root = model_dest.parents[1]  # /app
+    tree = tmp_path / "app"
+    package = tree / relative
+    (package / "onnx").mkdir(parents=True)
+    (package / "manifest.json").write_text("{}")
+    (package / "onnx" / "encoder.onnx").write_bytes(b"x")
+    for path in (package / "manifest.json", package / "onnx" / "encoder.onnx"):
+        path.chmod(0o600)
+    for path in (package / "onnx", package, package.parent):
+        path.chmod(0o700)
+    for step in later_chmods:
+        subprocess.run(["bash", "-c", step.strip().replace(str(image_root), str(tree))], check=True, timeout=30)
+    for path in [package, *package.rglob("*")]:
+        mode = path.stat().st_mode
+        wanted = 0o005 if path.is_dir() else 0o004  # others (neither owner root nor group): read, search
+        assert mode & wanted == wanted, f"{path.relative_to(tree)}: {oct(mode)}"
+        assert not mode & 0o022, f"{path.relative_to(tree)}: writable by group or others ({oct(mode)})"
+    [user] = of("USER", FINAL, inherited=True)
+    assert user.split(":")[0] != "0"
 
 
 # ---------------------------------------------------------------- .dockerignore
@@ -362,27 +404,29 @@ def test_fresh_runtime_venv_has_no_torch_or_transformers(runtime_venv: tuple[Pat
     probe = ("import importlib.util, json, serving; "
              f"print(json.dumps({{'missing': [m for m in {list(FORBIDDEN)!r} if importlib.util.find_spec(m)], "
              "'serving': serving.__file__}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}  # the venv's own tree
     out = json.loads(subprocess.run([str(python), "-c", probe], check=True, capture_output=True, text=True,
-                                    cwd="/", timeout=60).stdout)
+                                    cwd="/", env=env, timeout=60).stdout)
     assert out["missing"] == []
     assert Path(out["serving"]).resolve().is_relative_to(app.resolve())  # the image's /app source tree
     names = installed(venv)
     assert not names & set(FORBIDDEN)
     assert sorted(names & set(NOT_SERVING)) == []  # the server image holds what serving needs, nothing more
-    assert {"onnxruntime", "openvino", "fastapi", "uvicorn", "sentencepiece", "mtgate"} <= names
+    assert {"onnxruntime", "openvino", "fastapi", "uvicorn", "sentencepiece", "mtgate", "grpcio", "tritonclient"} <= names
     check = subprocess.run([uv(), "pip", "check", "--python", str(python)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, Path], model_package: Path) -> None:
     app, venv = runtime_venv
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTGATE_") and k not in ("VIRTUAL_ENV",
                                                                                            "PYTHONPATH")}
     env.update(env_of(FINAL))
-    # the image's environment, except: loopback only (tests never listen beyond it), a free port, one thread
-    env.update(MTGATE_HOST="127.0.0.1", MTGATE_PORT=str(port), MTGATE_THREADS="1", VIRTUAL_ENV=str(venv),
-               PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]))
+    assert env["MTGATE_GRPC_PORT"]  # the image serves gRPC
+    # the image's environment, except: loopback only (tests never listen beyond it), free ports, one thread
+    env.update(MTGATE_HOST="127.0.0.1", MTGATE_PORT=str(port), MTGATE_GRPC_PORT=str(grpc_port), MTGATE_THREADS="1",
+               VIRTUAL_ENV=str(venv), PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]))
     modules_file = app.parent / "serve.modules"
     server_env = {**env, "PROBE_MODULES_OUT": str(modules_file)}
     [cmd] = of("CMD", FINAL)
@@ -404,6 +448,20 @@ def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, P
         manifest = json.loads((model_package / "manifest.json").read_text(encoding="utf-8"))
         assert answer["model"] == manifest["name"]
         assert [bool(t["text"]) and t["output_tokens"] > 0 for t in answer["translations"]] == [True, True]
+        # and over gRPC, with the stock Triton client (this venv's), as a Service's grpc port would be reached
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            assert client.is_server_ready(client_timeout=10)
+            text = np.array([["A man is riding a bicycle."]], dtype=object)
+            inputs = [grpcclient.InferInput("INPUT_TEXT", list(text.shape), "BYTES")]
+            inputs[0].set_data_from_numpy(text)
+            result = client.infer(manifest["name"], inputs, client_timeout=60)
+            assert result.as_numpy("OUTPUT_TEXT")[0][0].decode() == answer["translations"][0]["text"]
+        finally:
+            client.close()
     finally:
         proc.send_signal(signal.SIGTERM)  # the image's STOPSIGNAL: drains, then exits 0
         try:
