@@ -104,6 +104,10 @@ SKIPPED: dict[str, str] = {
     "mtgate:latest": "needs Docker",
     "kubectl apply -k deploy/k8s": "needs a Kubernetes cluster; tests/deploy/test_k8s_manifests.py validates the "
                                    "manifests",
+    "kubectl apply -k deploy/prometheus-operator": "needs a Kubernetes cluster with the Prometheus Operator; "
+                                                   "tests/deploy/test_k8s_manifests.py builds and validates it",
+    "kubectl apply -k deploy/kserve": "needs a Kubernetes cluster with KServe; tests/deploy/test_kserve_manifests.py "
+                                      "checks the runtime against mtgate serve",
     "kubectl apply -f deploy/k8s/batch-score-job.yaml": "needs a Kubernetes cluster; tests/batch/test_batch_deploy.py "
                                                         "checks the Job",
     "docker build --target ray -t mtgate:ray .": "needs Docker and network; tests/batch/test_batch_deploy.py checks "
