@@ -21,9 +21,9 @@
 # `batch-score`. Both hold the same source tree; a command whose extra an image lacks (`mtgate loadtest`, `validate`,
 # `convert`) answers with one line naming the extra. Checkpoints are converted outside (`make demo` converts the demo).
 #
-# tests/deploy/test_dockerfile.py lints this file with hadolint and runs these same `uv pip install` lines in fresh
-# venvs: it serves a model from the server's (and checks that serving imports nothing else) and runs the Kubernetes
-# Job's batch-score command from the batch one.
+# tests/deploy/test_dockerfile.py lints this file with hadolint and checks its structure; test_image_install.py runs
+# these same `uv pip install` lines in fresh venvs: it serves a model from the server's over HTTP and gRPC (and checks
+# that serving imports nothing else) and runs the Kubernetes Job's batch-score command from the batch one.
 
 ARG PYTHON_VERSION=3.11
 

@@ -96,10 +96,10 @@ SKIPPED: dict[str, str] = {
     "'pip install -r /models/opus-mt-en-de/1/requirements.txt && tritonserver --model-repository=/models'":
         "needs Docker, the NVIDIA Triton image and network; tests/deploy/test_triton_export.py drives model.py",
     "docker build -t mtgate:latest .": "needs Docker and network; tests/deploy/test_dockerfile.py lints the file and "
-                                       "runs its install lines",
+                                       "test_image_install.py runs its install lines",
     "docker run --rm -p 8000:8000 mtgate:latest": "needs Docker",
-    "docker build --target batch -t mtgate:batch .": "needs Docker and network; tests/deploy/test_dockerfile.py runs "
-                                                     "its install lines and the Kubernetes Job's command",
+    "docker build --target batch -t mtgate:batch .": "needs Docker and network; tests/deploy/test_image_install.py "
+                                                     "runs its install lines and the Kubernetes Job's command",
     "docker run --rm -p 8000:8000 -v \"$PWD/models/en-de:/models/en-de:ro\" -e MTGATE_MODEL_DIRS='[\"/models/en-de\"]' "
     "mtgate:latest": "needs Docker",
     "kubectl apply -k deploy/k8s": "needs a Kubernetes cluster; tests/deploy/test_k8s_manifests.py validates the "

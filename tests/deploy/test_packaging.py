@@ -8,7 +8,7 @@
   cache can answer).
 
 The plain install itself (what it holds, that it serves, that each command needing an extra answers with one line
-naming it) is checked in test_dockerfile.py, on the image's own install replayed in a fresh venv.
+naming it) is checked in test_image_install.py, on the image's own install replayed in a fresh venv.
 """
 
 from __future__ import annotations
