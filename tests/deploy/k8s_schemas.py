@@ -41,7 +41,7 @@ def crd_schema(doc: dict[str, Any]) -> dict[str, Any] | None:
 def _schema_version(version: str) -> str:
     """The newest Kubernetes version kubernetes-validate has schemas for that is not newer than ``version``."""
     wanted = Version(major_minor(version.removeprefix("v")))
-    return [v for v in all_versions() if Version(major_minor(v)) <= wanted][-1]
+    return str([v for v in all_versions() if Version(major_minor(v)) <= wanted][-1])
 
 
 @cache
