@@ -29,7 +29,7 @@ from loadtest.report import ScenarioResult, write_text_atomically
 from loadtest.runner import LoadTestError, run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
-from loadtest.validate_report import write_outcome, write_validate_tensorboard
+from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,26 @@ class Outcome:
 # ---------------------------------------------------------------- package
 
 
-def _package_summary(path: Path) -> dict[str, Any]:
-    from serving.package import read_manifest
+def package_summary(path: Path, role: str, backend: str, precision: str, flags: str) -> dict[str, Any]:
+    """What the report says of a package: path, name, version, source framework, and the artifact validated.
 
-    manifest = read_manifest(path)
-    return {"path": str(path), "name": manifest.get("name"), "version": manifest.get("version"),
-            "source": manifest.get("source", {}).get("framework")}
+    Raises:
+        UsageError: not a readable package, or it has no ``backend``/``precision`` artifact (``flags`` names the
+            options that choose it).
+    """
+    from serving.package import PackageError, open_package
+
+    try:
+        manifest = open_package(path, verify=False).manifest  # checksums are the candidate's first check
+    except PackageError as e:
+        raise _usage_error(f"{role}: {e}") from e
+    try:
+        manifest.artifact(backend, precision)
+    except PackageError as e:
+        raise _usage_error(f"{role} {path}: {e}; choose one with {flags}") from e
+    return {"path": str(path), "name": manifest.name, "version": manifest.version,
+            "source": manifest.source_framework, "backend": backend, "precision": precision}
+
 
 
 def check_package(path: Path, role: str, parity: bool, threads: int | None = None) -> tuple[list[Check], list[Any]]:
@@ -252,6 +266,12 @@ def _plan(outcome: Outcome, capacity: CapacityConfig | None, cores: int) -> Plan
 def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str], list[str], Path, Path]:
     if args.model is None:  # not required=True: the old --candidate fills the same destination
         raise _usage_error("give the candidate package with -m/--model PKG")
+    if args.baseline is None and (given := [flag for flag, value in (
+            ("--baseline-backend", args.baseline_backend), ("--baseline-precision", args.baseline_precision))
+            if value is not None]):
+        raise _usage_error(f"{', '.join(given)} describe the baseline: give --baseline PKG too")
+    if args.scenario and args.targets is None:
+        raise _usage_error("--scenario needs --targets")
     try:
         targets = load_targets(args.targets) if args.targets else None
         if targets is not None:
@@ -342,25 +362,24 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.package import PackageError
-
     targets, sources, references, source, reference = _load_inputs(args)
     report_dir: Path = args.report or default_report_dir("validate")
     check_writable(report_dir, "--report", directory=True)
     if args.tensorboard is not None:
         check_tensorboard(args.tensorboard)
-    try:
-        outcome = Outcome(candidate={**_package_summary(args.model), "backend": args.backend,
-                                     "precision": args.precision},
-                          baseline={**_package_summary(args.baseline), "backend": args.baseline_backend or args.backend,
-                                    "precision": args.baseline_precision or args.precision} if args.baseline else None,
-                          testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
-    except PackageError as e:
-        raise _usage_error(str(e)) from e
+    candidate = package_summary(args.model, "candidate", args.backend, args.precision, "--backend/--precision")
+    baseline = package_summary(args.baseline, "baseline", args.baseline_backend or args.backend,
+                               args.baseline_precision or args.precision,
+                               "--baseline-backend/--baseline-precision") if args.baseline else None
+    outcome = Outcome(candidate=candidate, baseline=baseline,
+                      testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     _evaluate(args, outcome, targets, sources, references, source, report_dir)
 
     data, page = write_outcome(report_dir, outcome)
     sys.stdout.write(f"{outcome.verdict}\n")
+    sys.stdout.write(f"  candidate {describe_package(candidate)}\n")
+    if baseline is not None:
+        sys.stdout.write(f"  baseline  {describe_package(baseline)}\n")
     for c in outcome.checks:
         sys.stdout.write(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.detail}\n")
     sys.stdout.write(f"report: {page} and {data}\n")

@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from loadtest.validate import Outcome
 
 
+def describe_package(summary: dict[str, Any]) -> str:
+    """``models/en-de (opus-mt-en-de 1, onnxruntime/int8)``: how the report names a package."""
+    name = " ".join(str(summary[k]) for k in ("name", "version") if summary.get(k))
+    artifact = "/".join(str(summary[k]) for k in ("backend", "precision") if summary.get(k))
+    inside = ", ".join(filter(None, [name, artifact]))
+    return f"{summary.get('path')}" + (f" ({inside})" if inside else "")
+
+
 def to_json(outcome: Outcome) -> dict[str, Any]:
     return {
         "verdict": outcome.verdict,
@@ -48,8 +56,9 @@ def to_html(outcome: Outcome) -> str:
     verdict = outcome.verdict
     cls = "pass" if verdict == "PROMOTE" else "fail"
     parts = [f'<h1>Validation: <span class="{cls} verdict">{verdict}</span></h1>',
-             f"<p>Candidate <code>{html.escape(str(outcome.candidate.get('path')))}</code>"
-             + (f", baseline <code>{html.escape(str(outcome.baseline.get('path')))}</code>" if outcome.baseline else "")
+             f"<p>Candidate <code>{html.escape(describe_package(outcome.candidate))}</code>"
+             + (f", baseline <code>{html.escape(describe_package(outcome.baseline))}</code>" if outcome.baseline
+                else "")
              + f"; test set {html.escape(str(outcome.testset.get('source')))} "
                f"({outcome.testset.get('sentences')} sentences).</p>",
              "<h2>Checks</h2>",
@@ -136,7 +145,10 @@ def write_validate_tensorboard(root: Path, outcome: Outcome) -> Path:
         writer.scalar("verdict/promote", float(outcome.verdict == "PROMOTE"))
         rows = [["check", "result", "detail"]] + [[c.name, "pass" if c.passed else "FAIL", c.detail]
                                                   for c in outcome.checks]
-        writer.text("verdict", f"**{outcome.verdict}**\n\n{markdown_table(rows)}")
+        systems = "".join(f"\n\n{role}: `{describe_package(summary)}`"
+                          for role, summary in (("candidate", outcome.candidate), ("baseline", outcome.baseline))
+                          if summary)
+        writer.text("verdict", f"**{outcome.verdict}**{systems}\n\n{markdown_table(rows)}")
         if outcome.analysis is not None and outcome.analysis.losses + outcome.analysis.gains:
             writer.text("examples", examples_markdown(outcome.analysis))
         return writer.directory
