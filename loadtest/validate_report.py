@@ -48,6 +48,7 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
         "load": None if outcome.host is None else {
             "host": outcome.host,
             "scenarios": [{"name": r.scenario.name, "passed": r.passed,
+                           "model": r.model.describe() if r.model is not None else None,
                            "output_tokens_per_s": r.run.tokens.output_tokens_per_s if r.run.tokens else None,
                            "checks": [{"target": c.target, "key": c.key, "limit": c.limit, "measured": c.measured,
                                        "passed": c.passed, "detail": c.detail} for c in r.checks]}

@@ -99,5 +99,6 @@ def test_validate_reports_the_median_of_repeated_passes(tiny_onnx_package: Path,
     assert report["speed_left_to"] == "greedy"
     assert report["quality"]["candidate"]["speed"] is None and report["quality"]["candidate"]["tokens_per_s"] is None
     assert report["cost"]["throughput_source"] == "load scenario greedy"
+    assert report["load"]["scenarios"][0]["model"] == "tiny-marian version test (onnxruntime/fp32)"
     page = (tmp_path / "load" / "validate.html").read_text(encoding="utf-8")
     assert "– (load scenario greedy)" in page and "the cost uses the throughput of load scenario greedy" in page
