@@ -5,6 +5,10 @@ The scenarios come from ``--targets`` or, without it, one ad-hoc scenario from L
 a Markdown + HTML report to ``--report`` and, with ``--tensorboard DIR``, scalars and the verdict to a new
 TensorBoard run directory. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
 ``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
+
+The model under test: ``--model-name NAME``, or with ``--host`` the model of ``-m PKG`` (its manifest's name; the
+server must serve that name at the package's version), else each scenario's ``model``, else the server's default;
+each is looked up on the server before anything runs, and every report names it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from loadtest.runner import (
     run_all,
     run_locust,
 )
-from loadtest.server import check_host, free_port, package_model_name, reachable, start_server
+from loadtest.server import check_host, free_port, reachable, served_model, start_server
 from loadtest.stats import AGGREGATED, TTFE
 from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration
 
@@ -51,7 +55,7 @@ def _usage_error(message: str) -> Exception:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import add_decoding, add_model, positive_float, positive_int
+    from serving.cli_options import add_decoding, add_model, add_model_name, positive_float, positive_int
 
     parser.add_argument("--host", help="server base URL, e.g. http://127.0.0.1:8000 (not with --start-server)")
     parser.add_argument("--targets", type=Path,
@@ -60,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
                         help="run only this scenario of --targets (repeatable; default: all)")
     parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
-    add_model(parser, "model package for --start-server (default: the bundled demo model models/demo-en-de)")
+    add_model(parser, "the model package to test: served by --start-server (default: the bundled demo model "
+                      "models/demo-en-de), or with --host the model of that name on the server (checked)")
+    add_model_name(parser, "with --host: the model to test, by the name the server serves it under (default: the "
+                           "server's default model); for a server with several models")
     parser.add_argument("--corpus", type=Path,
                         help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
@@ -193,7 +200,9 @@ def write_tensorboard(root: Path, host: str, results: list[ScenarioResult], ok: 
         rows = [["scenario", "target", "measured", "result"]]
         rows += [[c.scenario, c.target, c.measured_text, "pass" if c.passed else "FAIL"]
                  for r in results for c in r.checks]
-        writer.text("verdict", f"**{'PASS' if ok else 'FAIL'}** against {host}\n\n{markdown_table(rows)}")
+        models = "; ".join(dict.fromkeys(r.model.describe() for r in results if r.model is not None))
+        tested = f", model {models}" if models else ""
+        writer.text("verdict", f"**{'PASS' if ok else 'FAIL'}** against {host}{tested}\n\n{markdown_table(rows)}")
         return writer.directory
 
 
@@ -230,16 +239,48 @@ def select_scenarios(args: argparse.Namespace) -> list[Scenario]:
     return [s.model_copy(update=overrides) for s in scenarios]
 
 
-def run(args: argparse.Namespace) -> int:
-    scenarios = select_scenarios(args)
+def package_model(package: Path) -> tuple[str, str | None]:
+    """The name and version a package is served under (its manifest's).
+
+    Raises:
+        UsageError: not a readable model package.
+    """
+    from serving.package import PackageError, open_package
+
+    try:
+        manifest = open_package(package, verify=False).manifest
+    except PackageError as e:
+        raise _usage_error(str(e)) from e
+    return manifest.name or package.name, manifest.version or None
+
+
+def _model_under_test(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The model name every scenario is to use (None: each scenario's, else the server's default) and, for
+    ``--host -m PKG``, the version the server must serve it at."""
     if args.start_server == bool(args.host):
         raise _usage_error("give either --host URL or --start-server -m PKG")
-    if args.start_server and args.model is None:
-        from serving.settings import demo_missing, demo_model
-
-        args.model = demo_model()
+    if args.model is not None and args.model_name is not None:
+        raise _usage_error("give -m PKG or --model-name NAME, not both (the package's name is the model's name)")
+    if args.start_server:
+        if args.model_name is not None:
+            raise _usage_error("--model-name is for --host: --start-server serves -m PKG under its own name")
         if args.model is None:
-            raise _usage_error(demo_missing())
+            from serving.settings import demo_missing, demo_model
+
+            args.model = demo_model()
+            if args.model is None:
+                raise _usage_error(demo_missing())
+        return package_model(args.model)[0], None
+    if args.model is not None:
+        return package_model(args.model)
+    return args.model_name, None
+
+
+def run(args: argparse.Namespace) -> int:
+    scenarios = select_scenarios(args)
+    model_name, version = _model_under_test(args)
+    if model_name is not None:  # named on the command line: every scenario's, as -u/-r/-t override the file
+        scenarios = [s.model_copy(update={"model": model_name}) for s in scenarios]
     report_dir: Path = args.report or default_report_dir("loadtest")
     outputs = LocustOutputs(args.csv, args.html)
     check_writable(report_dir, "--report", directory=True)
@@ -259,8 +300,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.start_server:
             with start_server(args.model, report_dir / "server.log", args.server_timeout) as server:
-                results = run_all(server.url, scenarios, report_dir, args.corpus,
-                                  package_model_name(args.model), args.api_key, outputs=outputs)
+                results = run_all(server.url, scenarios, report_dir, args.corpus, model_name, args.api_key,
+                                  outputs=outputs)
             host = server.url
         else:
             try:
@@ -269,12 +310,20 @@ def run(args: argparse.Namespace) -> int:
                 raise _usage_error(str(e)) from e
             if not reachable(host):
                 raise _usage_error(f"cannot reach {host}")
-            results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key, outputs=outputs)
+            if model_name is not None and version is not None:
+                served = served_model(host, model_name, args.api_key)
+                if served.version is not None and served.version != version:
+                    raise _usage_error(f"the server at {host} serves {model_name} at version {served.version}, not "
+                                       f"the version of {args.model} ({version}); pass --model-name {model_name} "
+                                       "to test what it serves")
+            results = run_all(host, scenarios, report_dir, args.corpus, model_name, args.api_key, outputs=outputs)
     except (LoadTestError, CorpusError) as e:
         sys.stderr.write(f"mtgate loadtest: error: {e}\n")
         return 2
     checks = [c for r in results for c in r.checks]
     sys.stdout.write(format_table(checks))
+    for model in dict.fromkeys(r.model.describe() for r in results if r.model is not None):
+        sys.stdout.write(f"model tested: {model}\n")
     md, page = write_report(report_dir, host, results)
     ok = all(r.passed for r in results)
     if args.tensorboard is not None:

@@ -2,7 +2,9 @@
 
 Each scenario is ``locust --headless --run-time ... --csv PREFIX --csv-full-history`` in a subprocess, while the
 server's ``/metrics`` is scraped (``loadtest.scrape``); its stats CSVs are read back (``loadtest.stats``) and every
-target is evaluated (``loadtest.gate``).
+target is evaluated (``loadtest.gate``). Every request names the model under test: the one asked for, else the
+server's default, looked up on the server before anything runs (``loadtest.server.served_model``), so the report
+names what was measured.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadtest.corpus import default_corpus, read_lines
 from loadtest.gate import evaluate
@@ -23,6 +26,9 @@ from loadtest.scrape import scraping
 from loadtest.scrape import write as write_metrics
 from loadtest.stats import RunStats, StatsError, read_run
 from loadtest.targets import Scenario
+
+if TYPE_CHECKING:
+    from loadtest.server import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +131,10 @@ def copy_csv(prefix: Path, target: Path) -> None:
 
 
 def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
-                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs()) -> ScenarioResult:
-    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
+                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs(),
+                 model: ServedModel | None = None) -> ScenarioResult:
+    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets; ``model`` (the
+    server's description of ``model_name``) goes into the result for the report.
 
     Raises:
         LoadTestError: Locust failed or overran its time, or its output is unreadable.
@@ -143,7 +151,7 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
     write_metrics(directory / "server_metrics.json", server)
     if outputs.csv is not None:
         copy_csv(prefix, outputs.csv)
-    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server)
+    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server, model)
 
 
 def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | None = None) -> Path:
@@ -161,17 +169,27 @@ def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | No
 def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
             model_name: str | None, api_key: str | None, default_corpus: Path | None = None,
             outputs: LocustOutputs = LocustOutputs()) -> list[ScenarioResult]:
-    """Run the scenarios in order; every one is bounded in time.
+    """Run the scenarios in order; every one is bounded in time. Each sends its requests to its own ``model``, else
+    ``model_name``, else the server's default model; every one of them is looked up on the server before the first
+    run (a model the server does not serve runs nothing).
 
     Raises:
-        LoadTestError: a run failed; CorpusError: a sentence file is unusable.
+        LoadTestError: the server does not serve a model asked for, or a run failed; CorpusError: a sentence file is
+            unusable.
     """
+    from loadtest.server import served_model  # loadtest.server imports this module
+
+    models: dict[str | None, ServedModel] = {}
+    for scenario in scenarios:
+        name = scenario.model or model_name
+        if name not in models:
+            models[name] = served_model(host, name, api_key)
     results = []
     for scenario in scenarios:
         path = resolve_corpus(corpus, scenario, default_corpus)
+        model = models[scenario.model or model_name]
         sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
-                         f"against {host}\n")
-        results.append(run_scenario(host, scenario, report_dir / scenario.name, path,
-                                    scenario.model or model_name, api_key,
-                                    outputs.for_scenario(scenario.name, len(scenarios) > 1)))
+                         f"against {host}, model {model.describe()}\n")
+        results.append(run_scenario(host, scenario, report_dir / scenario.name, path, model.name, api_key,
+                                    outputs.for_scenario(scenario.name, len(scenarios) > 1), model))
     return results

@@ -34,7 +34,7 @@ from loadtest.runner import LoadTestError, resolve_corpus, run_scenario
 from loadtest.scrape import ServerMetrics
 from loadtest.server import package_model_name, start_server
 from loadtest.stats import RunStats, merge_runs
-from loadtest.sweep_config import Point, Sweep, load_sweep
+from loadtest.sweep_config import Point, Sweep, check_packages, load_sweep
 from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest
 from loadtest.targets import Scenario, TargetsError
 
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sweep = load_sweep(args.sweep)
+        check_packages(sweep)
     except TargetsError as e:
         raise _usage_error(str(e)) from e
     points, skipped = sweep.points()

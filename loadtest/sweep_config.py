@@ -167,6 +167,38 @@ class Sweep:
         return out, skipped
 
 
+def _has_manifest(model: Path) -> bool:
+    try:
+        return (model / "manifest.json").is_file()
+    except PermissionError:  # there, but not ours to look into: check_packages says so
+        return True
+
+
+def check_packages(sweep: Sweep) -> None:
+    """Every model is a readable package with every artifact the space asks for (a point without one could only
+    fail to start, after the points before it had run).
+
+    Raises:
+        TargetsError: one line per problem.
+    """
+    from serving.package import PackageError, open_package
+
+    path, space, problems = sweep.path, sweep.file.space, []
+    for model in sweep.file.models:
+        try:
+            manifest = open_package(model, verify=False).manifest
+        except PackageError as e:
+            problems.append(f"{path}: models: {e}")
+            continue
+        have = {(a.runtime, a.precision) for a in manifest.artifacts}
+        lacking = [f"{b}/{p}" for b in space.backend for p in space.precision if (b, p) not in have]
+        if lacking:
+            problems.append(f"{path}: space: {model} has no {', '.join(lacking)} artifact (it has: "
+                            f"{', '.join(sorted(f'{b}/{p}' for b, p in have))}); narrow backend/precision")
+    if problems:
+        raise TargetsError("\n".join(problems))
+
+
 def load_sweep(path: Path) -> Sweep:
     """Read and check a sweep file (and its targets file).
 
@@ -191,7 +223,7 @@ def load_sweep(path: Path) -> Sweep:
         raise TargetsError("\n".join(lines)) from e
     base = path.parent
     models = [m if m.is_absolute() else base / m for m in sweep.models]
-    missing = [str(m) for m in models if not (m / "manifest.json").is_file()]
+    missing = [str(m) for m in models if not _has_manifest(m)]
     if missing:
         raise TargetsError(f"{path}: models: not a model package (no manifest.json): {', '.join(missing)}")
     if sweep.targets is not None:

@@ -51,6 +51,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--max-queue-size N", "most sentences waiting; beyond it 503 with Retry-After (Triton's `max_queue_size`)",
          "`--queue-capacity`"),
     Term("--api-key KEY", "sent or required as `Authorization: Bearer KEY` (default `$MTGATE_API_KEY`)"),
+    Term("--model-name NAME", "a model a server serves, by its name (loadtest, batch-score --server)"),
     Term("-o, --output PATH", "where a command writes its result (atomically; refused before any work when it "
          "cannot be written)"),
     Term("--log-level LEVEL", "DEBUG, INFO, WARNING, ERROR; before or after the subcommand"),
@@ -157,6 +158,11 @@ def add_model(parser: argparse.ArgumentParser | Any, help: str, *, repeat: bool 
     parser.add_argument("-m", "--model", dest=dest, required=required, help=help, **kwargs)
     for old in aliases:
         add_alias(parser, old, dest, **kwargs)
+
+
+def add_model_name(parser: argparse.ArgumentParser | Any, help: str) -> None:
+    """``--model-name NAME``: a model of a server, by the name it serves it under."""
+    parser.add_argument("--model-name", metavar="NAME", help=help)
 
 
 def add_runtime(parser: argparse.ArgumentParser | Any, *, default_backend: str | None = "onnxruntime",

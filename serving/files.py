@@ -3,6 +3,10 @@
 A file is written to a temporary name in the same directory, flushed and fsynced, renamed over the target, and the
 directory is fsynced, so a reader sees the old file or the new one, never half of one, even after a crash. On any
 error (a full disk included) the temporary file is removed and the error propagates: nothing is left behind.
+
+File modes: a written file gets ``0666 & ~umask``, as any file a program creates with ``open()`` (the temporary
+file's private 0600 would otherwise be what is renamed into place); model packages are published world-readable
+by ``serving.package.store``, whatever the umask, as installed files are.
 """
 
 from __future__ import annotations
@@ -13,6 +17,20 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, overload
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux reports it (``os.umask`` sets it to read it, which
+    another thread creating a file at that moment would see)."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,7 +59,8 @@ def atomic_writer(path: Path, mode: Literal["wb"], *, encoding: str = "utf-8",
 
 def atomic_writer(path: Path, mode: str = "w", *, encoding: str = "utf-8",
                   newline: str | None = None) -> contextlib.AbstractContextManager[IO[Any]]:
-    """A file object whose content replaces ``path`` when the ``with`` block ends without an error.
+    """A file object whose content replaces ``path`` when the ``with`` block ends without an error; the file's mode is
+    ``0666 & ~umask``, as for a file created with :func:`open`.
 
     Arguments:
         path: the file to write (its directory must exist).
@@ -64,6 +83,7 @@ def _atomic_writer(path: Path, mode: str, encoding: str, newline: str | None) ->
     try:
         binary = mode == "wb"
         with open(fd, mode, encoding=None if binary else encoding, newline=None if binary else newline) as f:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 is for the temporary name, not for the output
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -26,8 +26,15 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de
 
 
 def demo_model() -> Path | None:
-    """The model every command uses when given none: the bundled demo package, if ``make demo`` has built it."""
-    return DEFAULT_MODEL_DIR if (DEFAULT_MODEL_DIR / "manifest.json").is_file() else None
+    """The model every command uses when given none: the bundled demo package, if ``make demo`` has built it.
+
+    A demo package this user may not look into is still returned: opening it then says so in one line
+    (``serving.package.PackageError``) instead of "not built".
+    """
+    try:
+        return DEFAULT_MODEL_DIR if (DEFAULT_MODEL_DIR / "manifest.json").is_file() else None
+    except PermissionError:
+        return DEFAULT_MODEL_DIR
 
 
 def demo_missing() -> str:

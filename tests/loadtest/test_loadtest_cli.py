@@ -139,3 +139,34 @@ def test_validate_takes_the_old_spellings(capsys: pytest.CaptureFixture[str], tm
     for argv in (["-m", str(tmp_path)], ["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--runtime",
                                                                         "openvino"]):
         assert "no manifest.json" in _error(capsys, ["validate", *argv, "--testset", str(src), str(src)])
+
+
+def test_validate_refuses_an_artifact_the_package_lacks_before_any_work(
+        tiny_onnx_package: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A baseline (or candidate) without the asked precision is a usage error (exit 2), not a REJECT (exit 1)."""
+    src = tmp_path / "src.txt"
+    src.write_text("A dog runs.\n", encoding="utf-8")
+    common = ["--testset", str(src), str(src), "--report", str(tmp_path / "r"), "--skip-parity"]
+    pkg = str(tiny_onnx_package)
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--baseline-precision", "int8", *common])
+    assert (f"baseline {pkg}: package has no onnxruntime/int8 artifact (available: onnxruntime/fp32); choose one "
+            "with --baseline-backend/--baseline-precision") in err
+    err = _error(capsys, ["validate", "-m", pkg, "--precision", "int8", *common])
+    assert f"candidate {pkg}: package has no onnxruntime/int8 artifact" in err and "--backend/--precision" in err
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--backend", "openvino", *common])
+    assert f"candidate {pkg}: package has no openvino/fp32 artifact" in err
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline-precision", "fp32", *common])
+    assert "--baseline-precision describe the baseline: give --baseline PKG too" in err
+    assert "--scenario needs --targets" in _error(capsys, ["validate", "-m", pkg, "--scenario", "single", *common])
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_sweep_refuses_an_artifact_a_package_lacks(tiny_onnx_package: Path, capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    import json
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(json.dumps({"models": [str(tiny_onnx_package)], "space": {"precision": ["fp32", "int8"]},
+                                 "scenarios": [{"name": "s", "users": {"TranslateUser": 1}}]}), encoding="utf-8")
+    err = _error(capsys, ["sweep", str(sweep), "--dry-run"])
+    assert f"space: {tiny_onnx_package} has no onnxruntime/int8 artifact (it has: onnxruntime/fp32)" in err
