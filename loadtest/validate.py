@@ -44,16 +44,19 @@ def _usage_error(message: str) -> Exception:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from serving.cli_options import (
-        BACKENDS,
-        PRECISIONS,
+        RUNTIMES,
+        add_alias,
         add_decoding,
+        add_max_batch_size,
         add_model,
         add_runtime,
         positive_float,
         positive_int,
     )
+    from serving.package.precision import PRECISION_CHOICES
+    from serving.settings import DEFAULT_MAX_BATCH_SIZE
 
-    add_model(parser, "the candidate: the model package to promote (required)", aliases=["--candidate"])
+    add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])
     parser.add_argument("--baseline", type=Path, metavar="PKG",
                         help="model package in production now, to compare quality with")
     parser.add_argument("--testset", type=Path, nargs=2, metavar=("SRC", "REF"),
@@ -70,14 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "process may run on)")
     add_runtime(parser, threads_help="intra-op threads of the runtime, for quality and load (default: the engine's "
                                      "choice for this machine)")
-    parser.add_argument("--baseline-backend", choices=BACKENDS,
-                        help="runtime for the baseline (default: the candidate's --backend)")
-    parser.add_argument("--baseline-precision", choices=PRECISIONS,
-                        help="artifact of the baseline (default: the candidate's --precision), e.g. an int8 "
-                             "candidate against the fp32 model in production")
+    parser.add_argument("--baseline-runtime", choices=RUNTIMES,
+                        help="runtime for the baseline (default: the candidate's --runtime)")
+    add_alias(parser, "--baseline-backend", "baseline_runtime", new="--baseline-runtime", choices=RUNTIMES)
+    parser.add_argument("--baseline-precision", choices=PRECISION_CHOICES,
+                        help="artifact of the baseline (default: the candidate's --precision; auto chooses by the "
+                             "baseline's own manifest), e.g. an int8 candidate against the fp32 model in production")
     add_decoding(parser)
-    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                        help="test sentences per engine call (default: 32)")
+    add_max_batch_size(parser, f"test sentences per engine call (default: {DEFAULT_MAX_BATCH_SIZE})",
+                       default=DEFAULT_MAX_BATCH_SIZE, aliases=["--batch-size"])
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -122,12 +126,18 @@ class Outcome:
 # ---------------------------------------------------------------- package
 
 
-def _package_summary(path: Path) -> dict[str, Any]:
-    from serving.package import read_manifest
+def _system(path: Path, runtime: str, precision: str) -> dict[str, Any]:
+    """What the report says of a package: path, name, version, source, and the runtime and precision it is measured
+    at (``auto``: the precision ``serving.package.choose_precision`` picks, and why)."""
+    from serving.package import choose_precision, read_manifest
 
     manifest = read_manifest(path)
+    choice = choose_precision(manifest, runtime, precision)
+    if choice.precision != precision:
+        logger.info("%s: %s", path, choice.describe(runtime))
     return {"path": str(path), "name": manifest.get("name"), "version": manifest.get("version"),
-            "source": manifest.get("source", {}).get("framework")}
+            "source": manifest.get("source", {}).get("framework"), "runtime": runtime, "precision": choice.precision,
+            "precision_reason": choice.reason}
 
 
 def check_package(path: Path, role: str, parity: bool, threads: int | None = None) -> tuple[list[Check], list[Any]]:
@@ -165,19 +175,19 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
 # ---------------------------------------------------------------- quality
 
 
-def translate_testset(package: Path, sources: list[str], args: argparse.Namespace, backend: str,
+def translate_testset(package: Path, sources: list[str], args: argparse.Namespace, runtime: str,
                       precision: str) -> tuple[list[str], int, float]:
     """Translate in process; return hypotheses, output tokens and seconds spent translating (loading excluded)."""
     from serving.engine import DecodeOptions, Translator
 
-    translator = Translator.load(package, runtime=backend, precision=precision, threads=args.threads)
+    translator = Translator.load(package, runtime=runtime, precision=precision, threads=args.threads)
     options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
     hypotheses: list[str] = []
     tokens = 0
     start = time.perf_counter()
     prepared = translator.prepare(sources, options)  # tokenized and length-checked once, before any decoding
-    for i in range(0, len(sources), args.batch_size):
-        for t in translator.run(prepared.take(range(i, min(i + args.batch_size, len(sources))))):
+    for i in range(0, len(sources), args.max_batch_size):
+        for t in translator.run(prepared.take(range(i, min(i + args.max_batch_size, len(sources))))):
             hypotheses.append(t.text)
             tokens += int(t.output_tokens)
     return hypotheses, tokens, time.perf_counter() - start
@@ -250,8 +260,6 @@ def _plan(outcome: Outcome, capacity: CapacityConfig | None, cores: int) -> Plan
 
 
 def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str], list[str], Path, Path]:
-    if args.model is None:  # not required=True: the old --candidate fills the same destination
-        raise _usage_error("give the candidate package with -m/--model PKG")
     try:
         targets = load_targets(args.targets) if args.targets else None
         if targets is not None:
@@ -283,17 +291,17 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         return  # modified or missing files: nothing measured on them would mean anything
     sys.stderr.write(f"translating {len(sources)} test sentences\n")
     try:
-        hyps, tokens, seconds = translate_testset(args.model, sources, args, args.backend, args.precision)
+        hyps, tokens, seconds = translate_testset(args.model, sources, args, outcome.candidate["runtime"],
+                                                  outcome.candidate["precision"])
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
     outcome.quality["candidate"] = score(args.model, hyps, references, tokens, seconds)
     write_text_atomically(report_dir / "candidate.hyp.txt", "".join(h + "\n" for h in hyps))
-    if args.baseline:
+    if outcome.baseline is not None:
         try:
             base_hyps, base_tokens, base_seconds = translate_testset(
-                args.baseline, sources, args, args.baseline_backend or args.backend,
-                args.baseline_precision or args.precision)
+                args.baseline, sources, args, outcome.baseline["runtime"], outcome.baseline["precision"])
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
@@ -325,7 +333,7 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
     sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
-    extra = ["--backend", args.backend, "--precision", args.precision]
+    extra = ["--runtime", outcome.candidate["runtime"], "--precision", outcome.candidate["precision"]]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
@@ -350,10 +358,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tensorboard is not None:
         check_tensorboard(args.tensorboard)
     try:
-        outcome = Outcome(candidate={**_package_summary(args.model), "backend": args.backend,
-                                     "precision": args.precision},
-                          baseline={**_package_summary(args.baseline), "backend": args.baseline_backend or args.backend,
-                                    "precision": args.baseline_precision or args.precision} if args.baseline else None,
+        outcome = Outcome(candidate=_system(args.model, args.runtime, args.precision),
+                          baseline=_system(args.baseline, args.baseline_runtime or args.runtime,
+                                           args.baseline_precision or args.precision) if args.baseline else None,
                           testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     except PackageError as e:
         raise _usage_error(str(e)) from e

@@ -44,12 +44,19 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def _system(system: dict[str, Any]) -> str:
+    """``<code>path</code> (onnxruntime/int8: why)``: a package and what it was measured at."""
+    at = "/".join(str(system[k]) for k in ("runtime", "precision") if system.get(k))
+    why = f": {system['precision_reason']}" if system.get("precision_reason") else ""
+    return f"<code>{html.escape(str(system.get('path')))}</code>" + (f" ({html.escape(at + why)})" if at else "")
+
+
 def to_html(outcome: Outcome) -> str:
     verdict = outcome.verdict
     cls = "pass" if verdict == "PROMOTE" else "fail"
     parts = [f'<h1>Validation: <span class="{cls} verdict">{verdict}</span></h1>',
-             f"<p>Candidate <code>{html.escape(str(outcome.candidate.get('path')))}</code>"
-             + (f", baseline <code>{html.escape(str(outcome.baseline.get('path')))}</code>" if outcome.baseline else "")
+             f"<p>Candidate {_system(outcome.candidate)}"
+             + (f", baseline {_system(outcome.baseline)}" if outcome.baseline else "")
              + f"; test set {html.escape(str(outcome.testset.get('source')))} "
                f"({outcome.testset.get('sentences')} sentences).</p>",
              "<h2>Checks</h2>",

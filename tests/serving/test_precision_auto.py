@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from serving.cli import main
 from serving.engine import Translator
 from serving.package import choose_precision, read_manifest, write_manifest
 from serving.package.precision import INT8_MAX_BLEU_DROP, INT8_MIN_AGREEMENT
-from serving.settings import DEFAULT_MODEL_DIR
+from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,27 @@ def test_the_engine_loads_the_choice_and_reports_it(fp32_only: Path, caplog: pyt
     assert "(onnxruntime/int8: int8 BLEU within 1 of fp32" in lines[0]
     assert "(onnxruntime/fp32: asked for)" in lines[1]
     assert "(onnxruntime/fp32: the package has no onnxruntime/int8 artifact)" in lines[2]
+
+
+def test_commands_default_to_auto_and_say_why(capsys: pytest.CaptureFixture[str],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="serving.engine")
+    assert ServingSettings().precision == "auto"
+    assert main(["translate", "-m", str(DEFAULT_MODEL_DIR), "--threads", "1", "A dog runs."]) == 0
+    assert main(["translate", "-m", str(DEFAULT_MODEL_DIR), "--threads", "1", "--precision", "fp32", "A dog."]) == 0
+    loaded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded ")]
+    assert "onnxruntime/int8: int8 BLEU within" in loaded[0] and "onnxruntime/fp32: asked for" in loaded[1]
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_the_server_reports_the_precision_it_chose() -> None:
+    from fastapi.testclient import TestClient
+
+    from serving.api import create_app
+    from tests.serving.api.conftest import wait_ready
+
+    app = create_app(ServingSettings(model_dirs=[DEFAULT_MODEL_DIR], threads=1, warmup=False))
+    with TestClient(app) as client:
+        wait_ready(client, timeout=60)
+        model = client.get("/v1/models/demo-en-de").json()
+    assert (model["runtime"], model["precision"]) == ("onnxruntime", "int8")
