@@ -43,6 +43,8 @@ from serving.cli_options import (
     non_negative_int,
     positive_int,
 )
+from serving.package import choose_precision
+from serving.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ _SHARD_ENV = "JOB_COMPLETION_INDEX"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``).
 
-    Names follow ``serving.cli_options``; the old ``--runtime`` and ``--max-tokens`` are hidden aliases.
+    Names follow ``serving.cli_options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
     """
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
@@ -102,9 +104,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("throughput and reliability")
     run.add_argument("--workers", type=positive_int, default=None, metavar="N",
                      help="worker processes (default: one per core; with --server: 4 concurrent requests)")
-    add_max_batch_tokens(run, help="most padded source tokens per batch (default: 2048)", default=2048,
-                         aliases=("--max-tokens",))
-    add_max_batch_size(run, help="most sentences per batch (default: 64)", default=64)
+    add_max_batch_tokens(run, help=f"most padded source tokens per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
+                                   "than mtgate serve's: every worker holds a batch)",
+                         default=OFFLINE_MAX_BATCH_TOKENS, aliases=("--max-tokens",))
+    add_max_batch_size(run, help=f"most sentences per batch (default: {OFFLINE_MAX_BATCH_SIZE}, more than mtgate "
+                                 "serve's: no record waits for a batch)", default=OFFLINE_MAX_BATCH_SIZE)
     run.add_argument("--chunk-size", type=positive_int, default=1000, metavar="N",
                      help="records per committed chunk, the unit of resume (default: 1000)")
     run.add_argument("--num-shards", type=positive_int, default=1, metavar="N",
@@ -173,9 +177,13 @@ def run(args: argparse.Namespace) -> int:
                 raise
             # A dry run only inspects the inputs: no model needed unless its vocabulary is.
         if model_dir is not None:
-            manifest, package_vocab = package_info(model_dir, args.backend, args.precision)
+            manifest, package_vocab = package_info(model_dir, args.runtime, args.precision)
+            choice = choose_precision(manifest, args.runtime, args.precision)
+            if args.precision != choice.precision:  # auto: workers, fingerprint and summary get the one loaded
+                logger.info("%s", choice.describe(args.runtime))
+                args.precision = choice.precision
             engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
-                           "version": manifest.get("version"), "runtime": args.backend, "precision": args.precision,
+                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision,
                            "beam_size": args.beam_size or manifest.get("decoding", {}).get("beam_size")}
     vocab_path: Path | None = args.vocab or package_vocab
     if args.vocab is not None and not args.vocab.is_file():

@@ -38,13 +38,14 @@ def model_dir_of(args: argparse.Namespace) -> Path:
 
 
 def package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:
-    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists."""
-    from serving.package import PackageError, find_artifact, load_manifest
+    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists (``auto``: the
+    one ``serving.package.choose_precision`` picks)."""
+    from serving.package import PackageError, choose_precision, find_artifact, load_manifest
 
     try:
         # checksums verified here, so a damaged package is a usage error before any worker starts
         manifest = load_manifest(model_dir)
-        find_artifact(manifest, runtime, precision)
+        find_artifact(manifest, runtime, choose_precision(manifest, runtime, precision).precision)
     except PackageError as e:
         raise UsageError(str(e)) from e
     tokenizer = manifest.get("tokenizer", {})
@@ -133,11 +134,11 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
         raise UsageError(str(e)) from e
     if session.started_here:
         actors, threads = plan_parallelism(args.workers, args.threads, cores,
-                                           model_bytes(model_dir, manifest, args.backend, args.precision),
+                                           model_bytes(model_dir, manifest, args.runtime, args.precision),
                                            available_memory())
     else:
         actors, threads = plan_actors(args.workers, args.threads, session.cpus)
-    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.backend, precision=args.precision,
+    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.runtime, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, workers=actors, threads=threads, decoding=decoding)
     where = "a local Ray" if session.started_here else f"Ray at {session.address}"
@@ -151,9 +152,9 @@ def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str
                    decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor]]:
     """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
     workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
-                                        model_bytes(model_dir, manifest, args.backend, args.precision),
+                                        model_bytes(model_dir, manifest, args.runtime, args.precision),
                                         available_memory())
-    engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
+    engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, workers=workers, threads=threads, decoding=decoding)
 

@@ -16,6 +16,7 @@ from batch.framing import Format
 from batch.inputs import InputFile
 from batch.schema import Schema
 from serving.options import OPTION_NAMES, DecodeOptions
+from serving.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 STATE_SUFFIX = ".partial"
 
@@ -47,8 +48,8 @@ class EngineConfig:
     precision: str = "fp32"
     beam_size: int | None = None
     max_length: int | None = None
-    max_tokens: int = 2048
-    max_batch_size: int = 64
+    max_tokens: int = OFFLINE_MAX_BATCH_TOKENS
+    max_batch_size: int = OFFLINE_MAX_BATCH_SIZE
     workers: int = 1
     threads: int = 1
     server: str | None = None

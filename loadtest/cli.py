@@ -4,9 +4,10 @@ The scenarios come from ``--targets`` or, without it, one ad-hoc scenario from L
 ``loadtest.runner`` (a bounded Locust subprocess, the server's /metrics scraped meanwhile); a table goes to stdout,
 a Markdown + HTML report to ``--report`` and, with ``--tensorboard DIR``, scalars and the verdict to a new
 TensorBoard run directory. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
-``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
+``--server URL`` loads a running server (Locust's ``--host URL`` is accepted too); ``--start-server -m PKG`` runs
+``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
 
-The model under test: ``--model-name NAME``, or with ``--host`` the model of ``-m PKG`` (its manifest's name; the
+The model under test: ``--model-name NAME``, or with ``--server`` the model of ``-m PKG`` (its manifest's name; the
 server must serve that name at the package's version), else each scenario's ``model``, else the server's default;
 each is looked up on the server before anything runs, and every report names it.
 """
@@ -55,25 +56,29 @@ def _usage_error(message: str) -> Exception:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import add_decoding, add_model, add_model_name, positive_float, positive_int
+    from serving.cli_options import add_alias, add_decoding, add_model, add_model_name, positive_float, positive_int
 
-    parser.add_argument("--host", help="server base URL, e.g. http://127.0.0.1:8000 (not with --start-server)")
+    # One of the two; Locust's own name for the URL, --host, is accepted too (serve's --host is an address).
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--server", metavar="URL", help="base URL of the server to load, e.g. http://127.0.0.1:8000")
+    add_alias(target, "--host", "server", new="--server", deprecated=False, metavar="URL")
+    target.add_argument("--start-server", action="store_true",
+                        help="start `mtgate serve` locally for the run (with -m PKG)")
     parser.add_argument("--targets", type=Path,
                         help="targets file (YAML), see loadtest/targets/; without it one ad-hoc scenario runs "
                              "(--user-class, -u, -r, -t) and the gate checks only that no request failed")
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
                         help="run only this scenario of --targets (repeatable; default: all)")
-    parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
     add_model(parser, "the model package to test: served by --start-server (default: the bundled demo model "
-                      "models/demo-en-de), or with --host the model of that name on the server (checked)")
-    add_model_name(parser, "with --host: the model to test, by the name the server serves it under (default: the "
+                      "models/demo-en-de), or with --server the model of that name on the server (checked)")
+    add_model_name(parser, "with --server: the model to test, by the name the server serves it under (default: the "
                            "server's default model); for a server with several models")
     parser.add_argument("--corpus", type=Path,
                         help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a host other than 127.0.0.1/localhost (only against servers you operate)")
-    parser.add_argument("--api-key", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
+    parser.add_argument("--api-key", metavar="KEY", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
     parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for a started server to become ready (default: 120)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -256,14 +261,12 @@ def package_model(package: Path) -> tuple[str, str | None]:
 
 def _model_under_test(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """The model name every scenario is to use (None: each scenario's, else the server's default) and, for
-    ``--host -m PKG``, the version the server must serve it at."""
-    if args.start_server == bool(args.host):
-        raise _usage_error("give either --host URL or --start-server -m PKG")
+    ``--server URL -m PKG``, the version the server must serve it at."""
     if args.model is not None and args.model_name is not None:
         raise _usage_error("give -m PKG or --model-name NAME, not both (the package's name is the model's name)")
     if args.start_server:
         if args.model_name is not None:
-            raise _usage_error("--model-name is for --host: --start-server serves -m PKG under its own name")
+            raise _usage_error("--model-name is for --server: --start-server serves -m PKG under its own name")
         if args.model is None:
             from serving.settings import demo_missing, demo_model
 
@@ -305,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
             host = server.url
         else:
             try:
-                host = check_host(args.host, args.allow_remote)
+                host = check_host(args.server, args.allow_remote)
             except ValueError as e:
                 raise _usage_error(str(e)) from e
             if not reachable(host):

@@ -35,9 +35,9 @@ def check_host(url: str, allow_remote: bool) -> str:
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--host {url!r} is not an http:// or https:// URL with a host")
+        raise ValueError(f"--server {url!r} is not an http:// or https:// URL with a host")
     if parts.hostname not in LOCAL_HOSTS and not allow_remote:
-        raise ValueError(f"--host {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
+        raise ValueError(f"--server {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
                          "a server you operate elsewhere")
     return url.rstrip("/")
 

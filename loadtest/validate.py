@@ -56,16 +56,19 @@ def _usage_error(message: str) -> Exception:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from serving.cli_options import (
-        BACKENDS,
-        PRECISIONS,
+        RUNTIMES,
+        add_alias,
         add_decoding,
+        add_max_batch_size,
         add_model,
         add_runtime,
         positive_float,
         positive_int,
     )
+    from serving.package.precision import PRECISION_CHOICES
+    from serving.settings import DEFAULT_MAX_BATCH_SIZE
 
-    add_model(parser, "the candidate: the model package to promote (required)", aliases=["--candidate"])
+    add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])
     parser.add_argument("--baseline", type=Path, metavar="PKG",
                         help="model package in production now, to compare quality with")
     parser.add_argument("--testset", type=Path, nargs=2, metavar=("SRC", "REF"),
@@ -82,14 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "process may run on)")
     add_runtime(parser, threads_help="intra-op threads of the runtime, for quality and load (default: the engine's "
                                      "choice for this machine)")
-    parser.add_argument("--baseline-backend", choices=BACKENDS,
-                        help="runtime for the baseline (default: the candidate's --backend)")
-    parser.add_argument("--baseline-precision", choices=PRECISIONS,
-                        help="artifact of the baseline (default: the candidate's --precision), e.g. an int8 "
-                             "candidate against the fp32 model in production")
+    parser.add_argument("--baseline-runtime", choices=RUNTIMES,
+                        help="runtime for the baseline (default: the candidate's --runtime)")
+    add_alias(parser, "--baseline-backend", "baseline_runtime", new="--baseline-runtime", choices=RUNTIMES)
+    parser.add_argument("--baseline-precision", choices=PRECISION_CHOICES,
+                        help="artifact of the baseline (default: the candidate's --precision; auto chooses by the "
+                             "baseline's own manifest), e.g. an int8 candidate against the fp32 model in production")
     add_decoding(parser)
-    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                        help="test sentences per engine call (default: 32)")
+    add_max_batch_size(parser, f"test sentences per engine call (default: {DEFAULT_MAX_BATCH_SIZE})",
+                       default=DEFAULT_MAX_BATCH_SIZE, aliases=["--batch-size"])
     parser.add_argument("--speed-repeats", type=positive_int, default=DEFAULT_REPEATS, metavar="N",
                         help="timed passes of the test set per system for the in-process speed, reported as their "
                              f"median and range (default: {DEFAULT_REPEATS}); not run when a load scenario that "
@@ -139,25 +143,29 @@ class Outcome:
 # ---------------------------------------------------------------- package
 
 
-def package_summary(path: Path, role: str, backend: str, precision: str, flags: str) -> dict[str, Any]:
-    """What the report says of a package: path, name, version, source framework, and the artifact validated.
+def package_summary(path: Path, role: str, runtime: str, precision: str, flags: str) -> dict[str, Any]:
+    """What the report says of a package: path, name, version, source framework, and the artifact validated (the
+    runtime and the precision it is measured at: ``auto`` resolved by ``serving.package.choose_precision``, and why).
 
     Raises:
-        UsageError: not a readable package, or it has no ``backend``/``precision`` artifact (``flags`` names the
-            options that choose it).
+        UsageError: not a readable package, or it has no such artifact (``flags`` names the options that choose it).
     """
-    from serving.package import PackageError, open_package
+    from serving.package import PackageError, choose_precision, open_package
 
     try:
         manifest = open_package(path, verify=False).manifest  # checksums are the candidate's first check
     except PackageError as e:
         raise _usage_error(f"{role}: {e}") from e
+    choice = choose_precision(manifest, runtime, precision)
+    if choice.precision != precision:
+        logger.info("%s: %s", path, choice.describe(runtime))
     try:
-        manifest.artifact(backend, precision)
+        manifest.artifact(runtime, choice.precision)
     except PackageError as e:
         raise _usage_error(f"{role} {path}: {e}; choose one with {flags}") from e
     return {"path": str(path), "name": manifest.name, "version": manifest.version,
-            "source": manifest.source_framework, "backend": backend, "precision": precision}
+            "source": manifest.source_framework, "runtime": runtime, "precision": choice.precision,
+            "precision_reason": choice.reason}
 
 
 
@@ -196,11 +204,11 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
 # ---------------------------------------------------------------- quality
 
 
-def load_system(package: Path, args: argparse.Namespace, backend: str, precision: str) -> Translator:
-    """A Translator of ``package``'s ``backend``/``precision`` artifact (PackageError: it cannot be loaded)."""
+def load_system(package: Path, args: argparse.Namespace, runtime: str, precision: str) -> Translator:
+    """A Translator of ``package``'s ``runtime``/``precision`` artifact (PackageError: it cannot be loaded)."""
     from serving.engine import Translator
 
-    return Translator.load(package, runtime=backend, precision=precision, threads=args.threads)
+    return Translator.load(package, runtime=runtime, precision=precision, threads=args.threads)
 
 
 def decode_options(args: argparse.Namespace) -> DecodeOptions:
@@ -233,7 +241,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str
     if args.model is None:  # not required=True: the old --candidate fills the same destination
         raise _usage_error("give the candidate package with -m/--model PKG")
     if args.baseline is None and (given := [flag for flag, value in (
-            ("--baseline-backend", args.baseline_backend), ("--baseline-precision", args.baseline_precision))
+            ("--baseline-runtime", args.baseline_runtime), ("--baseline-precision", args.baseline_precision))
             if value is not None]):
         raise _usage_error(f"{', '.join(given)} describe the baseline: give --baseline PKG too")
     if args.scenario and args.targets is None:
@@ -273,23 +281,24 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     sys.stderr.write(f"translating {len(sources)} test sentences\n")
     options = decode_options(args)
     try:
-        translators = {"candidate": load_system(args.model, args, args.backend, args.precision)}
+        translators = {"candidate": load_system(args.model, args, outcome.candidate["runtime"],
+                                                outcome.candidate["precision"])}
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.batch_size)}
-    if args.baseline:
+    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.max_batch_size)}
+    if outcome.baseline is not None:
         try:
-            translators["baseline"] = load_system(args.baseline, args, args.baseline_backend or args.backend,
-                                                  args.baseline_precision or args.precision)
+            translators["baseline"] = load_system(args.baseline, args, outcome.baseline["runtime"],
+                                                  outcome.baseline["precision"])
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
-            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.batch_size)
+            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.max_batch_size)
     speeds: dict[str, Speed] = {}
     if measured_by is None:
         sys.stderr.write(f"timing {args.speed_repeats} pass(es) of the test set per system\n")
-        speeds = measure_speed(translators, sources, options, args.batch_size, args.speed_repeats)
+        speeds = measure_speed(translators, sources, options, args.max_batch_size, args.speed_repeats)
     del translators  # free the runtimes before the load test's server starts
     for role, done in passes.items():
         package = args.model if role == "candidate" else args.baseline
@@ -322,7 +331,7 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
     sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
-    extra = ["--backend", args.backend, "--precision", args.precision]
+    extra = ["--runtime", outcome.candidate["runtime"], "--precision", outcome.candidate["precision"]]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
@@ -344,10 +353,10 @@ def run(args: argparse.Namespace) -> int:
     check_writable(report_dir, "--report", directory=True)
     if args.tensorboard is not None:
         check_tensorboard(args.tensorboard)
-    candidate = package_summary(args.model, "candidate", args.backend, args.precision, "--backend/--precision")
-    baseline = package_summary(args.baseline, "baseline", args.baseline_backend or args.backend,
+    candidate = package_summary(args.model, "candidate", args.runtime, args.precision, "--runtime/--precision")
+    baseline = package_summary(args.baseline, "baseline", args.baseline_runtime or args.runtime,
                                args.baseline_precision or args.precision,
-                               "--baseline-backend/--baseline-precision") if args.baseline else None
+                               "--baseline-runtime/--baseline-precision") if args.baseline else None
     outcome = Outcome(candidate=candidate, baseline=baseline,
                       testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     _evaluate(args, outcome, targets, sources, references, source, report_dir)

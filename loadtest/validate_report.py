@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 
 
 def describe_package(summary: dict[str, Any]) -> str:
-    """``models/en-de (opus-mt-en-de 1, onnxruntime/int8)``: how the report names a package."""
+    """``models/en-de (opus-mt-en-de 1, onnxruntime/int8: why)``: how the report names a package and the artifact it
+    was measured at (with the reason ``--precision auto`` chose that precision)."""
     name = " ".join(str(summary[k]) for k in ("name", "version") if summary.get(k))
-    artifact = "/".join(str(summary[k]) for k in ("backend", "precision") if summary.get(k))
+    artifact = "/".join(str(summary[k]) for k in ("runtime", "precision") if summary.get(k))
+    if artifact and summary.get("precision_reason"):
+        artifact += f": {summary['precision_reason']}"
     inside = ", ".join(filter(None, [name, artifact]))
     return f"{summary.get('path')}" + (f" ({inside})" if inside else "")
 

@@ -1,34 +1,70 @@
 """One vocabulary of command-line options for every ``mtgate`` subcommand and ``batch-score``.
 
-The same thing has the same name in every command, Triton's name where Triton has one: :data:`VOCABULARY` lists
-each option, what it is and its old spellings (README.md's option table is generated from it).
+The same thing has the same name in every command (plural where a command takes several, comma-separated:
+``convert --runtimes A,B --precisions A,B``): :data:`VOCABULARY` lists each option, what it is and its old spellings
+(README.md's option table is generated from it; ``tests/test_cli_vocabulary.py`` reads every command's parser
+against it).
 
 Each ``add_*`` function registers one option with its help text; an old spelling is registered with
-``argparse.SUPPRESS`` help (so ``--help`` shows only the new name) and writes the same destination.
+``argparse.SUPPRESS`` help (so ``--help`` shows only the new name), writes the same destination and prints one
+warning line naming the new one (:func:`add_alias`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 
+class Alias(NamedTuple):
+    """An old spelling of an option, still accepted and hidden from ``--help``.
+
+    Attributes:
+        spelling: the old flag.
+        commands: the commands that accept it (empty: every command that has the option).
+        deprecated: prints one warning line and goes in the next release; False: a synonym that stays (another
+            tool's name for the option).
+        note: how README.md's table qualifies it.
+    """
+
+    spelling: str
+    commands: tuple[str, ...] = ()
+    deprecated: bool = True
+    note: str = ""
+
+    def text(self) -> str:
+        where = ", ".join(self.commands)
+        qualifier = "; ".join(part for part in (where, self.note) if part)
+        return f"`{self.spelling}`" + (f" ({qualifier})" if qualifier else "")
+
+
 class Term(NamedTuple):
-    """One option of the vocabulary: its spelling, what it is, and the old spellings still accepted (hidden)."""
+    """One option of the vocabulary: its spelling, what it is, and its old spellings."""
 
     option: str
     meaning: str
-    old: str = ""
+    aliases: tuple[Alias, ...] = ()
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The flags of :attr:`option` (``-m, --model PKG`` -> ``("-m", "--model")``)."""
+        return tuple(word.rstrip(",") for word in self.option.split() if word.startswith("-"))
 
 
 VOCABULARY: tuple[Term, ...] = (
-    Term("-m, --model PKG", "a model package (what `mtgate convert` writes); `serve` takes several",
-         "`--candidate` (validate)"),
+    Term("-m, --model PKG", "a model package (what `mtgate convert` writes), in every command that reads one "
+         "(`verify` and `export-triton` also take it as their first argument); `serve` takes several",
+         (Alias("--candidate", ("validate",)),)),
     Term("--baseline PKG", "the package a candidate is compared with (validate)"),
-    Term("--backend NAME", "the runtime: `onnxruntime` or `openvino` (Triton's `backend`)", "`--runtime`"),
-    Term("--precision NAME", "which artifact of the package: `fp32` or `int8`"),
+    Term("--runtime NAME", "the runtime: `onnxruntime` or `openvino`; `convert` writes several (`--runtimes A,B`), "
+         "`validate` runs the baseline on `--baseline-runtime`",
+         (Alias("--backend"), Alias("--baseline-backend", ("validate",), note="now `--baseline-runtime`"))),
+    Term("--precision NAME", "which artifact of the package: `auto` (the default: int8 where the package's "
+         "manifest shows it costs at most 1 BLEU, else fp32; `serving/package/precision.py`), `fp32` or `int8`; "
+         "`convert` writes several (`--precisions A,B`)", (Alias("--precision", ("convert",), note="now `--precisions`"),)),
     Term("--threads N", "intra-op threads of the runtime"),
     Term("--shortlist", "decode with the package's vocabulary shortlist (`mtgate convert --shortlist-corpus`; "
          "onnxruntime)"),
@@ -43,19 +79,25 @@ VOCABULARY: tuple[Term, ...] = (
          "distribution warped by these"),
     Term("--seed N", "makes sampling reproducible (and turns it on)"),
     Term("--target-prefix TEXT", "the start every translation is forced to (CTranslate2's `target_prefix`)"),
-    Term("--max-batch-size N", "most sentences in one engine batch (Triton's `max_batch_size`)",
-         "`--max-batch-sentences`"),
-    Term("--max-batch-tokens N", "most padded source tokens in one engine batch", "`--max-tokens` (batch-score)"),
+    Term("--max-batch-size N", "most sentences in one engine batch (Triton's `max_batch_size`); default 32, "
+         "`batch-score` 64 (offline: no record waits for a batch; `serving.settings`)",
+         (Alias("--max-batch-sentences"), Alias("--batch-size", ("validate",)))),
+    Term("--max-batch-tokens N", "most padded source tokens in one engine batch; default 8192, `batch-score` 2048 "
+         "(a worker per core, each holding a batch)", (Alias("--max-tokens", ("batch-score",)),)),
     Term("--max-queue-delay-us US", "longest wait of a queued sentence for a fuller batch, in microseconds "
-         "(Triton's `max_queue_delay_microseconds`)", "`--max-batch-delay-ms` (milliseconds)"),
+         "(Triton's `max_queue_delay_microseconds`)", (Alias("--max-batch-delay-ms", note="milliseconds"),)),
     Term("--max-queue-size N", "most sentences waiting; beyond it 503 with Retry-After (Triton's `max_queue_size`)",
-         "`--queue-capacity`"),
+         (Alias("--queue-capacity"),)),
+    Term("--host ADDR", "the address `serve` listens on (uvicorn's `--host`)"),
+    Term("--server URL", "a running server's base URL: `batch-score` translates through it, `loadtest` loads it",
+         (Alias("--host", ("loadtest",), deprecated=False, note="Locust's name, kept"),)),
     Term("--api-key KEY", "sent or required as `Authorization: Bearer KEY` (default `$MTGATE_API_KEY`)"),
     Term("--model-name NAME", "a model a server serves, by its name (loadtest, batch-score --server)"),
     Term("-o, --output PATH", "where a command writes its result (atomically; refused before any work when it "
          "cannot be written)"),
     Term("--log-level LEVEL", "DEBUG, INFO, WARNING, ERROR; before or after the subcommand"),
-    Term("--checkpoint DIR", "a training checkpoint (`python -m benchmarks.bench`)", "`--model` (bench)"),
+    Term("--checkpoint DIR", "a training checkpoint: what `verify` compares a package with, what "
+         "`python -m benchmarks.bench` measures", (Alias("--source", ("verify",)), Alias("--model", ("bench",)))),
 )
 """Every shared option, in the order README.md's table lists them."""
 
@@ -63,18 +105,38 @@ VOCABULARY: tuple[Term, ...] = (
 def vocabulary_table() -> str:
     """README.md's option table (Markdown), from :data:`VOCABULARY`."""
     rows = ["| option | what it is | old spelling (hidden, still accepted) |", "|---|---|---|"]
-    rows += [f"| `{t.option}` | {t.meaning} | {t.old or '-'} |" for t in VOCABULARY]
+    rows += [f"| `{t.option}` | {t.meaning} | {', '.join(a.text() for a in t.aliases) or '-'} |" for t in VOCABULARY]
     return "\n".join(rows) + "\n"
 
 
-BACKENDS = ("onnxruntime", "openvino")
-PRECISIONS = ("fp32", "int8")
+RUNTIMES = ("onnxruntime", "openvino")
+DEFAULT_RUNTIME = "onnxruntime"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _PackageArgument(argparse._StoreAction):
+    """The positional package of :func:`add_package`, which ``-m PKG`` may replace (one of the two is needed)."""
+
+
+class _UsageFormatter(argparse.HelpFormatter):
+    """argparse's usage, with :func:`add_package`'s choice shown as required, ``(PKG | -m PKG)``, where argparse
+    would show ``[-m PKG] ... [PKG]``."""
+
+    def _format_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None) -> str:
+        text = super()._format_usage(usage, actions, groups, prefix)
+        for action in actions:
+            if isinstance(action, _PackageArgument) and usage is None:
+                text = text.replace(" [-m PKG]", "").replace(f"[{action.metavar}]", f"({action.metavar} | -m PKG)")
+        return text
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with one-line errors: ``mtgate translate: error: argument --beam-size: ...`` (no usage block);
     subcommand parsers made from it are of the same class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _UsageFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -136,28 +198,59 @@ def log_level(value: str) -> str:
     return upper
 
 
-class _MillisecondsToMicroseconds(argparse.Action):
-    """An old option given in milliseconds that fills a destination in microseconds."""
+def comma_list(value: str) -> list[str]:
+    """argparse type: a comma-separated list (``fp32,int8``); an option that takes one is spelled in the plural."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _warn_old(parser: argparse.ArgumentParser, old: str | None, new: str) -> None:
+    sys.stderr.write(f"{parser.prog}: warning: {old} is deprecated, use {new} (the old spelling goes in the next "
+                     "release)\n")
+
+
+class _OldSpelling(argparse._StoreAction):
+    """An old spelling: stores as the new option does, after one warning line naming the new one."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
+        _warn_old(parser, option_string, self.new)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _MillisecondsToMicroseconds(argparse.Action):
+    """An old option given in milliseconds that fills a destination in microseconds (with the warning line)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        _warn_old(parser, option_string, "--max-queue-delay-us (microseconds)")
         setattr(namespace, self.dest, int(round(float(values) * 1000)))
 
 
-def add_alias(parser: argparse.ArgumentParser | Any, old: str, dest: str, **kwargs: Any) -> None:
-    """Accept the old spelling ``old`` for ``dest`` without showing it in ``--help``."""
+def add_alias(parser: argparse.ArgumentParser | Any, old: str, dest: str, *, new: str, deprecated: bool = True,
+              **kwargs: Any) -> None:
+    """Accept the old spelling ``old`` for ``dest`` (the option ``new``) without showing it in ``--help``; a
+    ``deprecated`` one prints one warning line when used, a synonym that stays (another tool's name) does not."""
+    if deprecated:
+        kwargs |= {"action": _OldSpelling, "new": new}
     parser.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
 
 
 def add_model(parser: argparse.ArgumentParser | Any, help: str, *, repeat: bool = False, required: bool = False,
               aliases: Sequence[str] = (), dest: str = "model") -> None:
-    """``-m/--model PKG``: a model package (``repeat``: the option may be given several times, a list)."""
+    """``-m/--model PKG``: a model package (``repeat``: the option may be given several times, a list). A
+    ``required`` one with ``aliases`` is a required group of the option and its old spellings, so that either
+    does and ``--help`` shows ``-m PKG`` as required."""
     kwargs: dict[str, Any] = {"type": Path, "metavar": "PKG"}
     if repeat:
         kwargs["action"] = "append"
-    parser.add_argument("-m", "--model", dest=dest, required=required, help=help, **kwargs)
+    where = parser.add_mutually_exclusive_group(required=True) if required and aliases else parser
+    where.add_argument("-m", "--model", dest=dest, required=required and not aliases, help=help, **kwargs)
     for old in aliases:
-        add_alias(parser, old, dest, **kwargs)
+        add_alias(where, old, dest, new="-m/--model", **kwargs)
 
 
 def add_model_name(parser: argparse.ArgumentParser | Any, help: str) -> None:
@@ -165,17 +258,44 @@ def add_model_name(parser: argparse.ArgumentParser | Any, help: str) -> None:
     parser.add_argument("--model-name", metavar="NAME", help=help)
 
 
-def add_runtime(parser: argparse.ArgumentParser | Any, *, default_backend: str | None = "onnxruntime",
-                default_precision: str | None = "fp32", threads_help: str = "intra-op threads of the runtime "
+def add_package(parser: argparse.ArgumentParser | Any, metavar: str, help: str) -> None:
+    """The package as the first argument (``args.package``) or, as in every other command, ``-m PKG``
+    (``args.model``): one of the two is needed (:func:`package_of`)."""
+    parser.add_argument("package", type=Path, nargs="?", metavar=metavar, action=_PackageArgument,
+                        help=f"{help}; or -m PKG")
+    add_model(parser, f"the same as {metavar}")
+
+
+def package_of(args: argparse.Namespace, usage: str) -> Path:
+    """The package of :func:`add_package`'s arguments.
+
+    Raises:
+        ValueError: neither or two different ones were given (the message says so, with ``usage``).
+    """
+    if args.package is not None and args.model is not None and args.package != args.model:
+        raise ValueError(f"two packages: {args.package} and -m {args.model}; give one")
+    package: Path | None = args.package or args.model
+    if package is None:
+        raise ValueError(f"which package? {usage}")
+    return package
+
+
+def add_runtime(parser: argparse.ArgumentParser | Any, *, default_runtime: str | None = DEFAULT_RUNTIME,
+                default_precision: str | None = "auto", threads_help: str = "intra-op threads of the runtime "
                 "(default: the engine's choice for this machine)") -> None:
-    """``--backend``, ``--precision`` and ``--threads`` (the old ``--runtime`` hidden)."""
-    shown = f" (default {default_backend})" if default_backend else ""
-    parser.add_argument("--backend", choices=BACKENDS, default=default_backend,
+    """``--runtime``, ``--precision`` and ``--threads`` (the old ``--backend`` hidden). The defaults are shown in
+    the help; None leaves them to the caller (``serve``: its settings, whose defaults are the same)."""
+    # here, not at the top: `mtgate` imports this module for every command, serving.package only those that load one
+    from serving.package.precision import AUTO, INT8_MAX_BLEU_DROP, PRECISION_CHOICES
+
+    shown = f" (default {default_runtime or DEFAULT_RUNTIME})"
+    parser.add_argument("--runtime", choices=RUNTIMES, default=default_runtime,
                         help=f"runtime that runs the graphs{shown}")
-    add_alias(parser, "--runtime", "backend", choices=BACKENDS)
-    shown = f" (default {default_precision})" if default_precision else ""
-    parser.add_argument("--precision", choices=PRECISIONS, default=default_precision,
-                        help=f"which artifact of the package to load{shown}")
+    add_alias(parser, "--backend", "runtime", new="--runtime", choices=RUNTIMES)
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default=default_precision,
+                        help=f"which artifact of the package to load (default {default_precision or AUTO}: int8 "
+                             f"where the package's manifest shows it costs at most {INT8_MAX_BLEU_DROP:g} BLEU, "
+                             "else fp32)")
     parser.add_argument("--threads", type=positive_int, metavar="N", help=threads_help)
 
 
@@ -253,10 +373,12 @@ def _probability(value: str) -> float:
     return number
 
 
-def add_max_batch_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
-    """``--max-batch-size N`` (the old ``--max-batch-sentences`` hidden)."""
+def add_max_batch_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None,
+                       aliases: Sequence[str] = ()) -> None:
+    """``--max-batch-size N`` (the old ``--max-batch-sentences`` and ``aliases`` hidden)."""
     parser.add_argument("--max-batch-size", type=positive_int, default=default, metavar="N", help=help)
-    add_alias(parser, "--max-batch-sentences", "max_batch_size", type=positive_int)
+    for old in ("--max-batch-sentences", *aliases):
+        add_alias(parser, old, "max_batch_size", new="--max-batch-size", type=positive_int)
 
 
 def add_max_batch_tokens(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None,
@@ -264,7 +386,7 @@ def add_max_batch_tokens(parser: argparse.ArgumentParser | Any, help: str, defau
     """``--max-batch-tokens N``."""
     parser.add_argument("--max-batch-tokens", type=positive_int, default=default, metavar="N", help=help)
     for old in aliases:
-        add_alias(parser, old, "max_batch_tokens", type=positive_int)
+        add_alias(parser, old, "max_batch_tokens", new="--max-batch-tokens", type=positive_int)
 
 
 def add_max_queue_delay(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
@@ -277,7 +399,7 @@ def add_max_queue_delay(parser: argparse.ArgumentParser | Any, help: str, defaul
 def add_max_queue_size(parser: argparse.ArgumentParser | Any, help: str, default: int | None = None) -> None:
     """``--max-queue-size N`` (the old ``--queue-capacity`` hidden)."""
     parser.add_argument("--max-queue-size", type=positive_int, default=default, metavar="N", help=help)
-    add_alias(parser, "--queue-capacity", "max_queue_size", type=positive_int)
+    add_alias(parser, "--queue-capacity", "max_queue_size", new="--max-queue-size", type=positive_int)
 
 
 def add_log_level(parser: argparse.ArgumentParser | Any, *, default: Any = argparse.SUPPRESS,

@@ -34,7 +34,7 @@ from serving.decoding import Hypothesis, OnTokens, SearchOptions, search
 from serving.decoding.rules import sentence_seeds
 from serving.encoding import encode_sorted, length_batches
 from serving.errors import InferenceFailed, InvalidInput, ServingError
-from serving.package import PackageError, open_package
+from serving.package import PackageError, choose_precision, open_package
 from serving.request import (
     DecodeOptions,
     ModelInfo,
@@ -111,7 +111,8 @@ class Translator:
         Arguments:
             package_dir: the package directory.
             runtime: ``onnxruntime`` or ``openvino``.
-            precision: ``fp32`` or ``int8``.
+            precision: ``fp32``, ``int8`` or ``auto`` (the package's choice, ``serving.package.choose_precision``;
+                logged, and :attr:`info` holds the precision loaded).
             threads: intra-op threads of the runtime (None: its default).
             max_batch_tokens: sub-batch budget (sentences x beams x padded source length).
             shortlist: decode with the package's vocabulary shortlist (``serving.shortlist``; ONNX Runtime).
@@ -126,7 +127,8 @@ class Translator:
                 shortlist asked of a package or runtime without one.
         """
         package = open_package(package_dir)
-        manifest, artifact = package.manifest, package.artifact(runtime, precision)
+        choice = choose_precision(package.manifest, runtime, precision)  # "auto": the package's choice, and why
+        manifest, artifact = package.manifest, package.artifact(runtime, precision := choice.precision)
         ids = TokenIds(pad=manifest.special_ids.pad, eos=manifest.special_ids.eos,
                        decoder_start=manifest.special_ids.decoder_start, unk=manifest.special_ids.unk)
         architecture = manifest.architecture
@@ -150,7 +152,8 @@ class Translator:
                                      shortlist=table)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
-        logger.info("loaded %s %s (%s/%s) from %s", info.name, info.version, runtime, precision, package.root)
+        logger.info("loaded %s %s (%s/%s: %s) from %s", info.name, info.version, runtime, precision, choice.reason,
+                    package.root)
         return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:

@@ -108,7 +108,7 @@ class ModelRunner:
 
             s = self._settings
             self.translator = await self.batcher.call_in_worker(
-                lambda: Translator.load(package_dir, runtime=s.backend, precision=s.precision, threads=s.threads,
+                lambda: Translator.load(package_dir, runtime=s.runtime, precision=s.precision, threads=s.threads,
                                         shortlist=s.shortlist)
             )
         if self._settings.warmup:

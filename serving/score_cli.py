@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
     try:
-        translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads)
+        translator = Translator.load(package, runtime=args.runtime, precision=args.precision, threads=args.threads)
     except PackageError as e:
         raise UsageError(str(e)) from e
     try:

@@ -34,6 +34,7 @@ from serving.cli_options import (
     positive_float,
 )
 from serving.package import PackageError, open_package
+from serving.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ _SETTINGS_FLAGS = {
     "model_repository": "model_repository",
     "repository_poll_secs": "repository_poll_secs",
     "repository_version_policy": "repository_version_policy",
-    "backend": "backend",
+    "runtime": "runtime",
     "precision": "precision",
     "threads": "threads",
     "shortlist": "shortlist",
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         repeat=True,
         dest="models",
     )
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
+    parser.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1; MTGATE_HOST)")
     parser.add_argument("--port", type=non_negative_int, help="port to listen on (default 8000, 0 picks a free one; "
                         "MTGATE_PORT)")
     parser.add_argument("--model-repository", type=Path, metavar="DIR",
@@ -84,11 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
-    add_runtime(parser, default_backend=None, default_precision=None)
+    add_runtime(parser, default_runtime=None, default_precision=None)  # None: the settings' (the same) defaults
     add_shortlist(parser, default=None)
-    add_max_batch_size(parser, "most sentences per engine batch (default 32)")
-    add_max_batch_tokens(parser, "most padded source tokens per batch (default 8192)")
-    add_max_queue_delay(parser, "longest wait of a queued sentence for a fuller batch, in microseconds (default 5000)")
+    add_max_batch_size(parser, f"most sentences per engine batch (default {DEFAULT_MAX_BATCH_SIZE})")
+    add_max_batch_tokens(parser, f"most padded source tokens per batch (default {DEFAULT_MAX_BATCH_TOKENS})")
+    add_max_queue_delay(parser, "longest wait of a queued sentence for a fuller batch, in microseconds (default "
+                                f"{DEFAULT_MAX_QUEUE_DELAY_US})")
     parser.add_argument("--batching", choices=["request", "step"],
                         help="request: a batch runs to its end before the next starts; step: new sentences join the "
                              "running batch at the next decoder step (default request; MTGATE_BATCHING)")
@@ -106,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
+        metavar="N",
         help="only 1 is supported: one process owns the runtime's threads; scale with replicas and --threads",
     )
     parser.add_argument("--access-log", action="store_true", default=None, help="log one line per HTTP request")
@@ -162,7 +165,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
             opened = open_package(package)
-            artifact = opened.artifact(settings.backend, settings.precision)
+            artifact = opened.artifact(settings.runtime, settings.precision)  # auto: the package's choice
             if settings.shortlist:
                 opened.manifest.shortlist_decoder(artifact)
         except PackageError as e:
@@ -205,12 +208,15 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import create_app
     from serving.api.connections import protocol_class
     from serving.logging import configure_logging
+    from serving.settings import old_environment_warnings
 
     settings = build_settings(args)
     sock = bind(settings.host, settings.port)
     if settings.grpc_port:  # a busy gRPC port is one line and exit 2 as well (grpc binds it again at start-up)
         bind(settings.host, settings.grpc_port).close()
     configure_logging(settings)
+    for warning in old_environment_warnings():
+        logger.warning("%s", warning)
     shown = settings.model_dump(mode="json", exclude={"api_key"})
     logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,18 @@ from serving.versions import VersionPolicy
 # The caps on what a client may ask for, shared by the server (defaults of its settings) and `mtgate translate`.
 MAX_BEAM_SIZE = 8
 MAX_OUTPUT_TOKENS = 512
+
+# The batch limits, one place for every command. The server (and validate, export-triton and a sweep's space, which
+# measure or deploy it) batches requests that wait for each other: 32 sentences (Triton's and CTranslate2's
+# translate_file default), 8192 padded source tokens (32 sentences of 256 tokens).
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_MAX_BATCH_TOKENS = 8192
+DEFAULT_MAX_QUEUE_DELAY_US = 5000
+# batch-score's records wait for nothing and it runs a worker per core, each holding a batch: more sentences per batch
+# (64 gave 1.1x the tokens/s of 32 on the demo, 1 worker x 1 thread, beam 4) but fewer tokens (a batch of long
+# sentences is smaller). Its state records both, so a run started with these resumes with them.
+OFFLINE_MAX_BATCH_SIZE = 64
+OFFLINE_MAX_BATCH_TOKENS = 2048
 
 # models/demo-en-de beside the source tree (also where the Docker image puts it).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "demo-en-de"
@@ -54,8 +67,9 @@ class ServingSettings(BaseSettings):
             ``latest:1``), ``all`` or ``specific:V[,V...]``, as Triton's version policy.
         repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions
             (None: only on an explicit load).
-        backend: runtime to run the graphs with.
-        precision: which artifact of the package to load.
+        runtime: runtime to run the graphs with; the old ``MTGATE_BACKEND`` still works.
+        precision: which artifact of each package to load: ``auto`` (int8 where the package's manifest shows it
+            costs at most 1 BLEU, else fp32; ``serving.package.precision``), ``fp32`` or ``int8``.
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
         shortlist: decode with the packages' vocabulary shortlists (``serving.shortlist``; onnxruntime).
         host: address to listen on.
@@ -110,8 +124,11 @@ class ServingSettings(BaseSettings):
     model_repository: Path | None = None
     repository_version_policy: str = "latest:1"
     repository_poll_secs: float | None = Field(default=None, gt=0)
-    backend: Literal["onnxruntime", "openvino"] = "onnxruntime"
-    precision: Literal["fp32", "int8"] = "fp32"
+    # An alias is the whole environment variable name (the prefix does not apply to aliases).
+    runtime: Literal["onnxruntime", "openvino"] = Field(
+        default="onnxruntime", validation_alias=AliasChoices("mtgate_runtime", "mtgate_backend")
+    )
+    precision: Literal["auto", "fp32", "int8"] = "auto"
     threads: int | None = Field(default=None, ge=1)
     shortlist: bool = False
     host: str = "127.0.0.1"
@@ -119,12 +136,12 @@ class ServingSettings(BaseSettings):
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
 
     batching: Literal["request", "step"] = "request"
-    # An alias is the whole environment variable name (the prefix does not apply to aliases).
     max_batch_size: int = Field(
-        default=32, ge=1, validation_alias=AliasChoices("mtgate_max_batch_size", "mtgate_max_batch_sentences")
+        default=DEFAULT_MAX_BATCH_SIZE, ge=1,
+        validation_alias=AliasChoices("mtgate_max_batch_size", "mtgate_max_batch_sentences"),
     )
-    max_batch_tokens: int = Field(default=8192, ge=1)
-    max_queue_delay_us: int = Field(default=5000, ge=0)  # MTGATE_MAX_BATCH_DELAY_MS: _LegacyEnvironment
+    max_batch_tokens: int = Field(default=DEFAULT_MAX_BATCH_TOKENS, ge=1)
+    max_queue_delay_us: int = Field(default=DEFAULT_MAX_QUEUE_DELAY_US, ge=0)  # MTGATE_MAX_BATCH_DELAY_MS: _LegacyEnvironment
     max_queue_size: int = Field(
         default=512, ge=1, validation_alias=AliasChoices("mtgate_max_queue_size", "mtgate_queue_capacity")
     )
@@ -202,6 +219,22 @@ class ServingSettings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+OLD_ENVIRONMENT = {
+    "MTGATE_BACKEND": "MTGATE_RUNTIME",
+    "MTGATE_MAX_BATCH_SENTENCES": "MTGATE_MAX_BATCH_SIZE",
+    "MTGATE_MAX_BATCH_DELAY_MS": "MTGATE_MAX_QUEUE_DELAY_US (microseconds)",
+    "MTGATE_QUEUE_CAPACITY": "MTGATE_MAX_QUEUE_SIZE",
+}
+"""Old environment variable -> its new name: still read, one warning line each at start-up."""
+
+
+def old_environment_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per old variable set in ``environ`` (default ``os.environ``), naming the new one."""
+    names = {name.upper() for name in (os.environ if environ is None else environ)}
+    return [f"{old} is deprecated, use {new} (the old name goes in the next release)"
+            for old, new in OLD_ENVIRONMENT.items() if old in names]
 
 
 class _LegacyEnvironment(PydanticBaseSettingsSource):

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                          "--num-hypotheses above 1")
 
     try:
-        translator = Translator.load(package, runtime=args.backend, precision=args.precision, threads=args.threads,
+        translator = Translator.load(package, runtime=args.runtime, precision=args.precision, threads=args.threads,
                                      shortlist=args.shortlist)
     except PackageError as e:
         raise UsageError(str(e)) from e

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from serving.cli_options import BACKENDS, PRECISIONS, add_alias, add_model
+from serving.cli_options import add_package, add_runtime, package_of
 from serving.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, check_one_hypothesis, output_values
-from serving.package import Manifest, PackageError, open_package, staging_dir, verify_checksums
+from serving.package import Manifest, PackageError, choose_precision, open_package, staging_dir, verify_checksums
+from serving.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
 
@@ -67,28 +68,24 @@ from serving.triton_export import TritonPythonModel  # noqa: E402,F401
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options, in ``serving/cli_options.py``'s vocabulary (the old ``--runtime`` is a hidden alias of --backend)."""
-    parser.add_argument("package", type=Path, nargs="?", metavar="PKG",
-                        help="model package directory (from 'mtgate convert'); or -m PKG")
-    add_model(parser, "model package directory (the same as PKG)", dest="model")
+    """The options, in ``serving/cli_options.py``'s vocabulary (the old ``--backend`` is a hidden alias of --runtime)."""
+    add_package(parser, "PKG", "model package directory (from 'mtgate convert')")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="REPO",
                         help="Triton model repository to write the model into (created if missing)")
-    parser.add_argument("--model-name", help="Triton model name (default: the package's name)")
+    parser.add_argument("--model-name", metavar="NAME", help="Triton model name (default: the package's name)")
     parser.add_argument("--model-version", type=int, default=1, help="numeric version directory (default 1)")
-    parser.add_argument("--backend", choices=BACKENDS, default="onnxruntime",
-                        help="runtime the Python backend loads the package with (default onnxruntime)")
-    add_alias(parser, "--runtime", "backend", choices=BACKENDS)
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="artifact (default fp32)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="intra-op threads per model instance (default: the runtime's choice)")
+    add_runtime(parser, threads_help="intra-op threads per model instance (default: the runtime's choice)")
     parser.add_argument("--instances", type=int, default=1, metavar="N",
                         help="model instances (KIND_CPU); instances x threads should not exceed the cores (default 1)")
-    parser.add_argument("--max-batch-size", type=int, default=32, metavar="N",
-                        help="most sentences Triton's dynamic batcher puts in one execute() (default 32)")
-    parser.add_argument("--max-queue-delay-us", type=int, default=5000, metavar="US",
-                        help="how long a request may wait for a fuller batch, in microseconds (default 5000)")
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE, metavar="N",
+                        help=f"most sentences Triton's dynamic batcher puts in one execute() (default "
+                             f"{DEFAULT_MAX_BATCH_SIZE})")
+    parser.add_argument("--max-queue-delay-us", type=int, default=DEFAULT_MAX_QUEUE_DELAY_US, metavar="US",
+                        help="how long a request may wait for a fuller batch, in microseconds (default "
+                             f"{DEFAULT_MAX_QUEUE_DELAY_US})")
     parser.add_argument("--max-queue-size", type=int, default=0, metavar="N",
-                        help="queued requests beyond which Triton rejects new ones (default 0: unbounded)")
+                        help="queued requests beyond which Triton rejects new ones (default 0: unbounded, Triton's "
+                             "default; its queue counts requests, mtgate serve's counts sentences)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,11 +99,10 @@ def run(args: argparse.Namespace) -> int:
                                ("--threads", args.threads if args.threads is not None else 1, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
-    if args.package is not None and args.model is not None and args.package != args.model:
-        raise UsageError(f"two packages: {args.package} and -m {args.model}; give one")
-    package = args.package or args.model
-    if package is None:
-        raise UsageError("which package? mtgate export-triton PKG -o REPO (or -m PKG)")
+    try:
+        package = package_of(args, "mtgate export-triton PKG -o REPO (or -m PKG)")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     created = not args.output.exists()
     try:  # an output that cannot be written is an input error, found before anything is copied
         args.output.mkdir(parents=True, exist_ok=True)
@@ -115,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_dir = export_triton(
             package, args.output, model_name=args.model_name, version=args.model_version,
-            runtime=args.backend, precision=args.precision, threads=args.threads, instances=args.instances,
+            runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
             max_queue_size=args.max_queue_size,
         )
@@ -141,8 +137,8 @@ def export_triton(
     precision: str = "fp32",
     threads: int | None = None,
     instances: int = 1,
-    max_batch_size: int = 32,
-    max_queue_delay_us: int = 5000,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     max_queue_size: int = 0,
 ) -> Path:
     """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
@@ -153,7 +149,8 @@ def export_triton(
         model_name: Triton model name (default: the package's manifest name).
         version: the numeric version directory.
         runtime: runtime the Python backend loads the package with.
-        precision: artifact precision.
+        precision: artifact precision (``auto``: the package's choice, ``serving.package.choose_precision``,
+            written into the config as the precision it chose).
         threads: intra-op threads per instance (None: the runtime's default).
         instances: model instances on CPU.
         max_batch_size: the model's ``max_batch_size`` (sentences per dynamic batch).
@@ -168,7 +165,8 @@ def export_triton(
         ValueError: an unusable model name.
     """
     manifest = open_package(package).manifest
-    manifest.artifact(runtime, precision)
+    choice = choose_precision(manifest, runtime, precision)
+    manifest.artifact(runtime, precision := choice.precision)
     name = model_name or manifest.name or package.name
     if not _NAME.match(name):
         raise ValueError(
@@ -192,7 +190,7 @@ def export_triton(
             raise PackageError(f"{package}: changed while copying: " + "; ".join(problems))
         _copy_engine(version_dir / ENGINE_DIR)
         (version_dir / "requirements.txt").write_text(_requirements(manifest, runtime), encoding="utf-8")
-    logger.info("exported %s (%s/%s) to %s", name, runtime, precision, repository / name)
+    logger.info("exported %s (%s/%s: %s) to %s", name, runtime, precision, choice.reason, repository / name)
     return repository / name
 
 
@@ -203,8 +201,8 @@ def model_config(
     precision: str = "fp32",
     threads: int | None = None,
     instances: int = 1,
-    max_batch_size: int = 32,
-    max_queue_delay_us: int = 5000,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     max_queue_size: int = 0,
 ) -> str:
     """config.pbtxt (Triton's ModelConfig in protobuf text format) for the Python backend model."""

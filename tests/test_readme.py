@@ -135,7 +135,7 @@ SKIPPED: dict[str, str] = {
 RUNNABLE = frozenset({"mtgate", "batch-score", "curl", "printf", "grep"})
 
 T2T_CONVERT = ("mtgate convert t2t_train/ende -o models/t2t-en-de --name t2t-en-de --hparams-set transformer_big "
-               "--vocab t2t_data/vocab.translate_ende_wmt32k.32768.subwords --runtimes onnxruntime --precision fp32")
+               "--vocab t2t_data/vocab.translate_ende_wmt32k.32768.subwords --runtimes onnxruntime --precisions fp32")
 LOADTEST = "mtgate loadtest --targets loadtest/targets/smoke.yaml --start-server -m models/en-de"
 LOADTEST_ADHOC = "mtgate loadtest --start-server -m models/en-de -u 4 -r 4 -t 5s --user-class TranslateUser --csv run"
 VALIDATE = ("mtgate validate -m models/en-de --baseline models/t2t-en-de "
@@ -156,13 +156,13 @@ EXPECT: dict[str, str] = {
     "mtgate convert opus-mt-en-de -o models/en-de": "wrote models/en-de (opus-mt-en-de 1)",
     "mtgate verify models/en-de": "PASS",
     T2T_CONVERT: "wrote models/t2t-en-de (t2t-en-de 1)",
-    "mtgate convert wmt19-en-de -o models/wmt19-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert wmt19-en-de -o models/wmt19-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/wmt19-en-de (wmt19-en-de 1)",
-    "mtgate convert fairseq/ende -o models/fairseq-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert fairseq/ende -o models/fairseq-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/fairseq-en-de (ende 1)",
-    "mtgate convert opus-mt-en-de-npz -o models/npz-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert opus-mt-en-de-npz -o models/npz-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/npz-en-de (opus-mt-en-de-npz 1)",
-    "mtgate convert onmt/ende -o models/onmt-en-de --format opennmt-py --runtimes onnxruntime --precision fp32":
+    "mtgate convert onmt/ende -o models/onmt-en-de --format opennmt-py --runtimes onnxruntime --precisions fp32":
         "wrote models/onmt-en-de (ende 1)",
     "curl -s localhost:8000/v1/models": '"name":"t2t-en-de"',
     "curl -s localhost:8000/v1/translate -H 'Content-Type: application/json' -d '{\"text\": \"A man is riding a "

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options (``--checkpoint`` is a training checkpoint; the old ``--model`` is a hidden alias)."""
     parser.add_argument("--checkpoint", type=Path, default=None, metavar="DIR",
                         help="Hugging Face Marian directory (default: a random-weight model of --preset's shape)")
-    add_alias(parser, "--model", "checkpoint", type=Path, metavar="DIR")
+    add_alias(parser, "--model", "checkpoint", new="--checkpoint", type=Path, metavar="DIR")
     parser.add_argument("--preset", choices=PRESETS, default=None,
                         help="shape of the random-weight model (default: opus-mt-en-de; tiny with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model and ids (default 0)")

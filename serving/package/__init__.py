@@ -9,6 +9,8 @@ This package owns the format; ``converters`` writes packages through it and ``se
 - :mod:`serving.package.store`: :func:`open_package` (manifest validated, every path inside the package, every
   opened file in the checksum list, checksums verified), :func:`write_package_atomically`.
 - :mod:`serving.package.graph`: the two graphs' input/output names and ``MASK_VALUE``.
+- :mod:`serving.package.precision`: :func:`choose_precision`, which artifact ``--precision auto`` (every command's
+  default) loads, from what the manifest records of int8's cost.
 """
 
 from serving.package.graph import ENCODER_OUTPUTS, MASK_VALUE, cross_names, past_names, present_names, stacked
@@ -27,6 +29,7 @@ from serving.package.manifest import (
     TokenizerEntry,
 )
 from serving.package.parse import find_artifact, parse_manifest
+from serving.package.precision import AUTO, PRECISION_CHOICES, PrecisionChoice, choose_precision
 from serving.package.store import (
     Package,
     file_checksums,
@@ -41,6 +44,7 @@ from serving.package.store import (
 )
 
 __all__ = [
+    "AUTO", "PRECISION_CHOICES", "PrecisionChoice", "choose_precision",
     "DEFAULT_REFERENCE", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
     "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "cross_names", "file_checksums",
     "find_artifact", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",

@@ -27,6 +27,7 @@ from typing import Any
 from serving.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
 from serving.package.parse import parse_manifest
+from serving.package.precision import choose_precision
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ class Package:
         return self.root / rel
 
     def artifact(self, runtime: str, precision: str) -> Artifact:
-        """The ``runtime``/``precision`` artifact (PackageError when the package has none)."""
-        return self.manifest.artifact(runtime, precision)
+        """The ``runtime``/``precision`` artifact (PackageError when the package has none); precision ``auto``: the
+        one :func:`~serving.package.precision.choose_precision` picks (its ``precision`` says which)."""
+        return self.manifest.artifact(runtime, choose_precision(self.manifest, runtime, precision).precision)
 
 
 def open_package(package_dir: str | Path, *, verify: bool = True) -> Package:

@@ -24,7 +24,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def package(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli-pkg") / "pkg"
-    assert main(["convert", str(source), "-o", str(out), "--runtimes", "onnxruntime,openvino", "--precision", "fp32",
+    assert main(["convert", str(source), "-o", str(out), "--runtimes", "onnxruntime,openvino", "--precisions", "fp32",
                  "--name", "tiny-cli", "--version", "7"]) == 0
     return out
 
@@ -49,10 +49,14 @@ def test_verify_passes_on_a_fresh_package(package: Path, capsys: pytest.CaptureF
     assert main(["verify", str(package)]) == 0
     out = capsys.readouterr().out
     assert "checksums: OK" in out and "openvino/fp32" in out and out.rstrip().splitlines()[-1].startswith("PASS")
+    assert main(["verify", "-m", str(package)]) == 0  # -m PKG, as every other command takes a package
+    by_m = capsys.readouterr().out
+    assert by_m.splitlines()[0] == out.splitlines()[0] and by_m.rstrip().splitlines()[-1].startswith("PASS")
+    assert "two packages" in _bad(["verify", str(package), "-m", str(package.parent)], capsys)[-1]
 
 
 def test_verify_against_the_source(package: Path, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["verify", str(package), "--source", str(source), "--json"]) == 0
+    assert main(["verify", str(package), "--checkpoint", str(source), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"]
     by_key = {(r["artifact"], r["reference"]): r for r in report["parity"]}
@@ -135,7 +139,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite(package: Path, sourc
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     existing = shutil.copytree(package, tmp_path / "pkg")
     before = (existing / "manifest.json").read_bytes()
-    argv = ["convert", str(source), "-o", str(existing), "--runtimes", "onnxruntime", "--precision", "fp32",
+    argv = ["convert", str(source), "-o", str(existing), "--runtimes", "onnxruntime", "--precisions", "fp32",
             "--no-verify", "--name", "replaced"]
     lines = _bad(argv, capsys)
     assert len(lines) == 1 and "already exists" in lines[0] and "--overwrite" in lines[0]

@@ -51,10 +51,10 @@ def test_every_format_is_recognized_from_its_contents(sources: dict[str, Path]) 
 def test_convert_verify_translate(sources: dict[str, Path], fmt: str, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "pkg"
-    assert main(["convert", str(sources[fmt]), "-o", str(out), "--runtimes", "onnxruntime", "--precision",
+    assert main(["convert", str(sources[fmt]), "-o", str(out), "--runtimes", "onnxruntime", "--precisions",
                  "fp32"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
-    assert main(["verify", str(out), "--source", str(sources[fmt])]) == 0  # the source read as the same format
+    assert main(["verify", str(out), "--checkpoint", str(sources[fmt])]) == 0  # the source read as the same format
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("PASS")
     [result] = Translator.load(out, threads=1).translate(["A man is riding a bike."], DecodeOptions(beam_size=2,
                                                                                                      max_length=8))

@@ -82,11 +82,11 @@ def test_convert_refuses_shortlist_options_it_cannot_use(tmp_path: Path, tiny_ma
     assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--shortlist-corpus", str(source),
                  str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt: no such file" in capsys.readouterr().err
-    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "onnxruntime", "--precision", "fp32",
+    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "onnxruntime", "--precisions", "fp32",
                  "--no-verify", "--shortlist-corpus", str(source), str(target)]) == 2
     err = capsys.readouterr().err
     assert "has 2 lines" in err and "not parallel" in err and "Traceback" not in err
-    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "openvino", "--precision", "fp32",
+    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "openvino", "--precisions", "fp32",
                  "--no-verify", "--shortlist-corpus", str(source), str(source)]) == 2
     assert "runs on onnxruntime" in capsys.readouterr().err
     assert not out.exists()  # nothing written on any refusal

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2
 from serving.cli import main
 from serving.engine import DecodeOptions, Translator
 from serving.oip import INPUT_NAME, OUTPUT_DATATYPES
+from serving.package import choose_precision, read_manifest
 
 DRIVER = Path(__file__).resolve().parent / "triton_driver.py"
 SENTENCES = ["A man is walking down the street.", "Two dogs play in the snow.", "Hello!"]
@@ -32,7 +33,8 @@ _CONFIG_TYPES = {"BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb
 def exported(model_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("triton-repo")
     code = main(["export-triton", str(model_package), "-o", str(repo), "--model-name", "translator", "--threads", "1",
-                 "--max-batch-size", "16", "--max-queue-delay-us", "2000", "--max-queue-size", "64"])
+                 "--max-batch-size", "16", "--max-queue-delay-us", "2000", "--max-queue-size", "64",
+                 "--precision", "fp32"])  # what Translator.load loads by default, which the tests compare with
     assert code == 0
     return repo / "translator"
 
@@ -83,6 +85,9 @@ def test_default_config_parses_and_unbounded_queue_has_no_policy(model_package: 
     assert config.max_batch_size == 32 and config.dynamic_batching.max_queue_delay_microseconds == 5000
     assert not config.dynamic_batching.HasField("default_queue_policy")
     assert config.parameters["threads"].string_value == ""
+    # --precision auto (the default) writes the precision it chose: what the model will load
+    chosen = choose_precision(read_manifest(model_package), "onnxruntime").precision
+    assert config.parameters["precision"].string_value == chosen
 
 
 def drive(model_dir: Path, executions: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -183,17 +188,17 @@ def test_not_a_package_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_options_use_the_one_vocabulary(model_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # -m PKG as in every other command, --backend (the old --runtime accepted, hidden from --help)
+    # -m PKG as in every other command, --runtime (the old --backend accepted, hidden from --help)
     assert main(["export-triton", "-m", str(model_package), "-o", str(tmp_path), "--model-name", "a",
-                 "--backend", "onnxruntime"]) == 0
-    assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "b",
                  "--runtime", "onnxruntime"]) == 0
+    assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "b",
+                 "--backend", "onnxruntime"]) == 0
     for name in ("a", "b"):
         assert parse_config(tmp_path / name).parameters["runtime"].string_value == "onnxruntime"
     capsys.readouterr()
     assert main(["export-triton", "--help"]) == 0
     help_text = capsys.readouterr().out
-    assert "--backend" in help_text and "-m PKG" in help_text and "--runtime" not in help_text
+    assert "--runtime" in help_text and "-m PKG" in help_text and "--backend" not in help_text
 
 
 @pytest.mark.parametrize(

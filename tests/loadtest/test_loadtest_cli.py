@@ -43,7 +43,8 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     err = _error(capsys, ["loadtest", "--host", "http://10.1.2.3:8000", "--targets", str(TARGETS),
                           "--report", str(tmp_path / "r")])
     assert "is not 127.0.0.1 or localhost; pass --allow-remote" in err
-    assert "give either --host" in _error(capsys, ["loadtest", "--targets", str(TARGETS)])
+    assert "one of the arguments --server --start-server is required" in _error(capsys, ["loadtest", "--targets",
+                                                                                         str(TARGETS)])
     assert "no such file" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1",
                                              "--targets", str(tmp_path / "nope.yaml")])
     assert "no scenario nope" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1", "--targets",
@@ -68,14 +69,14 @@ def test_validate_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("a\nb\n", encoding="utf-8")
     ref.write_text("a\n", encoding="utf-8")
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref)])
     assert "has 2 lines but" in err
     ref.write_text("a\nb\n", encoding="utf-8")
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path / "nope"), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path / "nope"), "--testset", str(src), str(ref)])
     assert "not a directory" in err
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref)])
     assert "no manifest.json" in err
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref),
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref),
                           "--targets", str(TARGETS), "--scenario", "nope"])
     assert "no scenario nope" in err
 
@@ -126,19 +127,24 @@ def test_every_option_has_help_and_the_old_spellings_are_hidden(command: str) ->
     hidden = {name for names, text in options if text == argparse.SUPPRESS for name in names}
     flat = {name for names in shown for name in names}
     if command == "validate":
-        assert {"-m", "--model", "--backend", "--baseline", "--baseline-backend", "--baseline-precision"} <= flat
-        assert hidden >= {"--candidate", "--runtime"}
+        assert {"-m", "--model", "--runtime", "--baseline", "--baseline-runtime", "--baseline-precision",
+                "--max-batch-size"} <= flat
+        assert hidden >= {"--candidate", "--backend", "--baseline-backend", "--batch-size"}
     else:
         assert {"-m", "-u", "--users", "-r", "--spawn-rate", "-t", "--run-time", "--csv", "--html",
-                "--user-class"} <= flat
+                "--user-class", "--server"} <= flat
+        assert hidden >= {"--host"}  # Locust's name for the server's URL
 
 
 def test_validate_takes_the_old_spellings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     src = tmp_path / "src.txt"
     src.write_text("a\n", encoding="utf-8")
-    for argv in (["-m", str(tmp_path)], ["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--runtime",
-                                                                        "openvino"]):
+    for argv in (["-m", str(tmp_path)], ["--model", str(tmp_path), "--runtime", "openvino"]):
         assert "no manifest.json" in _error(capsys, ["validate", *argv, "--testset", str(src), str(src)])
+    for old in (["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--backend", "openvino"]):
+        assert main(["validate", *old, "--testset", str(src), str(src)]) == 2
+        warning, error = capsys.readouterr().err.splitlines()  # the old spelling's one warning line, then the error
+        assert warning.startswith(f"mtgate validate: warning: {old[-2]} is deprecated, use ") and "no manifest.json" in error
 
 
 def test_validate_refuses_an_artifact_the_package_lacks_before_any_work(
@@ -150,10 +156,10 @@ def test_validate_refuses_an_artifact_the_package_lacks_before_any_work(
     pkg = str(tiny_onnx_package)
     err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--baseline-precision", "int8", *common])
     assert (f"baseline {pkg}: package has no onnxruntime/int8 artifact (available: onnxruntime/fp32); choose one "
-            "with --baseline-backend/--baseline-precision") in err
+            "with --baseline-runtime/--baseline-precision") in err
     err = _error(capsys, ["validate", "-m", pkg, "--precision", "int8", *common])
-    assert f"candidate {pkg}: package has no onnxruntime/int8 artifact" in err and "--backend/--precision" in err
-    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--backend", "openvino", *common])
+    assert f"candidate {pkg}: package has no onnxruntime/int8 artifact" in err and "--runtime/--precision" in err
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--runtime", "openvino", *common])
     assert f"candidate {pkg}: package has no openvino/fp32 artifact" in err
     err = _error(capsys, ["validate", "-m", pkg, "--baseline-precision", "fp32", *common])
     assert "--baseline-precision describe the baseline: give --baseline PKG too" in err

@@ -189,7 +189,7 @@ def test_openvino_graph_it_cannot_load(tiny_package: Path, tmp_path: Path,
     weights = package / "openvino" / "decoder.bin"
     weights.write_bytes(weights.read_bytes()[:100])
     _edit(package, lambda m: m["files"].update({"openvino/decoder.bin": sha256_of(weights)}))
-    _refused(["translate", "-m", str(package), "--backend", "openvino", "--threads", "1", "A dog runs."], capsys,
+    _refused(["translate", "-m", str(package), "--runtime", "openvino", "--threads", "1", "A dog runs."], capsys,
              "openvino/decoder.xml: openvino cannot load this graph")
 
 

@@ -102,9 +102,9 @@ def test_old_option_and_environment_names_still_work(monkeypatch: pytest.MonkeyP
     package = str(tmp_path / "pkg")
     parser = build_parser(only="serve")
     old = parser.parse_args(["serve", "-m", package, "--max-batch-sentences", "3", "--max-batch-delay-ms", "2.5",
-                             "--queue-capacity", "300", "--runtime", "openvino"])
+                             "--queue-capacity", "300", "--backend", "openvino"])
     new = parser.parse_args(["serve", "-m", package, "--max-batch-size", "3", "--max-queue-delay-us", "2500",
-                             "--max-queue-size", "300", "--backend", "openvino"])
+                             "--max-queue-size", "300", "--runtime", "openvino"])
     assert vars(old) == vars(new)
     monkeypatch.setenv("MTGATE_MAX_BATCH_SENTENCES", "7")
     monkeypatch.setenv("MTGATE_MAX_BATCH_DELAY_MS", "20")
@@ -119,6 +119,21 @@ def test_old_option_and_environment_names_still_work(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("MTGATE_MAX_QUEUE_DELAY_US")
     with pytest.raises(Exception, match="max_queue_delay_us"):
         ServingSettings()
+
+
+def test_the_runtime_setting_reads_the_old_backend_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.settings import ServingSettings, old_environment_warnings
+
+    for name in ("MTGATE_RUNTIME", "MTGATE_BACKEND", "MTGATE_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    assert (ServingSettings().runtime, ServingSettings().precision) == ("onnxruntime", "auto")
+    monkeypatch.setenv("MTGATE_BACKEND", "openvino")
+    assert ServingSettings().runtime == "openvino"
+    assert old_environment_warnings() == [
+        "MTGATE_BACKEND is deprecated, use MTGATE_RUNTIME (the old name goes in the next release)"]
+    monkeypatch.setenv("MTGATE_RUNTIME", "onnxruntime")  # the new name wins over the old one
+    assert ServingSettings().runtime == "onnxruntime"
+    assert ServingSettings(runtime="openvino").runtime == "openvino"
 
 
 def test_busy_port_is_one_line_and_exit_2_before_anything_loads(tiny_package: Path) -> None:
