@@ -5,8 +5,9 @@
     batch-score input.jsonl --server http://127.0.0.1:8000              # through a running mtgate serve / Triton
 
 Writes the output (by default each input Example plus ``outputs`` and ``score``), ``<output>.rejects.jsonl`` and
-``<output>.summary.json``; prints one summary line. Exit codes: 0 done, 1 some records were rejected (unless
-``--allow-rejects``) or the run failed, 2 bad arguments or input.
+``<output>.summary.json``; prints one summary line. Exit codes (the README's): 0 done, 1 some records were rejected
+(unless ``--allow-rejects``) or the run failed on the way (a full disk, an I/O error, a server or Ray cluster lost:
+one line, and the committed chunks stay for the rerun), 2 bad arguments or input.
 """
 
 from __future__ import annotations
@@ -253,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
     try:
+        if chunk_runner is not None:  # before any work: Ray's read node holds the inputs (ray:// reads elsewhere)
+            from batch.ray_runner import check_read_node
+
+            check_read_node(job)
         result = run_job(job, engine, make_executor=make_executor, chunk_runner=chunk_runner,
                          progress=not args.no_progress, restart=args.restart, engine_info=engine_info)
     except (JobError, PackageError) as e:  # PackageError: a worker could not load the package (a corrupt graph)
@@ -265,11 +270,13 @@ def run(args: argparse.Namespace) -> int:
         if not _is_run_failure(e):
             raise
         logger.debug("run failed", exc_info=True)
-        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
+        then = ("rerun the same command to resume" if getattr(e, "resumable", True)
+                else "a rerun fails the same way until that is fixed (--log-level DEBUG shows the task's traceback)")
+        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; {then}{_kept(job)}\n")
         return 1
     finally:
         if chunk_runner is not None:
-            from batch.ray_runner import shutdown
+            from batch.ray_session import shutdown
 
             shutdown()
     sys.stdout.write(summary_line(result.summary, job) + "\n")

@@ -124,7 +124,8 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
                decoding: Decoding = ()) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
     """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
     the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
-    from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
+    from batch.ray_runner import RayChunks
+    from batch.ray_session import RayUnavailable, connect, plan_actors
 
     cores = available_cores()
     debug = str(args.log_level).upper() == "DEBUG"
@@ -145,7 +146,7 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
     dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
     sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
                      f"{dashboard}\n")
-    return engine, RayChunks(engine, actors, threads, debug), session.describe()
+    return engine, RayChunks(engine, actors, threads, debug, session.started), session.describe()
 
 
 def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],

@@ -4,7 +4,8 @@ It writes one model into the Triton model repository ``REPO`` (other models ther
 
     REPO/<name>/config.pbtxt           backend "python", dynamic batching, the same tensors as mtgate's /v2 infer route
     REPO/<name>/<version>/model.py     Triton's entry point: re-exports TritonPythonModel from the bundled engine
-    REPO/<name>/<version>/package/     the model package (checksums verified before and after copying)
+    REPO/<name>/<version>/package/     the model package: its manifest and the files of its checksum list, each
+                                       verified before and after copying (other files are left out, with a warning)
     REPO/<name>/<version>/mtgate/      the engine code this package was validated with (serving/)
     REPO/<name>/<version>/requirements.txt   what Triton's Python environment needs (numpy, the runtime, tokenizer)
 
@@ -14,7 +15,8 @@ parameters ``beam_size`` and ``max_length`` are honoured. So a tritonclient user
 ``TritonUser`` and ``batch-score --server`` work unchanged against either server.
 
 The model directory is written beside ``REPO/<name>`` and renamed into place, so a Triton polling the repository never
-loads half a model.
+loads half a model. A package with a symlink that leads outside it (listed or not) is refused: the export would carry
+another file's contents.
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ import numpy as np
 
 from serving.cli_options import add_package, add_runtime, package_of
 from serving.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, check_one_hypothesis, output_values
-from serving.package import Manifest, PackageError, choose_precision, open_package, staging_dir, verify_checksums
+from serving.package import (
+    Manifest,
+    PackageError,
+    choose_precision,
+    copy_listed,
+    escaping_links,
+    open_package,
+    staging_dir,
+    verify_checksums,
+)
 from serving.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
@@ -161,12 +172,19 @@ def export_triton(
         The model directory written.
 
     Raises:
-        PackageError: not a package, a file missing or modified, or no such artifact.
+        PackageError: not a package, a file missing or modified, a symlink leading outside the package, or no such
+            artifact.
         ValueError: an unusable model name.
     """
     manifest = open_package(package).manifest
     choice = choose_precision(manifest, runtime, precision)
     manifest.artifact(runtime, precision := choice.precision)
+    escaping = escaping_links(package)
+    if escaping:
+        rel, target = next(iter(escaping.items()))
+        more = f" (and {len(escaping) - 1} more)" if len(escaping) > 1 else ""
+        raise PackageError(f"{package}: {rel} is a symlink to {target}, outside the package{more}; export-triton "
+                           "copies only the package's own files: replace the link by the file, or remove it")
     name = model_name or manifest.name or package.name
     if not _NAME.match(name):
         raise ValueError(
@@ -184,7 +202,10 @@ def export_triton(
         version_dir = tmp / str(version)
         version_dir.mkdir()
         (version_dir / "model.py").write_text(MODEL_PY, encoding="utf-8")
-        shutil.copytree(package, version_dir / PACKAGE_DIR)
+        left_out = copy_listed(package, version_dir / PACKAGE_DIR, manifest)
+        if left_out:
+            logger.warning("%s: left out %d file(s) not in the checksum list: %s", package, len(left_out),
+                           ", ".join(left_out[:5]) + (" ..." if len(left_out) > 5 else ""))
         problems = verify_checksums(version_dir / PACKAGE_DIR, manifest)
         if problems:
             raise PackageError(f"{package}: changed while copying: " + "; ".join(problems))

@@ -5,7 +5,8 @@ uvicorn closes a kept-alive connection that stays idle (``timeout_keep_alive``) 
 holds the connection for ever. :func:`protocol_class` returns uvicorn's httptools protocol with a head deadline: from
 the moment a connection opens, and from the first byte of each further request on it, the request line and headers
 must be complete within ``header_timeout_s`` or the connection is closed; a head larger than ``max_header_bytes`` gets
-431 and the connection is closed. The deadline for the body is the app's (``serving.api.middleware``: 408).
+431 and the connection is closed, whether it arrives in one read or byte by byte. The deadline for the body is the
+app's (``serving.api.middleware``: 408).
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ def protocol_class(header_timeout_s: float, max_header_bytes: int) -> type[async
         return "auto"
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
-        """See :func:`protocol_class`."""
+        """See :func:`protocol_class`. The head's size is counted twice, and either count past the cap refuses it:
+        the bytes of every read that leaves the head incomplete (a head trickling in, whose parts the parser holds
+        until they are whole), and the parts the parser hands over (the URL and each header), which also counts a
+        head that arrives whole in one or two reads."""
 
         _head_timer: asyncio.TimerHandle | None = None
         _in_head = False
         _head_bytes = 0
+        _parsed_bytes = 0
+        _refused = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -49,23 +55,67 @@ def protocol_class(header_timeout_s: float, max_header_bytes: int) -> type[async
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
             counted = self._in_head
             super().data_received(data)
             # After the parser ran: bytes of a head that is still incomplete are all head (never body).
-            if counted and self._in_head:
+            if counted and self._in_head and not self._refused:
                 self._head_bytes += len(data)
-                if self._head_bytes > max_header_bytes and not self.transport.is_closing():
-                    self._end_head()
-                    self.transport.write(_TOO_LARGE)
-                    self.transport.close()
+                if self._head_bytes > max_header_bytes:
+                    self._refuse()
+
+        # The parser's callbacks: once the head is refused, the rest of what it parses is ignored (no request
+        # starts: the connection is closing).
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._begin_head()
+            if not self._refused:
+                super().on_message_begin()
+                self._parsed_bytes = 0
+                self._begin_head()
+
+        def on_url(self, url: bytes) -> None:
+            if self._count_parsed(len(url)):
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._count_parsed(len(name) + len(value) + 4):  # ": " and CRLF
+                super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
+            if not self._refused:
+                self._end_head()
+                super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+
+        def _should_upgrade(self) -> bool:
+            return not self._refused and bool(super()._should_upgrade())
+
+        def _count_parsed(self, size: int) -> bool:
+            """Count ``size`` bytes of the head the parser handed over; False once the head is refused."""
+            if self._refused:
+                return False
+            self._parsed_bytes += size
+            if self._parsed_bytes > max_header_bytes:
+                self._refuse()
+                return False
+            return True
+
+        def _refuse(self) -> None:
+            """431 and close: the head is larger than ``max_header_bytes``."""
+            self._refused = True
             self._end_head()
-            super().on_headers_complete()
+            if not self.transport.is_closing():
+                logger.info("closing a connection whose request head is larger than %d bytes (431)", max_header_bytes)
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
 
         def _begin_head(self) -> None:
             if not self._in_head:

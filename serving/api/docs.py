@@ -95,7 +95,14 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
             tensor = body.get("properties", {}).get("inputs", {}).get("items", {}).get("properties", {})
             if "data" in tensor:
                 tensor["data"]["items"]["maxLength"] = settings.max_chars_per_sentence
+            responses = operation.get("responses", {})
+            if "requestBody" in operation and "400" in responses:  # serving.api.middleware's Content-Encoding check
+                responses.setdefault("415", {**responses["400"], "description": _UNSUPPORTED_ENCODING})
     return document
+
+
+_UNSUPPORTED_ENCODING = ("the body is in a Content-Encoding this route does not decode (named; Accept-Encoding says "
+                         "what it takes)")
 
 
 def _request_limits(schema: dict[str, Any], service: TranslationService, maxima: dict[str, int],

@@ -42,6 +42,17 @@ class RequestTimeout(ServingError):
     code = "request_timeout"
 
 
+class UnsupportedEncoding(ServingError):
+    """A request body in a Content-Encoding the route does not decode (HTTP 415, with the ``Accept-Encoding`` it
+    does)."""
+
+    code = "unsupported_media_type"
+
+    def __init__(self, message: str, accepted: str = "identity") -> None:
+        super().__init__(message)
+        self.accepted = accepted
+
+
 class ClientDisconnected(ServingError):
     """The client went away before its answer was ready; its pending work was cancelled (logged as 499)."""
 
@@ -56,6 +67,7 @@ STATUS: dict[type[ServingError], int] = {
     Unauthorized: 401,
     ModelNotFound: 404,
     RequestTimeout: 408,
+    UnsupportedEncoding: 415,
     ClientDisconnected: 499,
     InferenceFailed: 500,
     NotSupported: 501,
@@ -89,6 +101,7 @@ GRPC_CODES: dict[int, str] = {
     404: "NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
     413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
     499: "CANCELLED",
     500: "INTERNAL",
     501: "UNIMPLEMENTED",
@@ -111,6 +124,8 @@ def headers_of(error: ServingError) -> dict[str, str]:
         return {"Retry-After": str(max(0, round(error.retry_after)))}
     if isinstance(error, Unauthorized):
         return {"WWW-Authenticate": "Bearer"}
+    if isinstance(error, UnsupportedEncoding):
+        return {"Accept-Encoding": error.accepted}  # RFC 7694: the codings the route does decode
     return {}
 
 

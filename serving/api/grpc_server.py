@@ -4,39 +4,53 @@ same models, batchers, limits, API key, deadlines, metrics and statistics, in th
 The messages and the service are the published ``grpc_service.proto``, as compiled in the ``tritonclient`` wheel
 (``tritonclient.grpc.service_pb2``; the ``grpc`` extra), so that ``tritonclient.grpc`` and ``perf_analyzer -i grpc``
 work unchanged. Served: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelConfig``, ``ModelInfer``, ``ModelStatistics`` and ``RepositoryIndex``; the others answer ``UNIMPLEMENTED``
-(``RepositoryModelLoad`` / ``Unload`` load and unload with ``--model-repository``, ``UNIMPLEMENTED`` without one).
+``ModelConfig``, ``ModelInfer``, ``ModelStreamInfer``, ``ModelStatistics`` and ``RepositoryIndex``
+(``RepositoryModelLoad`` / ``Unload`` load and unload with ``--model-repository``, ``UNIMPLEMENTED`` without one); the
+others (shared memory, trace and log settings) answer ``UNIMPLEMENTED`` at once, counted in the metrics and logged
+once per method. ``ModelStreamInfer`` answers each request of the stream as ``ModelInfer`` would, as soon as it is
+ready (a failed request is an ``error_message`` in the stream, which goes on), so ``perf_analyzer --streaming`` works.
 
-Errors are the HTTP layer's (``serving.api.errors.STATUS``) with the gRPC code of their status
-(``serving.api.errors.GRPC_CODES``): a bad request is ``INVALID_ARGUMENT``, a missing API key ``UNAUTHENTICATED``,
-an unknown model ``NOT_FOUND``, a full queue or a model not ready ``UNAVAILABLE``, a deadline ``DEADLINE_EXCEEDED``.
-The client's gRPC deadline shortens the request's, as ``timeout_ms`` does on ``/v1``.
+Every RPC goes through :func:`_rpc` (``ModelStreamInfer``: through the same mapping per request): the API key is
+checked first for the methods that need it (inference and repository control, as on HTTP), then the request bytes
+are parsed (the service is registered without deserializers: gRPC would log a traceback for a malformed message
+and answer ``UNKNOWN``). Errors are the HTTP layer's (``serving.api.errors.STATUS``) with the gRPC code of their
+status (``serving.api.errors.GRPC_CODES``): a bad or unparsable request is ``INVALID_ARGUMENT``, a missing API key
+``UNAUTHENTICATED``, an unknown model ``NOT_FOUND``, a full queue or a model not ready ``UNAVAILABLE``, a deadline
+``DEADLINE_EXCEEDED``; a client's error is not logged, a crash is logged once and answered ``INTERNAL``. The
+client's gRPC deadline shortens the request's, as ``timeout_ms`` does on ``/v1``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from serving import __version__
 from serving.api.deps import api_key_problem
 from serving.api.errors import GRPC_CODES, Unauthorized, status_of
-from serving.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, ServingError
+from serving.api.grpc_messages import (
+    METHODS,
+    SERVICE_NAME,
+    message_type,
+    parse_infer_request,
+    parse_message,
+    stream_error,
+)
+from serving.errors import ModelNotFound, ModelNotReady, NotSupported, ServingError
 from serving.oip import (
-    INPUT_NAME,
     NO_REPOSITORY,
     OUTPUT_DATATYPES,
     SERVER_EXTENSIONS,
     InferRequest,
-    decode_bytes_tensor,
     encode_binary,
     model_config,
     model_metadata,
@@ -48,46 +62,61 @@ from serving.service import TranslationService
 
 logger = logging.getLogger(__name__)
 
-_SERVICE = "/inference.GRPCInferenceService/"
+_SERVICE = "/" + SERVICE_NAME + "/"
+# The methods that need the API key, as on HTTP (inference and repository control; health and metadata are open).
+_KEYED = frozenset({"ModelInfer", "ModelStreamInfer", "RepositoryModelLoad", "RepositoryModelUnload"})
 Reply = TypeVar("Reply")
 
 
+def _code_of(error: ServingError) -> str:
+    """The gRPC status code of a domain error (serving.api.errors: its HTTP status's); INTERNAL ones are logged."""
+    code = GRPC_CODES.get(status_of(error), "INTERNAL")
+    if code == "INTERNAL":
+        logger.error("gRPC request failed: %s", error)
+    return code
+
+
 def _rpc(method: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[Reply]]:
-    """Map domain errors to gRPC status codes and count the call in ``mtgate_requests_total`` (route: the method)."""
+    """A unary RPC on the request's bytes: the API key checked first (:data:`_KEYED`), then the bytes parsed, the
+    method run, its domain errors mapped to gRPC status codes, a crash logged once and answered INTERNAL; the call
+    counted in ``mtgate_requests_total`` (route: the method)."""
+    name = method.__name__
+    request_type = message_type(METHODS[name].input_type)
 
     @functools.wraps(method)
-    async def handler(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Reply:
+    async def handler(self: InferenceServicer, raw: bytes, context: grpc.aio.ServicerContext) -> Reply:
         started = time.monotonic()
         code = "OK"
         try:
-            return await method(self, request, context)
+            if name in _KEYED:
+                self._authorize(context)
+            return await method(self, parse_message(request_type, raw), context)
         except ServingError as error:
-            code = GRPC_CODES.get(status_of(error), "INTERNAL")
-            if code == "INTERNAL":
-                logger.error("gRPC %s failed: %s", method.__name__, error)
+            code = _code_of(error)
             await context.abort(grpc.StatusCode[code], str(error))
             raise AssertionError("unreachable") from None  # abort raises
         except asyncio.CancelledError:  # the client cancelled, or its deadline passed
             code = "CANCELLED"
             raise
-        except Exception:
-            code = "UNKNOWN"
-            raise
+        except Exception as error:
+            code = "INTERNAL"
+            logger.exception("gRPC %s crashed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}")
+            raise AssertionError("unreachable") from None
         finally:
-            metrics = self.service.metrics
-            route = _SERVICE + method.__name__
-            metrics.requests.labels(route, "GRPC", code).inc()
-            metrics.request_seconds.labels(route).observe(time.monotonic() - started)
+            self._count(name, code, started)
 
     return handler
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """Each RPC a thin translation between the proto messages and :class:`TranslationService`."""
+class InferenceServicer:
+    """Each RPC a thin translation between the proto messages and :class:`TranslationService`; the methods of the
+    service not defined here answer UNIMPLEMENTED (:meth:`unimplemented`)."""
 
     def __init__(self, service: TranslationService, repository: ModelRepository | None) -> None:
         self.service = service
         self.repository = repository
+        self._told: set[str] = set()  # unimplemented methods already logged
 
     # -- health and metadata ---------------------------------------------------------------------------------------
 
@@ -159,8 +188,51 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        started = time.monotonic()
-        self._authorize(context)
+        return await self._model_infer(request, context, time.monotonic())
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[bytes],  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> None:
+        """Each request of the stream answered as by ``ModelInfer`` as soon as it is ready (Triton's order: the
+        client matches responses by ``id``); a failed request is an ``error_message`` and the stream goes on. Each
+        request is counted as a ``ModelStreamInfer`` call; a wrong API key ends the stream before it is read."""
+        try:
+            self._authorize(context)
+        except Unauthorized as error:
+            self._count("ModelStreamInfer", "UNAUTHENTICATED", time.monotonic())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        writing = asyncio.Lock()
+
+        async def answer(raw: bytes) -> None:
+            started = time.monotonic()
+            code, request = "OK", None
+            try:
+                request = parse_message(service_pb2.ModelInferRequest, raw)
+                reply = service_pb2.ModelStreamInferResponse(
+                    infer_response=await self._model_infer(request, context, started))
+            except ServingError as error:
+                code = _code_of(error)
+                reply = stream_error(request, str(error))
+            except Exception as error:  # noqa: BLE001 - a crash answers its request, the stream goes on
+                code = "INTERNAL"
+                logger.exception("gRPC ModelStreamInfer crashed")
+                reply = stream_error(request, f"internal error: {type(error).__name__}")
+            finally:
+                self._count("ModelStreamInfer", code, started)
+            async with writing:
+                with contextlib.suppress(Exception):  # the stream is gone (the client left): nothing to answer
+                    await context.write(reply)
+
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            async for raw in requests:
+                tasks = [task for task in tasks if not task.done()]
+                tasks.append(asyncio.ensure_future(answer(raw)))
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _model_infer(self, request: Any, context: grpc.aio.ServicerContext, started: float) -> Any:
         service = self.service
         if service.draining:
             raise ModelNotReady("the server is draining; send new requests to another replica")
@@ -201,54 +273,39 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         if problem is not None:
             raise Unauthorized(problem)
 
+    def _count(self, name: str, code: str, started: float) -> None:
+        metrics = self.service.metrics
+        metrics.requests.labels(_SERVICE + name, "GRPC", code).inc()
+        metrics.request_seconds.labels(_SERVICE + name).observe(time.monotonic() - started)
+
+    def unimplemented(self, name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+        """The handler of a method mtgate does not serve: UNIMPLEMENTED before the request is read, counted, and
+        logged the first time only (a client probing shared memory or tracing would otherwise fill the log)."""
+
+        async def answer(request: Any, context: grpc.aio.ServicerContext) -> None:
+            self._count(name, "UNIMPLEMENTED", time.monotonic())
+            if name not in self._told:
+                self._told.add(name)
+                logger.info("gRPC %s is not implemented by mtgate: answered UNIMPLEMENTED (logged once)", name)
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"mtgate does not implement {name}")
+
+        return answer
+
+
+def handlers(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """Every method of ``GRPCInferenceService``: those :class:`InferenceServicer` defines, on the request's raw
+    bytes (parsed by :func:`_rpc` after the API key check); the others, :meth:`InferenceServicer.unimplemented`."""
+    table: dict[str, grpc.RpcMethodHandler] = {}
+    for name, method in METHODS.items():
+        serialize = message_type(method.output_type).SerializeToString
+        behaviour = getattr(servicer, name) if name in vars(InferenceServicer) else servicer.unimplemented(name)
+        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        table[name] = make(behaviour, request_deserializer=None, response_serializer=serialize)
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, table)
+
 
 def _microseconds(value: int | None) -> float | None:
     return None if not value else value / 1e6
-
-
-def _parameter(value: Any) -> Any:
-    kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
-
-
-def parse_infer_request(request: Any) -> InferRequest:
-    """The sentences of a ``ModelInferRequest`` (``raw_input_contents`` or ``contents.bytes_contents``), its shape,
-    parameters and requested outputs (none: all of them).
-
-    Raises:
-        InvalidInput: anything malformed, with what is wrong.
-    """
-    if len(request.inputs) != 1 or request.inputs[0].name != INPUT_NAME:
-        names = [tensor.name for tensor in request.inputs]
-        raise InvalidInput(f"this model takes one BYTES input {INPUT_NAME!r}, got {names}")
-    tensor = request.inputs[0]
-    if tensor.datatype != "BYTES":
-        raise InvalidInput(f"input {INPUT_NAME!r} must have datatype BYTES, got {tensor.datatype!r}")
-    shape = list(tensor.shape)
-    if not shape or any(d < 0 for d in shape):
-        raise InvalidInput(f"input {INPUT_NAME!r} needs a shape of non-negative dimensions, got {shape}")
-    count = 1
-    for dimension in shape:
-        count *= dimension
-    if request.raw_input_contents:
-        if len(request.raw_input_contents) != 1:
-            raise InvalidInput(f"{len(request.raw_input_contents)} raw_input_contents for one input")
-        texts = decode_bytes_tensor(request.raw_input_contents[0], count)
-    else:
-        elements = list(tensor.contents.bytes_contents)
-        if len(elements) != count:
-            raise InvalidInput(f"input {INPUT_NAME!r} has {len(elements)} elements but its shape {shape} needs {count}")
-        try:
-            texts = [element.decode("utf-8") for element in elements]
-        except UnicodeDecodeError:
-            raise InvalidInput(f"an element of {INPUT_NAME!r} is not valid UTF-8") from None
-    outputs = [output.name for output in request.outputs] or list(OUTPUT_DATATYPES)
-    unknown = [name for name in outputs if name not in OUTPUT_DATATYPES]
-    if unknown:
-        raise InvalidInput(f"unknown output(s) {unknown}; this model has {list(OUTPUT_DATATYPES)}")
-    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
-    return InferRequest(id=request.id or None, texts=texts, shape=shape, outputs=[(n, True) for n in outputs],
-                        parameters=parameters)
 
 
 async def start(service: TranslationService, repository: ModelRepository | None, host: str,
@@ -261,7 +318,7 @@ async def start(service: TranslationService, repository: ModelRepository | None,
     limit = service.settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20))])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, repository), server)
+    server.add_generic_rpc_handlers((handlers(InferenceServicer(service, repository)),))
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
     logger.warning("mtgate gRPC on %s:%d", host, bound)

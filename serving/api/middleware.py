@@ -6,6 +6,12 @@ work while draining (503), checks the API key (401), enforces the body size limi
 ``body_timeout_s`` (408; the server closing first also gives 408). Only then does the request count as in flight
 (what the SIGTERM drain waits for): a client that never finishes its body cannot hold the drain. The bulk route
 streams its body itself; each part of it must arrive within ``body_timeout_s`` of the previous one.
+
+Request bodies in a ``Content-Encoding``: the routes whose body is read here whole (every inference route but bulk)
+decode ``gzip`` and ``deflate`` (what ``tritonclient``'s ``request_compression_algorithm`` sends, and Triton
+decodes), bounded: the decoded body must fit the same size limit (413), and the route sees it as if sent plain. Any
+other coding, and any coding on the other routes (bulk streams its body; the rest read theirs as it is), is 415
+naming the coding, with the ``Accept-Encoding`` the route does take.
 """
 
 from __future__ import annotations
@@ -14,13 +20,21 @@ import asyncio
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.deps import api_key_problem
-from serving.api.errors import RequestTimeout, Unauthorized, error_response, headers_of, status_of
-from serving.errors import LimitExceeded, ServingError
+from serving.api.errors import (
+    RequestTimeout,
+    Unauthorized,
+    UnsupportedEncoding,
+    error_response,
+    headers_of,
+    status_of,
+)
+from serving.errors import InvalidInput, LimitExceeded, ServingError
 from serving.service import TranslationService
 
 INFERENCE_PATH = re.compile(
@@ -28,6 +42,9 @@ INFERENCE_PATH = re.compile(
 )
 BULK_PATH = "/v1/translate/bulk"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# The content codings a whole-body inference route decodes, and zlib's window bits for each (HTTP's "deflate" is the
+# zlib format, RFC 9110 8.4.1.2).
+_DECODED = {"gzip": 31, "deflate": 15}
 
 
 class _Disconnected(Exception):
@@ -65,9 +82,14 @@ class ServerMiddleware:
             await send(message)
 
         inference = scope["method"] == "POST" and INFERENCE_PATH.match(path) is not None
+        coding = _content_coding(headers)
         try:
             if inference:
-                await self._inference(scope, receive, send_wrapper, headers, path)
+                await self._inference(scope, receive, send_wrapper, headers, path, coding)
+            elif coding is not None and _has_body(headers):
+                error = UnsupportedEncoding(f"request body in Content-Encoding {coding!r}: {path} reads its body as "
+                                            "it is (send it uncompressed)")
+                await _refuse(error, path, scope, receive, send_wrapper)
             else:
                 await self.app(scope, receive, send_wrapper)
         finally:
@@ -75,7 +97,8 @@ class ServerMiddleware:
             self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
             self.metrics.request_seconds.labels(template).observe(time.monotonic() - started)
 
-    async def _inference(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], path: str) -> None:
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], path: str,
+                         coding: str | None) -> None:
         try:
             if self.service.draining:
                 retry = {"Retry-After": str(self.settings.retry_after_s)}
@@ -90,16 +113,23 @@ class ServerMiddleware:
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > limit):
                 raise LimitExceeded(f"request body larger than {limit} bytes ({setting})", limit=setting)
+            if coding is not None and (bulk or coding not in _DECODED):
+                raise UnsupportedEncoding(
+                    f"request body in Content-Encoding {coding!r}: {BULK_PATH} streams its body as it is (send it "
+                    "uncompressed)" if bulk else
+                    f"request body in Content-Encoding {coding!r}, which this server does not decode (gzip, deflate "
+                    "or none)", accepted="identity" if bulk else "gzip, deflate")
             if bulk:  # streamed: the bulk route counts bytes itself
                 await self._in_flight(self.app(scope, self._paced(receive), send))
                 return
             body = await self._read_body(receive, limit, setting)
+            if coding is not None:
+                body = _decode(body, coding, limit, setting)
+                scope = _plain(scope, len(body))
         except _Disconnected:
             return
         except ServingError as error:
-            # The body may be unread: close the connection rather than read what is left of it.
-            extra = {**headers_of(error), "Connection": "close"}
-            await error_response(path, status_of(error), error.code, str(error), extra)(scope, receive, send)
+            await _refuse(error, path, scope, receive, send)
             return
         await self._in_flight(self.app(scope, _replay(body, receive), send))
 
@@ -176,6 +206,49 @@ class ServerMiddleware:
         if message["type"] == "http.disconnect":
             raise _Disconnected
         return message
+
+
+async def _refuse(error: ServingError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a request refused before its route ran. The body may be unread: close the connection rather than
+    read what is left of it."""
+    extra = {**headers_of(error), "Connection": "close"}
+    await error_response(path, status_of(error), error.code, str(error), extra)(scope, receive, send)
+
+
+def _content_coding(headers: dict[str, str]) -> str | None:
+    """The request body's ``Content-Encoding`` (lower case; several are one string, refused), None for none."""
+    coding = headers.get("content-encoding", "").strip().lower()
+    return None if coding in ("", "identity") else coding
+
+
+def _has_body(headers: dict[str, str]) -> bool:
+    return "transfer-encoding" in headers or headers.get("content-length", "").strip() not in ("", "0")
+
+
+def _decode(body: bytes, coding: str, limit: int, setting: str) -> bytes:
+    """``body`` decoded from ``coding`` (one of :data:`_DECODED`), at most ``limit`` bytes of it.
+
+    Raises:
+        InvalidInput: the body is not (complete) data of that coding.
+        LimitExceeded: the decoded body is larger than ``limit``.
+    """
+    decoder = zlib.decompressobj(wbits=_DECODED[coding])
+    try:
+        out = decoder.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise InvalidInput(f"the request body is not valid {coding} data ({e})") from None
+    if len(out) > limit or decoder.unconsumed_tail:
+        raise LimitExceeded(f"decompressed request body larger than {limit} bytes ({setting})", limit=setting)
+    if not decoder.eof or decoder.unused_data:
+        where = "ends before" if not decoder.eof else "goes on after"
+        raise InvalidInput(f"the request body {where} the end of its {coding} data")
+    return out
+
+
+def _plain(scope: Scope, length: int) -> Scope:
+    """``scope`` for the decoded body: no ``Content-Encoding``, its ``Content-Length``."""
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-encoding", b"content-length")]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
 
 
 def _template(scope: Scope, inference: bool) -> str:

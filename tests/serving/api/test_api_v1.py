@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
+import zlib
 from typing import Any
 
 import httpx
@@ -214,6 +216,41 @@ def test_body_size_limit_names_the_limit(serve: Any) -> None:
         r = client.post("/v1/translate", content=chunks(), headers={"Content-Type": "application/json"})
         assert r.status_code == 413 and "max_body_bytes" in error_of(r)["message"]
         assert client.post("/v1/translate", json={"text": "fine"}).status_code == 200
+
+
+def test_compressed_bodies_are_decoded_within_the_limit_or_415(serve: Any) -> None:
+    plain = json.dumps({"text": ["a man rides", "two dogs"]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    with serve(max_body_bytes=4096) as client:
+        expected = client.post("/v1/translate", content=plain, headers=json_type).json()
+        for coding, data in (("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain)),
+                             ("GZIP", gzip.compress(plain))):  # as tritonclient's request_compression_algorithm
+            r = client.post("/v1/translate", content=data, headers={**json_type, "Content-Encoding": coding})
+            assert r.status_code == 200 and r.json() == expected, (coding, r.text)
+        for coding, status, words in (("br", 415, "Content-Encoding 'br'"), ("gzip, br", 415, "'gzip, br'"),
+                                      ("gzip", 400, "not valid gzip data")):
+            r = client.post("/v1/translate", content=plain, headers={**json_type, "Content-Encoding": coding})
+            assert r.status_code == status and words in error_of(r)["message"], (coding, r.text)
+            if status == 415:
+                assert error_of(r)["code"] == "unsupported_media_type"
+                assert r.headers["accept-encoding"] == "gzip, deflate"
+        truncated = gzip.compress(plain)[:-12]
+        r = client.post("/v1/translate", content=truncated, headers={**json_type, "Content-Encoding": "gzip"})
+        assert r.status_code == 400 and "ends before the end of its gzip data" in error_of(r)["message"], r.text
+        # A small body that decodes past the limit (a zip bomb) is refused as a large one is.
+        bomb = gzip.compress(json.dumps({"text": "a " * 100_000}).encode())
+        assert len(bomb) < 4096
+        r = client.post("/v1/translate", content=bomb, headers={**json_type, "Content-Encoding": "gzip"})
+        assert r.status_code == 413 and "max_body_bytes" in error_of(r)["message"], r.text
+        # The routes that do not read their body whole decode nothing: 415 naming the coding.
+        ndjson = gzip.compress(b'{"text": "a"}\n')
+        r = client.post("/v1/translate/bulk", content=ndjson, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 415 and "Content-Encoding 'gzip'" in error_of(r)["message"], r.text
+        assert r.headers["accept-encoding"] == "identity"
+        r = client.post("/v2/repository/index", content=gzip.compress(b"{}"), headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 415 and "Content-Encoding 'gzip'" in r.json()["error"], r.text
+        assert client.post("/v1/translate", content=plain, headers=json_type).json() == expected
+        assert "415" in client.get("/openapi.json").json()["paths"]["/v1/translate"]["post"]["responses"]
 
 
 def test_engine_failure_is_500_and_isolated(serve: Any) -> None:

@@ -179,7 +179,7 @@ GOOD_INPUT = {"name": "INPUT_TEXT", "shape": [1], "datatype": "BYTES", "data": [
         (_json({"inputs": [GOOD_INPUT]}), {"Inference-Header-Content-Length": "abc"}, 400, "not an integer"),
         (_json({"inputs": [GOOD_INPUT]}), {"Inference-Header-Content-Length": "99999"}, 400, "outside"),
         (_json({"inputs": [GOOD_INPUT]}), {"Inference-Header-Content-Length": "0"}, 400, "raw binary"),
-        (_json({"inputs": [GOOD_INPUT]}), {"Content-Encoding": "br"}, 400, "Content-Encoding"),
+        (_json({"inputs": [GOOD_INPUT]}), {"Content-Encoding": "br"}, 415, "Content-Encoding 'br'"),
         (b"not gzip", {"Content-Encoding": "gzip"}, 400, "gzip"),
     ],
 )

@@ -5,12 +5,15 @@ codes clients retry on or not."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -21,6 +24,26 @@ from tests.utils.marian_factory import corpus
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
 SENTENCES = corpus("en")
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+def _raw_call(address: str, method: str, body: bytes, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcError:
+    """Send ``body`` as the request of ``method`` as it is (no serializer); return the error it must end with."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            channel.unary_unary(SERVICE + method)(body, timeout=30, metadata=metadata)
+        except grpc.RpcError as error:
+            return error
+    raise AssertionError(f"{method} answered {body!r}")
+
+
+def _requests_total(server: ServerProcess, method: str, code: str) -> float:
+    labels = {'method="GRPC"', f'route="{SERVICE}{method}"', f'status="{code}"'}
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        name, _, rest = line.partition("{")
+        if name == "mtgate_requests_total" and set(rest.rsplit("}", 1)[0].split(",")) == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _input(texts: list[str] | list[bytes]) -> object:
@@ -100,6 +123,68 @@ def test_grpc_errors_have_their_codes(server: ServerProcess) -> None:
     client.close()
 
 
+def test_grpc_client_errors_are_invalid_argument_without_a_traceback(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    name = client.get_model_repository_index(as_json=True)["models"][0]["name"]
+    client.close()
+    logged = len(server.log)
+    for garbage in (b"\xff\xff\xff\xff not protobuf", b"\x0a\xff\x01"):
+        error = _raw_call(server.grpc_address, "ModelInfer", garbage)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert "not a valid inference.ModelInferRequest message" in str(error.details())
+    assert _raw_call(server.grpc_address, "ServerLive", b"\xff").code() == grpc.StatusCode.INVALID_ARGUMENT
+    # raw_input_contents and contents both: which one would be meant?
+    from tritonclient.grpc import service_pb2
+
+    both = service_pb2.ModelInferRequest(model_name=name, raw_input_contents=[b"\x03\x00\x00\x00Hi."])
+    tensor = both.inputs.add(name="INPUT_TEXT", datatype="BYTES", shape=[1, 1])
+    tensor.contents.bytes_contents.append(b"Hi.")
+    error = _raw_call(server.grpc_address, "ModelInfer", both.SerializeToString())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "both raw_input_contents and contents" in str(
+        error.details()), error
+    assert _requests_total(server, "ModelInfer", "INVALID_ARGUMENT") >= 3
+    assert not [line for line in server.log[logged:] if "Traceback" in line or " ERROR " in line], server.log[logged:]
+
+
+def test_grpc_unimplemented_methods_answer_at_once_counted_and_logged_once(server: ServerProcess) -> None:
+    before = _requests_total(server, "SystemSharedMemoryStatus", "UNIMPLEMENTED")
+    for method in ("SystemSharedMemoryStatus", "SystemSharedMemoryStatus", "CudaSharedMemoryRegister",
+                   "TraceSetting", "LogSettings", "LogSettings"):
+        error = _raw_call(server.grpc_address, method, b"")
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED and method in str(error.details()), error
+    assert _requests_total(server, "SystemSharedMemoryStatus", "UNIMPLEMENTED") == before + 2
+    assert _requests_total(server, "LogSettings", "UNIMPLEMENTED") >= 2
+    time.sleep(0.2)  # the log is read by a thread
+    told = [line for line in server.log if "LogSettings is not implemented" in line]
+    assert len(told) == 1 and not [line for line in server.log if "Traceback" in line], server.log
+
+
+def test_grpc_stream_answers_each_request_as_model_infer(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    name = client.get_model_repository_index(as_json=True)["models"][0]["name"]
+    expected = {str(i): client.infer(name, [_input([text])]).as_numpy("OUTPUT_TEXT").ravel()[0].decode()
+                for i, text in enumerate(SENTENCES[:4])}
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for i, text in enumerate(SENTENCES[:4]):
+        client.async_stream_infer(name, [_input([text])], request_id=str(i))
+    client.async_stream_infer(name, [_input([""])], request_id="empty")  # fails alone; the stream goes on
+    client.async_stream_infer("no-such-model", [_input(["Hi."])], request_id="lost")
+    got, errors = {}, []
+    for _ in range(6):
+        result, error = answers.get(timeout=60)
+        if error is not None:
+            errors.append(str(error))
+        else:
+            response = result.get_response()  # type: ignore[attr-defined]
+            got[response.id] = result.as_numpy("OUTPUT_TEXT").ravel()[0].decode()  # type: ignore[attr-defined]
+    client.stop_stream()
+    client.close()
+    assert got == expected
+    assert len(errors) == 2 and any("no-such-model" in e for e in errors), errors
+    assert _requests_total(server, "ModelStreamInfer", "OK") >= 4
+
+
 def test_grpc_api_key_and_overload(tiny_package: Path) -> None:
     proc = start_server(tiny_package, "--grpc-port", "0", "--max-queue-size", "2", "--max-batch-size", "1",
                         env={"MTGATE_API_KEY": "s3cret", "MTGATE_MAX_SENTENCES_PER_REQUEST": "2"})
@@ -114,6 +199,20 @@ def test_grpc_api_key_and_overload(tiny_package: Path) -> None:
         assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
         good = {"authorization": "Bearer s3cret"}
         assert client.infer(name, [_input(["Hi."])], headers=good).as_numpy("OUTPUT_TEXT").shape == (1, 1)
+        # The key is checked before the request is parsed: garbage without it is UNAUTHENTICATED, not logged.
+        logged = len(proc.log)
+        error = _raw_call(proc.grpc_address, "ModelInfer", b"\xff\xff garbage")
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
+        error = _raw_call(proc.grpc_address, "ModelInfer", b"\xff\xff garbage", (("authorization", "Bearer s3cret"),))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert proc.log[logged:] == [], proc.log[logged:]
+        refused: queue.Queue[object] = queue.Queue()  # a stream without the key ends at once
+        client.start_stream(callback=lambda result, error: refused.put(error))
+        client.async_stream_infer(name, [_input(["Hi."])])
+        stream_error = refused.get(timeout=30)
+        assert isinstance(stream_error, grpcclient.InferenceServerException), stream_error
+        assert stream_error.status() == "StatusCode.UNAUTHENTICATED", stream_error
+        client.stop_stream()
 
         async def flood() -> list[str]:
             import tritonclient.grpc.aio as aioclient

@@ -37,7 +37,8 @@ def _environment() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(("batching", "protocol"), [("request", "http"), ("step", "http"), ("request", "grpc")])
+@pytest.mark.parametrize(("batching", "protocol"), [("request", "http"), ("step", "http"), ("request", "grpc"),
+                                                   ("step", "grpc-stream")])
 def test_perf_analyzer_runs_and_reports_server_statistics(tiny_package: Path, tmp_path: Path, batching: str,
                                                           protocol: str) -> None:
     env = _environment()
@@ -49,11 +50,14 @@ def test_perf_analyzer_runs_and_reports_server_statistics(tiny_package: Path, tm
     shutil.copytree(tiny_package, package)
     manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
     (package / "manifest.json").write_text(json.dumps({**manifest, "version": "3"}), encoding="utf-8")
-    server = start_server(package, "--batching", batching, *(["--grpc-port", "0"] if protocol == "grpc" else []))
+    grpc = protocol.startswith("grpc")
+    server = start_server(package, "--batching", batching, *(["--grpc-port", "0"] if grpc else []))
     try:
         name = httpx.get(server.url + "/v1/models").json()["models"][0]["name"]
-        address = server.grpc_address if protocol == "grpc" else server.address
-        command = [str(PERF_ANALYZER), "-m", name, "-u", address, "-i", protocol, "--input-data", str(data),
+        address = server.grpc_address if grpc else server.address
+        streaming = ["--streaming"] if protocol == "grpc-stream" else []  # ModelStreamInfer (it hung when refused)
+        command = [str(PERF_ANALYZER), "-m", name, "-u", address, "-i", "grpc" if grpc else "http", *streaming,
+                   "--input-data", str(data),
                    "--shape", "INPUT_TEXT:1", "--concurrency-range", "2", "--measurement-interval", "1000",
                    "--stability-percentage", "100", "--max-trials", "3"]
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180, check=False)

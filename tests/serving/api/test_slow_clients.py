@@ -164,6 +164,30 @@ def test_a_head_too_large_is_431(server: ServerProcess) -> None:
     assert data.startswith(b"HTTP/1.1 431 "), data[:100]
 
 
+@pytest.mark.parametrize("reads", [1, 2])
+def test_a_whole_head_too_large_is_431_in_one_or_two_reads(server: ServerProcess, reads: int) -> None:
+    # The head is complete (it ends with its blank line), so the parser finishes it within the read(s).
+    head = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+    sock = connect(server)
+    if reads == 1:
+        sock.sendall(head)
+    else:
+        sock.sendall(head[:50_000])
+        time.sleep(0.3)
+        sock.sendall(head[50_000:])
+    data = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:100]
+    # A head just within the limit (64 KiB) is served, as is a POST with a body after it on one connection.
+    sock = connect(server)
+    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n")
+    assert parse_response(read_one_response(sock))[0] == 200
+    body = json.dumps({"text": "Hi."}).encode()
+    sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nX-Big: "
+                 + b"a" * 60_000 + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert parse_response(read_one_response(sock))[0] == 200
+    sock.close()
+
+
 def test_sigterm_drain_does_not_wait_for_bodies_that_never_arrive(tiny_package: Path) -> None:
     # Bodies may take 60 s, the grace period is 20 s: the drain must end long before either.
     proc = start_server(tiny_package, "--grace-period", "20",
