@@ -45,8 +45,8 @@ class ServingSettings(BaseSettings):
             at its highest version (``serving.repository``); load and unload through the repository extension.
         repository_version_policy: which versions of each repository model to serve: ``latest:N`` (default
             ``latest:1``), ``all`` or ``specific:V[,V...]``, as Triton's version policy.
-        repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions
-            (None: only on an explicit load).
+        repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions, as
+            Triton's poll mode (explicit load and unload are then refused; None: explicit mode, only on a load).
         backend: runtime to run the graphs with.
         precision: which artifact of the package to load.
         threads: intra-op threads of the runtime (None: the engine's default for this machine).

@@ -4,8 +4,9 @@ same models, batchers, limits, API key, deadlines, metrics and statistics, in th
 The messages and the service are the published ``grpc_service.proto``, as compiled in the ``tritonclient`` wheel
 (``tritonclient.grpc.service_pb2``; the ``grpc`` extra), so that ``tritonclient.grpc`` and ``perf_analyzer -i grpc``
 work unchanged. Served: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelConfig``, ``ModelInfer``, ``ModelStatistics`` and ``RepositoryIndex``; the others answer ``UNIMPLEMENTED``
-(``RepositoryModelLoad`` / ``Unload`` load and unload with ``--model-repository``, ``UNIMPLEMENTED`` without one).
+``ModelConfig``, ``ModelInfer``, ``ModelStatistics``, ``RepositoryIndex`` and ``RepositoryModelLoad`` / ``Unload``
+(through ``serving.repository``, as ``/v2/repository``: with ``--model-repository``; ``UNIMPLEMENTED`` without one);
+the others answer ``UNIMPLEMENTED``.
 
 Errors are the HTTP layer's (``serving.api.errors.STATUS``) with the gRPC code of their status
 (``serving.api.errors.GRPC_CODES``): a bad request is ``INVALID_ARGUMENT``, a missing API key ``UNAUTHENTICATED``,
@@ -29,12 +30,10 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from serving import __version__
 from serving.api.deps import api_key_problem
 from serving.api.errors import GRPC_CODES, Unauthorized, status_of
-from serving.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, ServingError
+from serving.errors import InvalidInput, ModelNotFound, ModelNotReady, ServingError
 from serving.oip import (
     INPUT_NAME,
-    NO_REPOSITORY,
     OUTPUT_DATATYPES,
-    SERVER_EXTENSIONS,
     InferRequest,
     decode_bytes_tensor,
     encode_binary,
@@ -42,7 +41,7 @@ from serving.oip import (
     model_metadata,
     output_values,
 )
-from serving.repository import ModelRepository
+from serving.repository import ModelControl
 from serving.runner import ModelRunner
 from serving.service import TranslationService
 
@@ -85,9 +84,9 @@ def _rpc(method: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[Rep
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Each RPC a thin translation between the proto messages and :class:`TranslationService`."""
 
-    def __init__(self, service: TranslationService, repository: ModelRepository | None) -> None:
+    def __init__(self, service: TranslationService, control: ModelControl) -> None:
         self.service = service
-        self.repository = repository
+        self.control = control
 
     # -- health and metadata ---------------------------------------------------------------------------------------
 
@@ -109,7 +108,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return service_pb2.ServerMetadataResponse(name="mtgate", version=__version__, extensions=SERVER_EXTENSIONS)
+        return service_pb2.ServerMetadataResponse(name="mtgate", version=__version__,
+                                                  extensions=self.control.extensions)
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -134,26 +134,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        models = [service_pb2.RepositoryIndexResponse.ModelIndex(**entry)
-                  for entry in self.service.model_index(request.ready)]
+        models = [service_pb2.RepositoryIndexResponse.ModelIndex(**entry) for entry in self.control.index(request.ready)]
         return service_pb2.RepositoryIndexResponse(models=models)
 
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         self._authorize(context)
-        await self._repository().load(request.model_name)
+        parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+        await self.control.load(request.model_name, parameters)
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         self._authorize(context)
-        await self._repository().unload(request.model_name)
+        await self.control.unload(request.model_name)  # unload_dependents: there are no dependent models
         return service_pb2.RepositoryModelUnloadResponse()
-
-    def _repository(self) -> ModelRepository:
-        if self.repository is None:
-            raise NotSupported(NO_REPOSITORY)
-        return self.repository
 
     # -- inference -------------------------------------------------------------------------------------------------
 
@@ -251,7 +246,7 @@ def parse_infer_request(request: Any) -> InferRequest:
                         parameters=parameters)
 
 
-async def start(service: TranslationService, repository: ModelRepository | None, host: str,
+async def start(service: TranslationService, control: ModelControl, host: str,
                 port: int) -> tuple[grpc.aio.Server, int]:
     """Serve :class:`InferenceServicer` on ``host:port`` (0: a free port) in the running event loop.
 
@@ -261,7 +256,7 @@ async def start(service: TranslationService, repository: ModelRepository | None,
     limit = service.settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20))])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, repository), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, control), server)
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
     logger.warning("mtgate gRPC on %s:%d", host, bound)
