@@ -152,8 +152,9 @@ class Translator:
                                      shortlist=table)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
-        logger.info("loaded %s %s (%s/%s: %s) from %s", info.name, info.version, runtime, precision, choice.reason,
-                    package.root)
+        # DEBUG: a server names the model as it serves it (a repository's directories), once it is warm (runner)
+        logger.debug("loaded %s %s (%s/%s: %s) from %s", info.name, info.version, runtime, precision, choice.reason,
+                     package.root)
         return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:

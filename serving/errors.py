@@ -97,3 +97,17 @@ class DeadlineExceeded(ServingError):
     """The request's deadline passed before its translation was done (HTTP 504)."""
 
     code = "deadline_exceeded"
+
+
+class ModelLoadFailed(InvalidInput):
+    """An explicit load of a repository model failed (HTTP 400, gRPC INVALID_ARGUMENT, as Triton answers): the package
+    was refused or its engine did not load; the message is the loader's reason."""
+
+    code = "model_load_failed"
+
+
+class ModelControlDisabled(ServingError):
+    """An explicit load or unload while the repository is polled (HTTP 503, gRPC UNAVAILABLE, as Triton answers):
+    then the repository's directories decide what is served."""
+
+    code = "model_control_disabled"

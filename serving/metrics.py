@@ -3,18 +3,23 @@ and, from the same batch events, each model's Triton statistics (``serving.stati
 
 Names follow Prometheus conventions (``mtgate_..._total`` counters, ``mtgate_..._seconds`` histograms) and mirror
 Triton's split: requests by route and status; queue wait vs compute time; batch size (sentences per execution);
-queue depth; tokens in and out; dropped work by reason; model info.
+queue depth; tokens in and out; dropped work by reason; model info (the versions served: a version retired or
+unloaded leaves it). Beside them: Triton's own names per model and version (``serving.triton_metrics``), and the
+process's CPU and memory (prometheus_client's ``process_*``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.batching import BatchObserver, BatchStats
 from serving.statistics import ModelStatistics
+from serving.triton_metrics import HostCpu, render_triton
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +94,26 @@ class ServingMetrics:
         self.ready = Gauge(
             "mtgate_ready", "1 when every model is loaded and warm and the server is not draining", registry=r
         )
-        self.statistics: dict[tuple[str, str], ModelStatistics] = {}  # Triton's statistics, by model and version
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ... (Linux)
+        self.served: dict[tuple[str, str], Served] = {}  # the versions served, by model and version
+        self.host = HostCpu()
 
-    def observer(self, model: str, version: str) -> BatchObserver:
-        """A batch observer that records the batcher's events under ``model`` (its Triton statistics under the
-        version too)."""
-        return _ModelObserver(self, model, self.model_statistics(model, version))
+    def observer(self, model: str, statistics: ModelStatistics) -> BatchObserver:
+        """A batch observer that records the batcher's events under ``model`` (and in ``statistics``, its version's
+        Triton statistics)."""
+        return _ModelObserver(self, model, statistics)
 
-    def model_statistics(self, model: str, version: str) -> ModelStatistics:
-        """The Triton statistics of ``model`` at ``version`` (all zero until it has served)."""
-        return self.statistics.setdefault((model, version), ModelStatistics())
+    def publish(self, served: Served) -> None:
+        """A version is loaded and serves: its ``mtgate_model_info`` and Triton series appear."""
+        self.served[(served.model, served.version)] = served
+        self.model_info.labels(served.model, served.version, served.runtime, served.precision).set(1)
+
+    def withdraw(self, served: Served) -> None:
+        """A version no longer serves (retired by the version policy, unloaded, or failed): its series leave (those of
+        a newer load of the same version stay)."""
+        if self.served.get((served.model, served.version)) is served:
+            del self.served[(served.model, served.version)]
+            self.model_info.remove(served.model, served.version, served.runtime, served.precision)
 
     def record_translations(self, model: str, sentences: int, input_tokens: int, output_tokens: int) -> None:
         self.sentences.labels(model).inc(sentences)
@@ -106,8 +121,24 @@ class ServingMetrics:
         self.output_tokens.labels(model).inc(output_tokens)
 
     def render(self) -> bytes:
-        """The text exposition format of every metric."""
-        return generate_latest(self.registry)
+        """The text exposition format of every metric (Triton's names last)."""
+        return generate_latest(self.registry) + render_triton(
+            [(model, version, s.statistics, s.pending()) for (model, version), s in sorted(self.served.items())],
+            self.host,
+        ).encode()
+
+
+@dataclass(eq=False)
+class Served:
+    """A version being served, as the metrics see it: its labels, its Triton statistics, and how many of its requests
+    wait for the engine (read at each scrape)."""
+
+    model: str
+    version: str
+    runtime: str
+    precision: str
+    statistics: ModelStatistics
+    pending: Callable[[], int]
 
 
 class _ModelObserver:

@@ -15,10 +15,11 @@ from pathlib import Path
 from serving.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, StepBatcher, StepRunner
 from serving.batching.queue import as_serving_error
 from serving.errors import DeadlineExceeded, ModelNotReady, Overloaded
-from serving.metrics import ServingMetrics
+from serving.metrics import Served, ServingMetrics
 from serving.package import read_manifest
 from serving.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation
 from serving.settings import ServingSettings
+from serving.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class ModelRunner:
         self._metrics = metrics
         self.batcher: Batcher[Prepared, Translation] | None = None
         self.scoring = 0  # pairs admitted to score() and not yet done (bounded by max_queue_size)
+        self.statistics = ModelStatistics()  # Triton's statistics of this version (cumulative, from its start)
+        self._served: Served | None = None  # what /metrics shows of it while it serves
 
     @property
     def info(self) -> ModelInfo:
@@ -90,7 +93,7 @@ class ModelRunner:
             queue_capacity=s.max_queue_size,
             retry_after_s=s.retry_after_s,
         )
-        observer = self._metrics.observer(self.name, self.version_name)
+        observer = self._metrics.observer(self.name, self.statistics)
         if s.batching == "step":
             self.batcher = StepBatcher(self._step_runner, limits, observer, name=self.name)
         else:
@@ -114,13 +117,27 @@ class ModelRunner:
         if self._settings.warmup:
             await self.batcher.call_in_worker(self._warm_up)
         info = self.info
-        self._metrics.model_info.labels(info.name, str(info.version), info.runtime, info.precision).set(1)
+        self._served = Served(self.name, self._version, info.runtime, info.precision, self.statistics,
+                              self.pending_requests)
+        self._metrics.publish(self._served)
         elapsed = time.monotonic() - started
         self._metrics.model_load_seconds.labels(info.name).set(elapsed)
         self.ready = True
-        logger.info(
-            "model %s %s ready (%s/%s) in %.2fs", info.name, info.version, info.runtime, info.precision, elapsed
-        )
+        where = f" from {self.package_dir}" if self.package_dir is not None else ""
+        logger.info("model %s version %s ready (%s/%s)%s in %.2fs", info.name, info.version or "-", info.runtime,
+                    info.precision, where, elapsed)
+
+    def withdraw(self) -> None:
+        """No longer served (retired, unloaded, or its load failed): its series leave ``/metrics``."""
+        if self._served is not None:
+            self._metrics.withdraw(self._served)
+            self._served = None
+
+    def pending_requests(self) -> int:
+        """Requests admitted with sentences still waiting for a batch (Triton's pending request count)."""
+        if self.batcher is None:
+            return 0
+        return len({id(item.request) for group in self.batcher.groups.values() for item in group})
 
     async def score(self, sources: list[str], targets: list[str],
                     deadline: float | None = None) -> list[ReferenceScore]:

@@ -80,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which versions of each repository model to serve: latest:N, all or specific:V[,V...] "
                              "(default latest:1, as Triton's)")
     parser.add_argument("--repository-poll-secs", type=positive_float, metavar="SECONDS",
-                        help="rescan the repository this often and switch to new versions without a restart "
-                             "(default: only on an explicit load)")
+                        help="rescan the repository this often and switch to new versions without a restart; "
+                             "explicit load and unload are then refused, as in Triton's poll mode (default: only on "
+                             "an explicit load)")
     parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
@@ -148,8 +149,7 @@ def build_settings(args: argparse.Namespace) -> Any:
     if settings.model_repository is not None:
         if args.models:
             raise UsageError("give either -m/--model or --model-repository, not both")
-        from serving.repository import MANIFEST, served_versions
-        from serving.versions import VersionPolicy
+        from serving.versions import MANIFEST, VersionPolicy, served_versions
 
         found = served_versions(settings.model_repository, VersionPolicy.parse(settings.repository_version_policy))
         if not found:

@@ -206,8 +206,7 @@ class TranslationService:
         else:
             self.version(name, None)  # ModelNotFound
             runners = sorted(self.versions_of(name).values(), key=lambda r: r.version_name.zfill(20))
-        entries = [self.metrics.model_statistics(r.name, r.version_name).to_json(r.name, r.version_name)
-                   for r in runners]
+        entries = [r.statistics.to_json(r.name, r.version_name) for r in runners]
         return {"model_stats": entries}
 
     def model_index(self, ready_only: bool = False) -> list[dict[str, str]]:
@@ -370,8 +369,7 @@ class TranslationService:
         model = runner.name
         if future.cancelled():  # the client went away: neither a success nor the model's failure
             return
-        statistics = self.metrics.model_statistics(model, runner.version_name)
-        statistics.on_request(future.exception() is None, time.monotonic() - admitted, input_s)
+        runner.statistics.on_request(future.exception() is None, time.monotonic() - admitted, input_s)
         if future.exception() is not None:
             return
         results = future.result()

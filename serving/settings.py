@@ -65,8 +65,8 @@ class ServingSettings(BaseSettings):
             at its highest version (``serving.repository``); load and unload through the repository extension.
         repository_version_policy: which versions of each repository model to serve: ``latest:N`` (default
             ``latest:1``), ``all`` or ``specific:V[,V...]``, as Triton's version policy.
-        repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions
-            (None: only on an explicit load).
+        repository_poll_secs: with a repository, rescan it every so many seconds and switch to new versions, as
+            Triton's poll mode (explicit load and unload are then refused; None: explicit mode, only on a load).
         runtime: runtime to run the graphs with; the old ``MTGATE_BACKEND`` still works.
         precision: which artifact of each package to load: ``auto`` (int8 where the package's manifest shows it
             costs at most 1 BLEU, else fp32; ``serving.package.precision``), ``fp32`` or ``int8``.

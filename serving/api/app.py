@@ -23,6 +23,7 @@ from serving.api.docs import install_docs
 from serving.api.errors import install_error_handlers
 from serving.api.middleware import ServerMiddleware
 from serving.metrics import CONTENT_TYPE, ServingMetrics
+from serving.repository import ModelControl, ModelRepository
 from serving.request import Engine
 from serving.service import TranslationService
 from serving.settings import ServingSettings
@@ -48,14 +49,12 @@ def create_app(
     metrics = ServingMetrics()
     repository = None
     if settings.model_repository is not None and not translators:
-        from serving.repository import ModelRepository
-
         repository = ModelRepository(settings, metrics)
     newest, older = repository.runners() if repository is not None else ([], {})
     service = TranslationService(settings, metrics, translators, newest)
     service.older = older
-    if repository is not None:
-        repository.service = service
+    control = repository or ModelControl()  # the repository extension, for /v2 and gRPC alike
+    control.service = service
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,7 +63,7 @@ def create_app(
         if settings.grpc_port is not None:
             from serving.api import grpc_server as grpc_api
 
-            grpc_server, app.state.grpc_port = await grpc_api.start(service, repository, settings.host,
+            grpc_server, app.state.grpc_port = await grpc_api.start(service, control, settings.host,
                                                                         settings.grpc_port)
         loading = asyncio.create_task(service.load(), name="load-models")
         polling = None
@@ -104,7 +103,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = service
-    app.state.repository = repository
+    app.state.control = control
     app.state.settings = settings
     app.add_middleware(ServerMiddleware, service=service)
     install_error_handlers(app)

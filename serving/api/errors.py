@@ -20,6 +20,7 @@ from serving.errors import (
     InputTooLong,
     InvalidInput,
     LimitExceeded,
+    ModelControlDisabled,
     ModelNotFound,
     ModelNotReady,
     NotSupported,
@@ -72,6 +73,7 @@ STATUS: dict[type[ServingError], int] = {
     InferenceFailed: 500,
     NotSupported: 501,
     ModelNotReady: 503,
+    ModelControlDisabled: 503,
     Overloaded: 503,
     DeadlineExceeded: 504,
     ServingError: 500,
@@ -144,7 +146,8 @@ def error_response(
 def serving_error_response(path: str, error: ServingError) -> Response:
     """Render a domain error; the one place that decides its status, body and headers."""
     status = status_of(error)
-    if status >= 500 and not isinstance(error, ModelNotReady | Overloaded | DeadlineExceeded | NotSupported):
+    if status >= 500 and not isinstance(error, ModelNotReady | Overloaded | DeadlineExceeded | NotSupported
+                                                  | ModelControlDisabled):
         logger.error("%s %s: %s", status, path, error)
     else:
         logger.info("%s %s: %s", status, path, error)

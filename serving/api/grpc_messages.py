@@ -45,7 +45,7 @@ def stream_error(request: Any, message: str) -> Any:
         model_version=request.model_version if known else ""))
 
 
-def _parameter(value: Any) -> Any:
+def parameter_value(value: Any) -> Any:
     kind = value.WhichOneof("parameter_choice")
     return None if kind is None else getattr(value, kind)
 
@@ -87,6 +87,6 @@ def parse_infer_request(request: Any) -> InferRequest:
     unknown = [name for name in outputs if name not in OUTPUT_DATATYPES]
     if unknown:
         raise InvalidInput(f"unknown output(s) {unknown}; this model has {list(OUTPUT_DATATYPES)}")
-    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
     return InferRequest(id=request.id or None, texts=texts, shape=shape, outputs=[(n, True) for n in outputs],
                         parameters=parameters)

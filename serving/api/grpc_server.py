@@ -4,11 +4,12 @@ same models, batchers, limits, API key, deadlines, metrics and statistics, in th
 The messages and the service are the published ``grpc_service.proto``, as compiled in the ``tritonclient`` wheel
 (``tritonclient.grpc.service_pb2``; the ``grpc`` extra), so that ``tritonclient.grpc`` and ``perf_analyzer -i grpc``
 work unchanged. Served: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelConfig``, ``ModelInfer``, ``ModelStreamInfer``, ``ModelStatistics`` and ``RepositoryIndex``
-(``RepositoryModelLoad`` / ``Unload`` load and unload with ``--model-repository``, ``UNIMPLEMENTED`` without one); the
-others (shared memory, trace and log settings) answer ``UNIMPLEMENTED`` at once, counted in the metrics and logged
-once per method. ``ModelStreamInfer`` answers each request of the stream as ``ModelInfer`` would, as soon as it is
-ready (a failed request is an ``error_message`` in the stream, which goes on), so ``perf_analyzer --streaming`` works.
+``ModelConfig``, ``ModelInfer``, ``ModelStreamInfer``, ``ModelStatistics``, ``RepositoryIndex`` and
+``RepositoryModelLoad`` / ``Unload`` (through ``serving.repository``, as ``/v2/repository``: with ``--model-repository``;
+``UNIMPLEMENTED`` without one); the others (shared memory, trace and log settings) answer ``UNIMPLEMENTED`` at once,
+counted in the metrics and logged once per method. ``ModelStreamInfer`` answers each request of the stream as
+``ModelInfer`` would, as soon as it is ready (a failed request is an ``error_message`` in the stream, which goes
+on), so ``perf_analyzer --streaming`` works.
 
 Every RPC goes through :func:`_rpc` (``ModelStreamInfer``: through the same mapping per request): the API key is
 checked first for the methods that need it (inference and repository control, as on HTTP), then the request bytes
@@ -41,22 +42,21 @@ from serving.api.grpc_messages import (
     METHODS,
     SERVICE_NAME,
     message_type,
+    parameter_value,
     parse_infer_request,
     parse_message,
     stream_error,
 )
-from serving.errors import ModelNotFound, ModelNotReady, NotSupported, ServingError
+from serving.errors import ModelNotFound, ModelNotReady, ServingError
 from serving.oip import (
-    NO_REPOSITORY,
     OUTPUT_DATATYPES,
-    SERVER_EXTENSIONS,
     InferRequest,
     encode_binary,
     model_config,
     model_metadata,
     output_values,
 )
-from serving.repository import ModelRepository
+from serving.repository import ModelControl
 from serving.runner import ModelRunner
 from serving.service import TranslationService
 
@@ -113,9 +113,9 @@ class InferenceServicer:
     """Each RPC a thin translation between the proto messages and :class:`TranslationService`; the methods of the
     service not defined here answer UNIMPLEMENTED (:meth:`unimplemented`)."""
 
-    def __init__(self, service: TranslationService, repository: ModelRepository | None) -> None:
+    def __init__(self, service: TranslationService, control: ModelControl) -> None:
         self.service = service
-        self.repository = repository
+        self.control = control
         self._told: set[str] = set()  # unimplemented methods already logged
 
     # -- health and metadata ---------------------------------------------------------------------------------------
@@ -138,7 +138,8 @@ class InferenceServicer:
 
     @_rpc
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return service_pb2.ServerMetadataResponse(name="mtgate", version=__version__, extensions=SERVER_EXTENSIONS)
+        return service_pb2.ServerMetadataResponse(name="mtgate", version=__version__,
+                                                  extensions=self.control.extensions)
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -163,26 +164,19 @@ class InferenceServicer:
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        models = [service_pb2.RepositoryIndexResponse.ModelIndex(**entry)
-                  for entry in self.service.model_index(request.ready)]
+        models = [service_pb2.RepositoryIndexResponse.ModelIndex(**entry) for entry in self.control.index(request.ready)]
         return service_pb2.RepositoryIndexResponse(models=models)
 
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._authorize(context)
-        await self._repository().load(request.model_name)
+        parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
+        await self.control.load(request.model_name, parameters)
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._authorize(context)
-        await self._repository().unload(request.model_name)
+        await self.control.unload(request.model_name)  # unload_dependents: there are no dependent models
         return service_pb2.RepositoryModelUnloadResponse()
-
-    def _repository(self) -> ModelRepository:
-        if self.repository is None:
-            raise NotSupported(NO_REPOSITORY)
-        return self.repository
 
     # -- inference -------------------------------------------------------------------------------------------------
 
@@ -308,7 +302,7 @@ def _microseconds(value: int | None) -> float | None:
     return None if not value else value / 1e6
 
 
-async def start(service: TranslationService, repository: ModelRepository | None, host: str,
+async def start(service: TranslationService, control: ModelControl, host: str,
                 port: int) -> tuple[grpc.aio.Server, int]:
     """Serve :class:`InferenceServicer` on ``host:port`` (0: a free port) in the running event loop.
 
@@ -318,7 +312,7 @@ async def start(service: TranslationService, repository: ModelRepository | None,
     limit = service.settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20))])
-    server.add_generic_rpc_handlers((handlers(InferenceServicer(service, repository)),))
+    server.add_generic_rpc_handlers((handlers(InferenceServicer(service, control)),))
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
     logger.warning("mtgate gRPC on %s:%d", host, bound)

@@ -116,8 +116,9 @@ class RepositoryModel(BaseModel):
     """One entry of ``POST /v2/repository/index`` (Triton's model repository extension)."""
 
     name: str
-    version: str
-    state: str = Field(description="READY, LOADING, or UNAVAILABLE (then `reason` says why)")
+    version: str | None = Field(default=None, description="absent for a model no version of which was loaded yet")
+    state: str | None = Field(default=None, description="READY, LOADING, or UNAVAILABLE (then `reason` says why: "
+                              "the loader's refusal, `unloaded`); absent for a model never loaded")
     reason: str | None = None
 
 

@@ -31,18 +31,16 @@ from serving.api.schemas_v2 import (
     RepositoryModel,
     ServerMetadata,
 )
-from serving.errors import InvalidInput, LimitExceeded, NotSupported
+from serving.errors import InvalidInput, LimitExceeded
 from serving.oip import (
     INPUT_NAME,
-    NO_REPOSITORY,
     OUTPUT_DATATYPES,
-    SERVER_EXTENSIONS,
     encode_infer_response,
     model_config,
     model_metadata,
     parse_infer_request,
 )
-from serving.repository import ModelRepository
+from serving.repository import ModelControl
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
@@ -148,11 +146,16 @@ _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
 _NOT_READY: dict[int | str, dict[str, Any]] = {503: {"model": ReadyResponse, "description": "loading, warming up, draining or failed"}}
 
 
+def _control(request: Request) -> ModelControl:
+    control: ModelControl = request.app.state.control
+    return control
+
+
 @router.get("", include_in_schema=False)
 @router.get("/", response_model=ServerMetadata)
-async def server_metadata() -> ServerMetadata:
-    """Server metadata."""
-    return ServerMetadata(name="mtgate", version=__version__, extensions=SERVER_EXTENSIONS)
+async def server_metadata(request: Request) -> ServerMetadata:
+    """Server metadata: the protocol extensions (``model_repository`` with ``--model-repository``)."""
+    return ServerMetadata(name="mtgate", version=__version__, extensions=_control(request).extensions)
 
 
 @router.get("/health/live", response_model=LiveResponse)
@@ -224,43 +227,54 @@ async def get_model_config(name: str, service: ServiceDep, version: str | None =
 
 @router.post("/repository/index", response_model=list[RepositoryModel], response_model_exclude_none=True,
              responses=error_responses(400, oip=True))
-async def repository_index(request: Request, service: ServiceDep) -> list[dict[str, str]]:
-    """Triton's repository index: each model, its version and state; body ``{"ready": true}`` for ready ones only."""
-    body = await request.body()
-    ready_only = False
-    if body.strip():
-        try:
-            options = json.loads(body)
-        except ValueError as e:
-            raise InvalidInput(f"the request body is not valid JSON ({e})") from None
-        if not isinstance(options, dict) or not isinstance(options.get("ready", False), bool):
-            raise InvalidInput('the body must be a JSON object, {"ready": true} or {"ready": false}')
-        ready_only = options.get("ready", False)
-    return service.model_index(ready_only)
+async def repository_index(request: Request) -> list[dict[str, str]]:
+    """Triton's repository index: each model, its versions and their state (a model never loaded by its name
+    alone); body ``{"ready": true}`` for ready ones only."""
+    options = _json_object(await request.body())
+    if not isinstance(options.get("ready", False), bool):
+        raise InvalidInput('the body must be a JSON object, {"ready": true} or {"ready": false}')
+    return _control(request).index(bool(options.get("ready", False)))
 
 
-_NOT_SUPPORTED = error_responses(401, 404, 500, 501, oip=True)
+def _json_object(body: bytes) -> dict[str, Any]:
+    """An optional JSON object body ({} when empty)."""
+    if not body.strip():
+        return {}
+    try:
+        document = json.loads(body)
+    except ValueError as e:
+        raise InvalidInput(f"the request body is not valid JSON ({e})") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return document
 
 
-def _repository(request: Request) -> ModelRepository:
-    repository: ModelRepository | None = request.app.state.repository
-    if repository is None:
-        raise NotSupported(NO_REPOSITORY)
-    return repository
+def _parameters(body: bytes) -> dict[str, object]:
+    """The ``parameters`` of a load or unload body (``{"parameters": {...}}``, tritonclient's)."""
+    parameters = _json_object(body).get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput('"parameters" must be a JSON object')
+    return parameters
 
 
-@router.post("/repository/models/{name}/load", responses=_NOT_SUPPORTED)
+_CONTROL_ERRORS = error_responses(400, 401, 404, 500, 501, 503, oip=True)
+
+
+@router.post("/repository/models/{name}/load", responses=_CONTROL_ERRORS)
 async def repository_load(name: str, request: Request, _: ApiKeyDep) -> dict[str, object]:
-    """Load ``name`` at its latest version from ``--model-repository`` (warm before it takes requests; the version
-    it replaces finishes what it admitted). 501 without a repository."""
-    await _repository(request).load(name)
+    """Load ``name`` from ``--model-repository`` at the versions its policy chooses (warm before they take requests;
+    the versions they replace finish what they admitted); parameter ``config`` may override the version policy. 400
+    with the loader's reason when a version fails, 501 without a repository, 503 when the repository is polled."""
+    await _control(request).load(name, _parameters(await request.body()))
     return {}
 
 
-@router.post("/repository/models/{name}/unload", responses=_NOT_SUPPORTED)
+@router.post("/repository/models/{name}/unload", responses=_CONTROL_ERRORS)
 async def repository_unload(name: str, request: Request, _: ApiKeyDep) -> dict[str, object]:
-    """Stop serving ``name`` (its admitted requests finish first). 501 without a repository."""
-    await _repository(request).unload(name)
+    """Stop serving ``name`` (its admitted requests finish first). 501 without a repository, 503 when the repository
+    is polled."""
+    _parameters(await request.body())  # unload_dependents: there are no dependent models (no ensembles)
+    await _control(request).unload(name)
     return {}
 
 
