@@ -12,7 +12,7 @@
 #   docker build --target batch -t mtgate:batch .                   # batch-score (deploy/k8s/batch-score-job.yaml)
 #   docker build --target ray -t mtgate:ray .                       # batch-score --ray (batch-score-rayjob.yaml)
 #
-# Every server setting is an environment variable MTGATE_<SETTING> (serving/settings.py), e.g. MTGATE_THREADS,
+# Every server setting is an environment variable MTGATE_<SETTING> (serving/server/settings.py), e.g. MTGATE_THREADS,
 # MTGATE_MAX_BATCH_SIZE, MTGATE_API_KEY.
 #
 # The server image installs the plain install plus the `grpc` extra (grpcio and tritonclient's compiled protocol

@@ -33,7 +33,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }
 	touch $@
 
-# Triton's perf_analyzer, for its test (tests/serving/api/test_perf_analyzer.py), in a venv of its own: the binary the
+# Triton's perf_analyzer, for its test (tests/serving/server/test_perf_analyzer.py), in a venv of its own: the binary the
 # tritonclient 2.45.0 wheel ships, which needs libb64 (Debian's libb64-0d) and libcudart (the nvidia-cuda-runtime-cu12
 # wheel; no GPU is used). Where it cannot be installed the suite goes on and that test skips, saying why.
 PERF_VENV := .venv-perf
@@ -45,7 +45,7 @@ $(PERF_VENV)/.installed:
 				|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }; }; }; } \
 		&& touch $@; } || echo "perf_analyzer not installed: its test will be skipped"
 
-# The KServe Python SDK, for its test (tests/serving/api/test_kserve_sdk.py), in a venv of its own (its pins are not
+# The KServe Python SDK, for its test (tests/serving/server/test_kserve_sdk.py), in a venv of its own (its pins are not
 # the server's); the test skips, saying why, where it could not be installed.
 KSERVE_VENV := .venv-kserve
 $(KSERVE_VENV)/.installed:

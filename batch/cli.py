@@ -30,9 +30,9 @@ from batch.report import dry_run_report, empty_warning, summary_line, tensorboar
 from batch.runner import ChunkRunner, run_job
 from batch.schema import detect_schema
 from batch.workers import Executor
-from serving.cli import UsageError, missing_extra
-from serving.cli_options import (
+from serving.commands.options import (
     OneLineParser,
+    UsageError,
     add_decoding,
     add_decoding_features,
     add_log_level,
@@ -44,8 +44,9 @@ from serving.cli_options import (
     non_negative_int,
     positive_int,
 )
+from serving.commands.registry import missing_extra
 from serving.package import choose_precision
-from serving.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
+from serving.server.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _SHARD_ENV = "JOB_COMPLETION_INDEX"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``).
 
-    Names follow ``serving.cli_options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
+    Names follow ``serving.commands.options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
     """
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
@@ -316,7 +317,7 @@ def _is_run_failure(e: Exception) -> bool:
     from concurrent.futures.process import BrokenProcessPool
 
     from batch.remote import RemoteError
-    from serving.errors import ServingError
+    from serving.engine.errors import ServingError
 
     if isinstance(e, BrokenProcessPool | RemoteError | ServingError | OSError):
         return True

@@ -17,7 +17,8 @@ from batch.job import EngineConfig
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import ChunkRunner
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
-from serving.cli import UsageError, missing_extra
+from serving.commands.options import UsageError
+from serving.commands.registry import missing_extra
 
 _REMOTE_WORKERS = 4
 
@@ -29,7 +30,7 @@ def model_dir_of(args: argparse.Namespace) -> Path:
         if not model.is_dir():
             raise UsageError(f"{model}: no such model package directory")
         return model
-    from serving.settings import demo_missing, demo_model
+    from serving.server.settings import demo_missing, demo_model
 
     demo = demo_model()
     if demo is None:
@@ -69,9 +70,9 @@ def decoding_of(args: argparse.Namespace) -> Decoding:
         UsageError: a bad value or options that do not go together (named by their flags), or
             ``--num-hypotheses`` above 1 (batch-score writes one translation per record).
     """
-    from serving.cli_options import decoding_values, flag_name
-    from serving.errors import InvalidInput
-    from serving.request import DecodeOptions
+    from serving.commands.options import decoding_values, flag_name
+    from serving.engine.errors import InvalidInput
+    from serving.engine.request import DecodeOptions
 
     try:
         options = DecodeOptions.from_parameters(decoding_values(args), flag_name)

@@ -34,7 +34,7 @@ CONFIGS = {  # name -> (precision, beam, batch)
 
 CHILD = """
 import json, sys, time
-from serving.engine import DecodeOptions, Translator
+from serving.engine.translator import DecodeOptions, Translator
 import serving
 package, precision, beam, batch, threads, passes = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 texts = json.loads(sys.stdin.read())

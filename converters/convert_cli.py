@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving.cli_options import add_alias, comma_list, non_negative_int, positive_int
+from serving.commands.options import add_alias, comma_list, non_negative_int, positive_int
 from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def shortlist_request(args: argparse.Namespace) -> Any:
     """The shortlist the options ask for (a ``converters.shortlist.ShortlistRequest``), or None."""
     from converters.shortlist import ShortlistRequest
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     if args.shortlist_corpus is None:
         if args.shortlist_eval is not None:
@@ -90,7 +90,7 @@ def shortlist_request(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from converters.base import ConversionError
     from converters.convert import ParityError, convert
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     started = time.perf_counter()
     quality = None

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from converters.parity import INT8_AGREEMENT_FLOOR, run_parity
-from serving.backends import Backend
-from serving.cli_options import add_alias, add_package, non_negative_int, package_of, positive_int
+from serving.commands.options import add_alias, add_package, non_negative_int, package_of, positive_int
+from serving.engine.backends import Backend
 from serving.package import PackageError, escaping_links, open_package, unlisted_files, verify_checksums
 
 
@@ -67,7 +67,7 @@ def _source_backend(args: argparse.Namespace, framework: str) -> Backend:
     from converters.base import ConversionError
     from converters.readers import FORMATS, load_source
     from converters.reference import ReferenceModel
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     options = {k: v for k, v in (("hparams_set", args.hparams_set), ("vocab", args.vocab),
                                  ("target_space_id", args.target_space_id)) if v is not None}
@@ -79,7 +79,7 @@ def _source_backend(args: argparse.Namespace, framework: str) -> Backend:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     try:
         package_dir = package_of(args, "mtgate verify DIR (or -m PKG)")

@@ -64,7 +64,7 @@ from loadtest.responses import (
     parse_sse,
 )
 from loadtest.stats import TTFE
-from serving.files import atomic_write_text, atomic_writer
+from serving.package.files import atomic_write_text, atomic_writer
 
 logger = logging.getLogger(__name__)
 

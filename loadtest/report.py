@@ -55,8 +55,8 @@ class ScenarioResult:
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, creating its directory (``serving.files.atomic_write_text``)."""
-    from serving.files import atomic_write_text
+    """Write ``text`` to ``path`` atomically, creating its directory (``serving.package.files.atomic_write_text``)."""
+    from serving.package.files import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)

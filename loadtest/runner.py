@@ -17,37 +17,22 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from loadtest.corpus import default_corpus, read_lines
+from loadtest.errors import LoadTestError, log_tail
 from loadtest.gate import evaluate
 from loadtest.report import ScenarioResult
 from loadtest.scrape import scraping
 from loadtest.scrape import write as write_metrics
+from loadtest.server import ServedModel, served_model
 from loadtest.stats import RunStats, StatsError, read_run
 from loadtest.targets import Scenario
-
-if TYPE_CHECKING:
-    from loadtest.server import ServedModel
 
 logger = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 STOP_TIMEOUT_S = 5  # lets in-flight requests finish after --run-time, so they are counted
 GRACE_S = 60  # beyond run time + stop timeout, a Locust process that has not exited is killed
-
-
-class LoadTestError(Exception):
-    """A run could not be carried out (server did not start, Locust failed): exit code 2."""
-
-
-def log_tail(path: Path, lines: int = 5) -> str:
-    """The last ``lines`` lines of a log file on one line (for error messages)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
 
 
 def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, model_name: str | None) -> list[str]:
@@ -122,7 +107,7 @@ _CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptio
 
 def copy_csv(prefix: Path, target: Path) -> None:
     """Copy the CSV files Locust wrote with ``--csv prefix`` to ``--csv target`` (atomically, each file)."""
-    from serving.files import atomic_write_bytes
+    from serving.package.files import atomic_write_bytes
 
     for suffix in _CSV_SUFFIXES:
         source = Path(f"{prefix}{suffix}")
@@ -177,8 +162,6 @@ def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path
         LoadTestError: the server does not serve a model asked for, or a run failed; CorpusError: a sentence file is
             unusable.
     """
-    from loadtest.server import served_model  # loadtest.server imports this module
-
     models: dict[str | None, ServedModel] = {}
     for scenario in scenarios:
         name = scenario.model or model_name

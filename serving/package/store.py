@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.files import atomic_write_text, fsync_dir
+from serving.package.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
 from serving.package.parse import parse_manifest
 from serving.package.precision import choose_precision

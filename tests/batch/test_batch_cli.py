@@ -152,7 +152,7 @@ def test_console_line_carries_the_sacrebleu_signatures(tmp_path: Path, inputs: P
 
 def _corrupt_graph_copy(package: Path, into: Path) -> Path:
     """A copy of ``package`` whose decoder graph is truncated, with its checksum updated to match (as
-    tests/serving/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
+    tests/serving/package/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
     from serving.package import sha256_of
 
     copy = shutil.copytree(package, into)

@@ -91,7 +91,7 @@ def cluster(ray_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
 
 def examples(n: int, ids: bool = False) -> list[bytes]:
     """``n`` Examples {inputs, targets, id}: text, or T2T subword ids of the wmt8k vocabulary ending in EOS."""
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     encoder = SubwordTextEncoder(VOCAB_8K) if ids else None
     out = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving.cli import main
+from serving.commands.main import main
 from serving.package import PackageError, load_manifest
 from tests.utils.marian_factory import make_marian_dir
 

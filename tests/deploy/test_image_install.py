@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.settings import DEFAULT_MODEL_DIR
+from serving.server.settings import DEFAULT_MODEL_DIR
 from tests.deploy.dockerfile import BATCH, FINAL, FORBIDDEN, ROOT, ancestry, copies, env_of, of, run_steps
 from tests.utils.server import wait_until_ready
 

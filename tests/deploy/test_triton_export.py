@@ -18,11 +18,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
-from serving.oip import INPUT_NAME, OUTPUT_DATATYPES
+from serving.commands.export_triton import PACKAGE_DIR
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
 from serving.package import choose_precision, read_manifest
-from serving.triton_export import PACKAGE_DIR
+from serving.server.oip import INPUT_NAME, OUTPUT_DATATYPES
 
 DRIVER = Path(__file__).resolve().parent / "triton_driver.py"
 SENTENCES = ["A man is walking down the street.", "Two dogs play in the snow.", "Hello!"]
