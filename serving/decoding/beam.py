@@ -202,12 +202,12 @@ class BeamSearchBase:
         raise NotImplementedError
 
     def _per_sentence(self) -> tuple[str, ...]:
-        """The state arrays indexed by sentence (first axis), besides the sequences."""
-        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores", "prefix",
+        """The state arrays indexed by sentence (first axis), besides the sequences and the prefixes (padded)."""
+        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores",
                 "prefix_len")
 
     def _keep(self, keep: np.ndarray) -> None:
-        for name in ("alive_seq", "finished_seq", *self._per_sentence()):
+        for name in ("alive_seq", "finished_seq", "prefix", *self._per_sentence()):
             setattr(self, name, getattr(self, name)[keep])
 
     # Implemented by each rule set.
