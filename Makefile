@@ -76,5 +76,5 @@ test: lint unit
 
 clean:
 	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) build .pytest_cache .mypy_cache .ruff_cache
-	rm -rf serving/decoding/_native_core.*.so .cmake .ninja_deps .ninja_log .skbuild-info.json CMakeCache.txt CMakeFiles \
+	rm -rf serving/_native_core.*.so .cmake .ninja_deps .ninja_log .skbuild-info.json CMakeCache.txt CMakeFiles \
 		CMakeInit.txt build.ninja cmake_install.cmake libnanobind-static.a

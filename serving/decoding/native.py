@@ -1,11 +1,11 @@
 """The native search core: greedy search, sampling and both beam rule sets behind the ``Search`` protocol, each step
-one call into C++ (``serving.decoding._native_core``, built from ``_native/`` at ``pip install``) that reads the
-log-probs in place and holds the GIL released for all of its work, so a server's event loop and the runtime's
-threads run beside it. The numpy searches (``greedy``, ``beam``) are its reference: the same tokens, scores, plans
+one call into C++ (``serving._native_core`` from ``_native/``, loaded by ``serving.native``) that reads the log-probs
+in place and holds the GIL released for all of its work, so a server's event loop and the runtime's threads run
+beside it. The numpy searches (``greedy``, ``beam``) are its reference: the same tokens, scores, plans
 and streaming calls (``tests/serving/test_native_core.py`` runs both on the same random inputs).
 
 ``start_search`` uses it wherever it is built, except for top-p sampling (its float arithmetic stays numpy's), and
-falls back to numpy, with one log line, where the extension is missing. ``MTGATE_NATIVE=0`` in the environment
+falls back to numpy, with one log line, where the extension is missing; ``MTGATE_NATIVE=0`` in the environment
 forces the numpy searches (to compare, or to rule the core out).
 
 What stays in Python: renormalization's log-softmax (numpy's ``exp``/``log`` are not libm's, so the core hands the
@@ -16,9 +16,6 @@ reference's own numpy expressions) and the ``Hypothesis`` objects of the sentenc
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
-import os
 from types import ModuleType
 from typing import Any
 
@@ -27,33 +24,7 @@ import numpy as np
 from serving.decoding.base import Hypothesis, OnTokens, Search, SearchOptions, StepPlan, length_divisor, writable
 from serving.decoding.beam import hf_alternative_penalty, hf_length_penalty, t2t_length_penalty
 from serving.decoding.rules import _log_softmax
-
-logger = logging.getLogger(__name__)
-
-ENV_VAR = "MTGATE_NATIVE"
-
-
-@functools.cache
-def _import() -> ModuleType | None:
-    try:
-        module = importlib.import_module("serving.decoding._native_core")
-    except ImportError as e:
-        logger.warning("the native decoding core is not built (%s): decoding with numpy", e)
-        return None
-    return module
-
-
-@functools.cache
-def _forced_off() -> None:
-    logger.info("%s=0: decoding with numpy", ENV_VAR)
-
-
-def native_core() -> ModuleType | None:
-    """The extension module, or None where it is not built or ``MTGATE_NATIVE=0`` (each logged once)."""
-    if os.environ.get(ENV_VAR, "1").strip() == "0":
-        _forced_off()
-        return None
-    return _import()
+from serving.native import native_core
 
 
 def native_search(caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,

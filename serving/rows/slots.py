@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from serving.backends import Backend
+from serving.native import native_core
 from serving.package import MASK_VALUE
 
 _MIN_SOURCE_WIDTH = 16  # the encoder outputs are never narrowed below this many positions
@@ -21,7 +22,7 @@ class SlotRows:
     """Rows in the slots of a stationary cache (module docstring).
 
     Which slot each next row takes, and the slot copies that go with it, are the native core's
-    (``serving.decoding.native``: ``assign_slots``, the GIL released) where it is built; :meth:`_assign_numpy` is
+    (``serving.native``: ``assign_slots``, the GIL released) where it is built; :meth:`_assign_numpy` is
     its reference.
 
     Arguments:
@@ -32,9 +33,6 @@ class SlotRows:
     """
 
     def __init__(self, backend: Backend, *, slots: int = 8, positions: int = 32, native: bool = True) -> None:
-        # Imported here: serving.decoding imports serving.rows.
-        from serving.decoding.native import native_core
-
         self._core = native_core() if native else None
         self.backend = backend
         self._decode = getattr(backend, "decode_in_place")  # noqa: B009 - the stationary backends' own method

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from serving.decoding import SearchOptions, StepPlan
-from serving.decoding.native import native_core, native_search
+from serving.decoding.native import native_search
 from serving.decoding.search import numpy_search
+from serving.native import native_core
 from serving.rows import SlotRows
 from tests.serving.test_rows import FakeStationary, _encoded
 

@@ -1,4 +1,4 @@
-// serving.decoding._native_core: the search core (greedy, beam, sampling, the logits rules, top-k) and the stationary
+// serving._native_core: the search core (greedy, beam, sampling, the logits rules, top-k) and the stationary
 // cache's slot bookkeeping, for serving/decoding/native.py and serving/rows/slots.py. Each call checks its arrays
 // with the GIL held, releases it for the whole of its work, and builds its results (numpy arrays, lists) once it has
 // it back: a server's event loop and the runtime's threads run beside it. An object is used by one thread at a time
