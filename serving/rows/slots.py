@@ -64,6 +64,11 @@ class SlotRows:
     def width(self) -> int:
         return 0
 
+    @property
+    def native(self) -> bool:
+        """Whether the native core assigns the slots."""
+        return self._core is not None
+
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         n = self.count
         assert self.cache is not None and self.cross is not None and self.src_bias is not None

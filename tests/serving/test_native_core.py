@@ -29,7 +29,7 @@ from serving.decoding.native import native_search
 from serving.decoding.search import numpy_search
 from serving.native import native_core
 from serving.rows import SlotRows
-from tests.serving.test_rows import FakeStationary, _encoded
+from tests.utils.stationary import FakeStationary, encoded
 
 pytestmark = pytest.mark.skipif(os.environ.get("MTGATE_NATIVE", "1").strip() == "0",
                                 reason="MTGATE_NATIVE=0: the numpy searches are forced")
@@ -235,7 +235,31 @@ def test_numpy_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch, cor
         "NativeGreedySearch"
     monkeypatch.setenv("MTGATE_NATIVE", "0")
     assert isinstance(start_search(np.array([3]), SearchOptions(eos_id=0, decoder_start_id=1)), GreedySearch)
-    assert SlotRows(FakeStationary())._core is None
+    assert not SlotRows(FakeStationary()).native
+
+
+def test_without_the_extension_numpy_decodes_and_says_so_once(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    import importlib
+
+    from serving import native
+    from serving.decoding import start_search
+    from serving.decoding.greedy import GreedySearch
+
+    def missing(name: str) -> ModuleType:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    native._import.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="serving.native"):
+            searches = [start_search(np.array([3]), SearchOptions(eos_id=0, decoder_start_id=1)) for _ in range(3)]
+            rows = SlotRows(FakeStationary())
+    finally:
+        native._import.cache_clear()
+    assert all(isinstance(search, GreedySearch) for search in searches) and not rows.native
+    assert [r.getMessage() for r in caplog.records] == [
+        "the native decoding core is not built (No module named 'serving._native_core'): decoding with numpy"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,12 +277,12 @@ def test_native_slots_match_numpy(seed: int, core: ModuleType) -> None:
     rng = np.random.default_rng(100 + seed)
     pair = (SlotRows(FakeStationary(), slots=2, positions=2, native=False),
             SlotRows(FakeStationary(), slots=2, positions=2))  # small: grown many times
-    assert pair[0]._core is None and pair[1]._core is core
+    assert not pair[0].native and pair[1].native
     count, token = 0, 1
     for _ in range(80):
         action = rng.random()
         if action < 0.3 or not count:  # rows join at position 0
-            cross, bias, _ = _encoded(rng, int(rng.integers(1, 5)), int(rng.integers(1, 12)))
+            cross, bias, _ = encoded(rng, int(rng.integers(1, 5)), int(rng.integers(1, 12)))
             picks = rng.integers(0, cross.shape[2], int(rng.integers(1, 5)))
             at = int(rng.integers(0, count + 1))
             sources = np.concatenate([np.arange(at), -1 - picks, np.arange(at, count)])

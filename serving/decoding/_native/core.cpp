@@ -242,7 +242,7 @@ NB_MODULE(_native_core, m) {
         .def_prop_ro("rows", &Greedy::rows)
         .def("advance", &advance<Greedy>, "log_probs"_a, "columns"_a.none(), "renormalized"_a)
         .def("before_renormalize", &before_renormalize<Greedy>, "log_probs"_a, "columns"_a.none())
-        .def("join", &Greedy::join, "other"_a)
+        .def("join", &Greedy::join, "other"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("remove", &remove<Greedy>, "ids"_a);
 
     nb::class_<Beam>(m, "Beam")
@@ -251,7 +251,7 @@ NB_MODULE(_native_core, m) {
         .def_prop_ro("expanded", &Beam::expanded)
         .def("advance", &advance<Beam>, "log_probs"_a, "columns"_a.none(), "renormalized"_a)
         .def("before_renormalize", &before_renormalize<Beam>, "log_probs"_a, "columns"_a.none())
-        .def("join", &Beam::join, "other"_a)
+        .def("join", &Beam::join, "other"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("remove", &remove<Beam>, "ids"_a);
 
     m.def("assign_slots", &assign, "origin"_a, "owner"_a, "positions"_a, "source_len"_a, "cache"_a, "cross"_a,
