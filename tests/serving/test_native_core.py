@@ -220,6 +220,19 @@ def test_beam_searches_with_and_without_prefixes_join(kind: str) -> None:
     assert [searches[0][0].results[i].token_ids[: len(p)] for i, p in enumerate([[5, 6], [7]])] == [[5, 6], [7]]
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_sentences_leave_before_their_first_step(beam: int) -> None:
+    """A request abandoned between joining a lane and its first step: its rows (one per sentence before the first
+    step, K after) leave the same way."""
+    options = SearchOptions(eos_id=0, decoder_start_id=1, beam_size=beam)
+    pairs = [make(np.array([4, 5, 6]), options, None, np.array([7, 8, 9])) for make in (numpy_search, native_search)]
+    kept = [search.remove(np.array([8])) for search in pairs if search is not None]
+    np.testing.assert_array_equal(kept[1], kept[0])
+    log_probs = _log_probs(np.random.default_rng(0), 2, 30)
+    _same_plan(*(search.advance(log_probs.copy()) for search in pairs if search is not None))
+    assert [search.remove(np.array([7, 9])) for search in pairs if search is not None] == [None, None]
+
+
 def test_top_p_sampling_keeps_the_numpy_search() -> None:
     options = SearchOptions(eos_id=0, decoder_start_id=1, sampling=True, top_p=0.9)
     assert native_search(np.array([3]), options, None, np.array([0])) is None
