@@ -4,7 +4,9 @@
 // width, and ties go to the lower index.
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // maxps(x, m) is "x > m ? x : m" lane by lane, the scalar comparison below: the same maximum in any order (a NaN is
 // skipped; 0.0 and -0.0 compare equal, so which of them comes back changes no decision that uses it).
 
+#if defined(__x86_64__) || defined(__i386__)
 inline float block_max_sse2(const float* x, int64_t n) {
     __m128 m = _mm_set1_ps(kNegInf);
     int64_t i = 0;
@@ -45,10 +48,21 @@ __attribute__((target("avx2"))) inline float block_max_avx2(const float* x, int6
     return best;
 }
 
+inline bool has_avx2() { return __builtin_cpu_supports("avx2"); }
+#else  // another architecture: the scalar loop under both names
+inline float block_max_sse2(const float* x, int64_t n) {
+    float best = kNegInf;
+    for (int64_t i = 0; i < n; ++i) best = x[i] > best ? x[i] : best;
+    return best;
+}
+inline float block_max_avx2(const float* x, int64_t n) { return block_max_sse2(x, n); }
+inline bool has_avx2() { return false; }
+#endif
+
 using BlockMax = float (*)(const float*, int64_t);
 
 inline BlockMax& block_max_kernel() {
-    static BlockMax kernel = __builtin_cpu_supports("avx2") ? block_max_avx2 : block_max_sse2;
+    static BlockMax kernel = has_avx2() ? block_max_avx2 : block_max_sse2;
     return kernel;
 }
 
@@ -62,7 +76,7 @@ inline bool use_kernel(const char* name) {
         block_max_kernel() = block_max_sse2;
         return true;
     }
-    if (name == std::string_view("avx2") && __builtin_cpu_supports("avx2")) {
+    if (name == std::string_view("avx2") && has_avx2()) {
         block_max_kernel() = block_max_avx2;
         return true;
     }
