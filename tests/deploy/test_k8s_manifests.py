@@ -16,9 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from serving.server.versions import served_versions
 from serving.server.settings import ServingSettings
-from serving.server.versions import VersionPolicy
+from serving.server.versions import VersionPolicy, served_versions
 from tests.deploy.k8s_schemas import CRDS, crd_schema, schema_name, validate
 from tests.deploy.kustomize import build, kustomization, load
 

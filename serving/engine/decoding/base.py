@@ -120,10 +120,15 @@ class Search(Protocol):
 
 def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
     """Length-normalize summed log-probs the way ``options.length_penalty_kind`` does."""
+    return np.asarray(log_prob / length_divisor(length, options))
+
+
+def length_divisor(length: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """What :func:`normalize_score` divides the summed log-probs of ``length`` tokens by (float64)."""
     length = np.maximum(length, 1).astype(np.float64)
     if options.length_penalty_kind == "gnmt":
-        return np.asarray(log_prob / ((5.0 + length) / 6.0) ** options.length_penalty)
-    return np.asarray(log_prob / length**options.length_penalty)
+        return np.asarray(((5.0 + length) / 6.0) ** options.length_penalty)
+    return np.asarray(length**options.length_penalty)
 
 
 def bad_word_index(options: SearchOptions, vocab: int, columns: np.ndarray | None = None) -> np.ndarray:

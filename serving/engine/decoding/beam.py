@@ -26,6 +26,23 @@ _T2T_INF = np.float32(1.0e7)
 _SEQ_WIDTH = 16  # initial width of the beams' token sequences
 
 
+def hf_length_penalty(generated: np.ndarray, length_penalty: float) -> np.ndarray:
+    """transformers' divisor of a candidate's log-prob: ``float(length) ** length_penalty`` rounded to float32, for
+    ``generated`` tokens after the target prefix (at least 1)."""
+    return np.asarray((np.maximum(generated, 1).astype(np.float64) ** length_penalty).astype(np.float32))
+
+
+def hf_alternative_penalty(generated: int, length_penalty: float) -> np.float32:
+    """The divisor of an alive alternative's raw log-prob (``_alternatives``): Python's float power, in float32."""
+    return np.float32(float(generated) ** length_penalty)
+
+
+def t2t_length_penalty(length: np.ndarray | int, alpha: float) -> np.ndarray:
+    """tensor2tensor's ``((5 + length) / 6) ** alpha``, in float32."""
+    return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0),
+                               np.float32(alpha)))
+
+
 class BeamSearchBase:
     """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``. Each sentence counts
     its own steps (``steps``), so that sentences that joined later share the search."""
@@ -202,12 +219,12 @@ class BeamSearchBase:
         raise NotImplementedError
 
     def _per_sentence(self) -> tuple[str, ...]:
-        """The state arrays indexed by sentence (first axis), besides the sequences."""
-        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores", "prefix",
+        """The state arrays indexed by sentence (first axis), besides the sequences and the prefixes (padded)."""
+        return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores",
                 "prefix_len")
 
     def _keep(self, keep: np.ndarray) -> None:
-        for name in ("alive_seq", "finished_seq", *self._per_sentence()):
+        for name in ("alive_seq", "finished_seq", "prefix", *self._per_sentence()):
             setattr(self, name, getattr(self, name)[keep])
 
     # Implemented by each rule set.
@@ -242,14 +259,13 @@ class HFBeamSearch(BeamSearchBase):
         return (*super()._per_sentence(), "improvable")
 
     def _normalized(self, log_prob: float, generated: int) -> float:
-        return float(np.float32(log_prob) / np.float32(float(generated) ** self.options.length_penalty))
+        return float(np.float32(log_prob) / hf_alternative_penalty(generated, self.options.length_penalty))
 
     def _advance(self, log_probs: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options
         lengths = self.steps + 1  # of the candidates, EOS included
         # transformers divides by float(length) ** lp, rounded to float32 (the length after a target prefix).
-        generated = np.maximum(self._generated(), 1).astype(np.float64)
-        penalty = (generated**opts.length_penalty).astype(np.float32)[:, None]
+        penalty = hf_length_penalty(self._generated(), opts.length_penalty)[:, None]
         top, top_scores = top_k_beams(log_probs, self.alive_scores, 2 * k)  # [n, 2K] flat indices, their scores
         beam, token = top // v, token_ids(self.columns, top % v)
         at_cap = (self.caps <= lengths)[:, None]
@@ -311,8 +327,7 @@ class T2TBeamSearch(BeamSearchBase):
         return float(np.float32(log_prob) / self._penalty(generated))
 
     def _penalty(self, length: np.ndarray | int) -> np.ndarray:
-        alpha = np.float32(self.options.length_penalty)
-        return np.asarray(np.power((np.float32(5.0) + np.asarray(length, dtype=np.float32)) / np.float32(6.0), alpha))
+        return t2t_length_penalty(length, self.options.length_penalty)
 
     def _advance(self, log_probs: np.ndarray) -> np.ndarray | None:
         k, v, opts = self.k, self.vocab, self.options

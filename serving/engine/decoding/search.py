@@ -8,9 +8,10 @@ from serving.engine.backends.base import Backend
 from serving.engine.decoding.base import Hypothesis, OnTokens, Search, SearchOptions
 from serving.engine.decoding.beam import HFBeamSearch, T2TBeamSearch
 from serving.engine.decoding.greedy import GreedySearch
+from serving.engine.decoding.native import native_search
 from serving.engine.rows import is_identity, open_rows, take_rows
 
-__all__ = ["is_identity", "search", "start_search", "take_rows"]
+__all__ = ["is_identity", "numpy_search", "search", "start_search", "take_rows"]
 
 
 def start_search(
@@ -22,7 +23,8 @@ def start_search(
     prefixes: list[list[int]] | None = None,
     seeds: np.ndarray | None = None,
 ) -> Search:
-    """A step-wise search for sentences with the per-sentence caps ``max_steps`` (``[B]``, EOS included, >= 1).
+    """A step-wise search for sentences with the per-sentence caps ``max_steps`` (``[B]``, EOS included, >= 1): the
+    native core's where it is built (``serving.decoding.native``), else the numpy reference.
 
     Arguments:
         max_steps: per-sentence caps.
@@ -45,11 +47,21 @@ def start_search(
     if options.sampling and options.beam_size != 1:
         raise ValueError("sampling needs beam_size 1")
     sentence_ids = np.arange(caps.size) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+    native = native_search(caps, options, on_tokens, sentence_ids, prefixes, seeds)
+    if native is not None:
+        return native
+    return numpy_search(caps, options, on_tokens, sentence_ids, prefixes, seeds)
+
+
+def numpy_search(caps: np.ndarray, options: SearchOptions, on_tokens: OnTokens | None, ids: np.ndarray,
+                 prefixes: list[list[int]] | None = None, seeds: np.ndarray | None = None) -> Search:
+    """The numpy search for ``options`` (the native core's reference); arguments as :func:`start_search` checked
+    them."""
     if options.beam_size == 1:
-        return GreedySearch(caps, options, on_tokens, sentence_ids, prefixes, seeds)
+        return GreedySearch(caps, options, on_tokens, ids, prefixes, seeds)
     if options.length_penalty_kind == "gnmt":
-        return T2TBeamSearch(caps, options, on_tokens, sentence_ids, prefixes)
-    return HFBeamSearch(caps, options, on_tokens, sentence_ids, prefixes)
+        return T2TBeamSearch(caps, options, on_tokens, ids, prefixes)
+    return HFBeamSearch(caps, options, on_tokens, ids, prefixes)
 
 
 def search(

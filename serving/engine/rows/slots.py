@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from serving.engine.backends import Backend
+from serving.engine.native import native_core
 from serving.package import MASK_VALUE
 
 _MIN_SOURCE_WIDTH = 16  # the encoder outputs are never narrowed below this many positions
@@ -20,13 +21,19 @@ def _grown(size: int, needed: int) -> int:
 class SlotRows:
     """Rows in the slots of a stationary cache (module docstring).
 
+    Which slot each next row takes, and the slot copies that go with it, are the native core's
+    (``serving.engine.native``: ``assign_slots``, the GIL released) where it is built; :meth:`_assign_numpy` is
+    its reference.
+
     Arguments:
         backend: a backend with ``decode_in_place`` (``stationary``).
         slots: initial slot capacity ``R`` (grows by doubling).
         positions: initial positions per slot ``M`` (grows by doubling).
+        native: assign slots with the native core where it is built (False: with numpy).
     """
 
-    def __init__(self, backend: Backend, *, slots: int = 8, positions: int = 32) -> None:
+    def __init__(self, backend: Backend, *, slots: int = 8, positions: int = 32, native: bool = True) -> None:
+        self._core = native_core() if native else None
         self.backend = backend
         self._decode = getattr(backend, "decode_in_place")  # noqa: B009 - the stationary backends' own method
         self._initial_slots = slots
@@ -56,6 +63,11 @@ class SlotRows:
     @property
     def width(self) -> int:
         return 0
+
+    @property
+    def native(self) -> bool:
+        """Whether the native core assigns the slots."""
+        return self._core is not None
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         n = self.count
@@ -133,6 +145,15 @@ class SlotRows:
         count, take the free slots below it (a copy of the filled part of the slot they continue), a free slot of
         the same encoder row where there is one (beams of one sentence: its encoder outputs are already there).
         Returns the slots of the new rows, in their order."""
+        if self._core is None or self.cache is None:
+            return self._assign_numpy(origin)
+        self.slot, fresh = self._core.assign_slots(np.ascontiguousarray(origin, dtype=np.int64), self.owner,
+                                                   self.positions, self.source_len, self.cache, self.cross,
+                                                   self.src_bias)
+        return np.asarray(fresh)
+
+    def _assign_numpy(self, origin: np.ndarray) -> np.ndarray:
+        """:meth:`_assign` in numpy: the native core's reference."""
         m = origin.size
         first = np.zeros(m, dtype=bool)
         continuing = np.flatnonzero(origin >= 0)

@@ -8,38 +8,7 @@ import pytest
 
 from serving.engine.rows import SlotRows
 from serving.package import MASK_VALUE
-
-LAYERS, HEADS, HEAD_DIM, VOCAB = 2, 2, 8, 5
-
-
-class FakeStationary:
-    """``decode_in_place`` as the stationary graph does it to the cache: row ``i`` writes its token at its position
-    (in every layer, kind, head and channel); log-probs say which row came out where (row ``order[i]``)."""
-
-    stationary = True
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def decode_in_place(self, input_ids: np.ndarray, positions: np.ndarray, cache: np.ndarray, cross_kv: np.ndarray,
-                        src_bias: np.ndarray, order: np.ndarray) -> np.ndarray:
-        self.calls += 1
-        n = input_ids.shape[0]
-        assert cache.shape[2] >= n and cross_kv.shape[2] >= n and src_bias.shape[0] >= n
-        for row in range(n):
-            cache[:, :, row, :, int(positions[row]), :] = float(input_ids[row, 0])
-        log_probs = np.zeros((n, VOCAB), dtype=np.float32)
-        log_probs[:, 0] = order  # which input row each output row is
-        return log_probs
-
-
-def _encoded(rng: np.random.Generator, count: int, width: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    lengths = [int(x) for x in rng.integers(1, width + 1, count)]
-    cross = rng.standard_normal((LAYERS, 2, count, HEADS, width, HEAD_DIM)).astype(np.float32)
-    bias = np.full((count, 1, 1, width), MASK_VALUE, dtype=np.float32)
-    for row, length in enumerate(lengths):
-        bias[row, :, :, :length] = 0.0
-    return cross, bias, lengths
+from tests.utils.stationary import FakeStationary, encoded
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -53,7 +22,7 @@ def test_random_histories_keep_their_caches_and_encoder_rows(seed: int) -> None:
         action = rng.random()
         if action < 0.3 or not history:  # rows join at position 0
             count = int(rng.integers(1, 5))
-            cross, bias, lengths = _encoded(rng, count, int(rng.integers(1, 12)))
+            cross, bias, lengths = encoded(rng, count, int(rng.integers(1, 12)))
             picks = rng.integers(0, count, int(rng.integers(1, 5)))
             at = int(rng.integers(0, len(history) + 1))
             sources = np.concatenate([np.arange(at), -1 - picks, np.arange(at, len(history))])
