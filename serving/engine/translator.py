@@ -1,9 +1,9 @@
 """The engine: ``Translator`` turns texts into translations with a model package on one runtime (the
 ``serving.engine.request.Engine`` protocol).
 
-``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
-the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
-beams, encodes each sub-batch once (``serving.engine.encoding``), decodes it (``serving.engine.decoding``), detokenizes, and
+``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` cuts
+the prepared sentences into sub-batches under the engine's budget (``serving.engine.planner``: sentences, and padded
+source tokens times beams; a batch planned under the same budget runs as it is), encodes each sub-batch once (``serving.engine.encoding``), decodes it (``serving.engine.decoding``), detokenizes, and
 returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.engine.reference_scoring``). It
 knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
 
@@ -32,8 +32,9 @@ import numpy as np
 from serving.engine.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.engine.decoding import Hypothesis, OnTokens, SearchOptions, search
 from serving.engine.decoding.rules import sentence_seeds
-from serving.engine.encoding import encode_sorted, length_batches
+from serving.engine.encoding import encode_sorted
 from serving.engine.errors import InferenceFailed, InvalidInput, ServingError
+from serving.engine.planner import DEFAULT_BUDGET, BatchBudget, in_order, plan
 from serving.engine.reference_scoring import check_pairs, encode_texts, fit_scored_sources, score_references
 from serving.engine.request import (
     DecodeOptions,
@@ -48,12 +49,9 @@ from serving.engine.shortlist import allow_prefixes, open_shortlist
 from serving.engine.tokenizers import Tokenizer, load_tokenizer
 from serving.package import PackageError, choose_precision, open_package
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
-           "Translator"]
+__all__ = ["BatchBudget", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation", "Translator"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,10 @@ class Translator:
         tokenizer: the package's tokenizer.
         info: model description (``info.decoding`` gives the decoding defaults).
         ids: pad, EOS and decoder start ids.
-        max_batch_tokens: budget of one sub-batch: sentences x beams x padded source length.
+        max_batch_size: most sentences in one sub-batch (None: no bound of its own).
+        max_batch_tokens: most padded source tokens times beams in one sub-batch (``sentences x beams x longest
+            source``); the two are the engine's :attr:`budget` (``serving.engine.planner.BatchBudget``), by default
+            ``serving.engine.planner.DEFAULT_BUDGET``'s.
     """
 
     def __init__(
@@ -87,13 +88,23 @@ class Translator:
         info: ModelInfo,
         ids: TokenIds,
         *,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int | None = DEFAULT_BUDGET.max_batch_size,
+        max_batch_tokens: int = DEFAULT_BUDGET.max_batch_tokens,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.info = info
         self.ids = ids
-        self.max_batch_tokens = max_batch_tokens
+        self.budget = BatchBudget(max_batch_size, max_batch_tokens)
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """The budget's padded source tokens times beams (settable: e.g. one sub-batch for a benchmark)."""
+        return self.budget.max_batch_tokens
+
+    @max_batch_tokens.setter
+    def max_batch_tokens(self, value: int) -> None:
+        self.budget = replace(self.budget, max_batch_tokens=value)
 
     @classmethod
     def load(
@@ -103,7 +114,8 @@ class Translator:
         precision: str = "fp32",
         threads: int | None = None,
         *,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int | None = DEFAULT_BUDGET.max_batch_size,
+        max_batch_tokens: int = DEFAULT_BUDGET.max_batch_tokens,
         shortlist: bool = False,
     ) -> Translator:
         """Load a model package (format and every checksum verified) on a runtime.
@@ -114,7 +126,8 @@ class Translator:
             precision: ``fp32``, ``int8`` or ``auto`` (the package's choice, ``serving.package.choose_precision``;
                 logged, and :attr:`info` holds the precision loaded).
             threads: intra-op threads of the runtime (None: its default).
-            max_batch_tokens: sub-batch budget (sentences x beams x padded source length).
+            max_batch_size, max_batch_tokens: the engine's budget (the class's arguments): ``mtgate serve`` passes
+                its settings, ``batch-score`` its flags.
             shortlist: decode with the package's vocabulary shortlist (``serving.engine.shortlist``; ONNX Runtime).
 
         Returns:
@@ -155,7 +168,7 @@ class Translator:
         # DEBUG: a server names the model as it serves it (a repository's directories), once it is warm (runner)
         logger.debug("loaded %s %s (%s/%s: %s) from %s", info.name, info.version, runtime, precision, choice.reason,
                      package.root)
-        return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
+        return cls(backend, tokenizer, info, ids, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Source ids of each text, EOS appended (the tokenizer runs once per text)."""
@@ -258,10 +271,11 @@ class Translator:
         return np.clip(caps, 1, self.info.max_input_tokens).astype(np.int64)
 
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
-        """Decode prepared sentences (any number; sub-batched internally).
+        """Decode prepared sentences (any number; cut into sub-batches under :attr:`budget`: a batch planned under
+        the same budget, in the planner's order, runs as it is).
 
         Arguments:
-            prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly joined with others of the same options.
+            prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly gathered with others of the same options.
             on_partial: streaming hook ``on_partial(index, partial_text)``, called when a sentence's partial
                 translation changes: after every step with greedy search, once when it is done with beam search.
 
@@ -275,7 +289,8 @@ class Translator:
         lengths = np.array(prepared.lengths, dtype=np.int64)
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
-            self._translate_batch(batch, prepared, lengths, results, on_partial)
+            part = prepared if in_order(batch) and batch.size == len(prepared) else prepared.take(batch.tolist())
+            self._translate_batch(batch, part, results, on_partial)
         translations = [r for r in results if r is not None]
         if prepared.search.return_scores:
             translations = self.with_token_scores(sources, translations)
@@ -288,7 +303,7 @@ class Translator:
         flat = [(i, t) for i, translation in enumerate(translations) for t in (translation, *translation.alternatives)]
         scored = score_references(self.backend, self.encode_batch, [sources[i] for i, _ in flat],
                                   [[*t.token_ids, self.ids.eos] for _, t in flat], decoder_start=self.ids.decoder_start,
-                                  max_batch_tokens=self.max_batch_tokens, runtime=self.info.runtime)
+                                  budget=self.budget, runtime=self.info.runtime)
         scores = iter(tuple(score.token_log_probs) for score in scored)
         return [replace(t, token_scores=next(scores),
                         alternatives=tuple(replace(a, token_scores=next(scores)) for a in t.alternatives))
@@ -306,8 +321,8 @@ class Translator:
         return self.run(self.prepare(texts, options), on_partial)
 
     def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
-        """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
-        return length_batches(lengths, self.max_batch_tokens, beam_size)
+        """The sub-batches of sentences of ``lengths`` (``serving.engine.planner.plan`` under :attr:`budget`)."""
+        return plan(lengths, self.budget, beam_size)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, truncate: bool = False
               ) -> list[ReferenceScore]:
@@ -351,23 +366,21 @@ class Translator:
         target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,
                                   "target")
         return score_references(self.backend, self.encode_batch, sources, target_ids,
-                                decoder_start=self.ids.decoder_start, max_batch_tokens=self.max_batch_tokens,
-                                runtime=self.info.runtime)
+                                decoder_start=self.ids.decoder_start, budget=self.budget, runtime=self.info.runtime)
 
     def _translate_batch(
         self,
         batch: np.ndarray,
-        prepared: Prepared,
-        lengths: np.ndarray,
+        part: Prepared,
         results: list[Translation | None],
         on_partial: OnPartial | None,
     ) -> None:
+        """Decode one sub-batch: ``part`` holds the sentences ``batch`` of the request, in that order."""
         started = time.perf_counter()
-        options = prepared.search
+        options = part.search
         hook = None if on_partial is None else self._stream_hook(batch, on_partial)
-        part = prepared.take(batch.tolist())
         try:
-            encoded = self.encode_batch(prepared.sources, batch)
+            encoded = self.encode_batch(part.sources, np.arange(batch.size))
             allow_prefixes(encoded.candidates, np.arange(batch.size), part.prefixes)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
                                 prefixes=part.prefixes, seeds=part.seeds, candidates=encoded.candidates)
@@ -377,7 +390,7 @@ class Translator:
             raise InferenceFailed(f"{self.info.runtime} failed on a batch of {batch.size}: {e}") from e
         generated = 0
         for row, index in enumerate(batch):
-            translation = self.translation(hypotheses[row], int(lengths[index]))
+            translation = self.translation(hypotheses[row], len(part.sources[row]))
             generated += translation.output_tokens
             results[index] = translation
         logger.debug(
