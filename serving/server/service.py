@@ -313,15 +313,15 @@ class TranslationService:
         input_s = time.monotonic() - admitted
         assert runner.batcher is not None
         key = _Key(prepared.search, on_partial is not None)
-        sentences, costs = prepared.split(), prepared.lengths
+        sentences, costs, width = prepared.sentences(), prepared.lengths, prepared.search.beam_size
         try:
             if wait_for_room:
                 pending = await runner.batcher.enqueue_when_room(
-                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
+                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=width
                 )
             else:
                 pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
-                                                 tag=tag)
+                                                 tag=tag, width=width)
         except BaseException:
             runner.active -= 1
             raise

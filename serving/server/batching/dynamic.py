@@ -1,9 +1,11 @@
 """Request-level batching (``mtgate serve --batching request``): an asyncio dynamic batcher whose batches of items
 run to the end on one worker thread.
 
-The collector forms a batch when the oldest queued item's group (its key) is full (``max_items`` or padded cost
-``max_cost``), or when the oldest item has waited ``max_delay_s``; it picks items of similar cost around the oldest
-one (less padding) and hands them to ``run_batch`` in cost order, on the single worker thread that owns the runtime.
+The collector forms a batch when the oldest queued item's group (its key) is full (``max_items``, or padded cost
+times width ``max_cost``), or when the oldest item has waited ``max_delay_s``; it picks items of similar cost around
+the oldest one (less padding), within the engine's budget as the planner counts it (``BatchLimits.budget``,
+``serving.engine.planner``: the engine runs the batch without cutting it again), and hands them to ``run_batch`` in
+cost order, on the single worker thread that owns the runtime.
 Only one batch runs at a time: while it runs, the next one accumulates. Admission, limits, deadlines and
 cancellation are the queue's (``serving.server.batching.queue``); if a batch fails, its items are retried one by one so that
 one bad input fails only its own request.
@@ -90,11 +92,12 @@ class DynamicBatcher(Batcher[P, R]):
         if len(group) >= self.limits.max_items:
             return True
         longest = max(item.cost for item in group)
-        return longest * len(group) >= self.limits.max_cost
+        return self.limits.budget.cost(len(group), longest, group[0].request.width) >= self.limits.max_cost
 
     def _select(self, group: list[Item[P]]) -> list[Item[P]]:
-        """The oldest item plus the items of closest cost that fit; returned in cost order."""
+        """The oldest item plus the items of closest cost that fit the budget; returned in cost order."""
         limits = self.limits
+        budget, width = limits.budget, group[0].request.width  # items of one key share their width
         candidates = sorted(group[: 4 * limits.max_items], key=lambda item: item.cost)
         head = group[0]
         lo = hi = next(i for i, item in enumerate(candidates) if item is head)
@@ -104,8 +107,8 @@ class DynamicBatcher(Batcher[P, R]):
             left = candidates[lo - 1] if lo > 0 else None
             right = candidates[hi + 1] if hi + 1 < len(candidates) else None
             # Padding each choice adds: a shorter item pads itself up to `longest`; a longer one pads everybody.
-            left_ok = left is not None and (n + 1) * longest <= limits.max_cost
-            right_ok = right is not None and (n + 1) * max(longest, right.cost) <= limits.max_cost
+            left_ok = left is not None and budget.fits(n + 1, longest, width)
+            right_ok = right is not None and budget.fits(n + 1, max(longest, right.cost), width)
             if not left_ok and not right_ok:
                 break
             take_left = left_ok and (

@@ -1,7 +1,8 @@
 """Admission: the queue both batchers share (``serving.server.batching.dynamic``, ``serving.server.batching.step``).
 
 A request is a list of payloads, each with a cost (e.g. its token count), a hashable key (items with different keys
-never share a batch: e.g. different decoding options) and an optional deadline. :class:`Batcher` admits requests
+never share a batch: e.g. different decoding options), a width (rows each payload decodes: its beams) and an optional
+deadline. :class:`Batcher` admits requests
 into a bounded queue and owns the one worker thread that runs the model; a subclass decides how queued items run
 (its :meth:`Batcher.collect` loop), through the public methods below the admission ones.
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from serving.engine.errors import DeadlineExceeded, InferenceFailed, ModelNotReady, Overloaded, ServingError
+from serving.engine.planner import BatchBudget
 from serving.engine.request import OnPartial
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,8 @@ class BatchLimits:
 
     Attributes:
         max_items: most items in one batch.
-        max_cost: most padded cost (items x largest cost) in one batch; a single larger item still runs alone.
+        max_cost: most padded cost times width (items x width x largest cost: padded source tokens times beams) in one
+            batch; a single larger item still runs alone. With ``max_items``, the engine's budget (:attr:`budget`).
         max_delay_s: how long the oldest item may wait for a fuller batch.
         queue_capacity: most items waiting (not yet running); beyond it new requests are refused.
         retry_after_s: the delay suggested to refused clients.
@@ -50,6 +53,11 @@ class BatchLimits:
     max_delay_s: float = 0.005
     queue_capacity: int = 512
     retry_after_s: float = 1.0
+
+    @property
+    def budget(self) -> BatchBudget:
+        """What one batch may hold, as the engine's planner counts it (``serving.engine.planner.BatchBudget``)."""
+        return BatchBudget(self.max_items, self.max_cost)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class Pending(Generic[R]):
     deadline: float | None
     on_partial: OnPartial | None
     tag: str
+    width: int
     future: asyncio.Future[list[R]]
     results: list[Any]
     remaining: int
@@ -213,13 +222,15 @@ class Batcher(Generic[P, R]):
         return self._queued
 
     def enqueue(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
-                deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> Pending[R]:
+                deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "",
+                width: int = 1) -> Pending[R]:
         """Admit a request now or refuse it.
 
         Arguments:
             payloads: the request's items (at least one).
             costs: one cost per item (e.g. source tokens).
             key: items with different keys never share a batch.
+            width: rows each item decodes (its beams), counted by the budget; items of one key share it.
             deadline: ``time.monotonic()`` value after which the request fails with DeadlineExceeded.
             on_partial: called on the event loop with ``(item index, partial result)`` while items are computed.
             tag: an id for log lines (e.g. the request id).
@@ -241,7 +252,7 @@ class Batcher(Generic[P, R]):
                 retry_after=self.limits.retry_after_s,
             )
         pending: Pending[R] = Pending(
-            batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag,
+            batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=max(1, int(width)),
             future=asyncio.get_running_loop().create_future(), results=[None] * len(payloads), remaining=len(payloads),
         )
         now = time.monotonic()
@@ -256,7 +267,7 @@ class Batcher(Generic[P, R]):
 
     async def enqueue_when_room(
         self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None, deadline: float | None = None,
-        on_partial: OnPartial | None = None, tag: str = "",
+        on_partial: OnPartial | None = None, tag: str = "", width: int = 1,
     ) -> Pending[R]:
         """Like :meth:`enqueue` but wait for room instead of refusing (bulk requests).
 
@@ -275,16 +286,18 @@ class Batcher(Generic[P, R]):
                 await asyncio.wait_for(self._room.wait(), timeout)
             except TimeoutError:
                 raise DeadlineExceeded("request deadline passed while waiting for room in the queue") from None
-        return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
+        return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=width)
 
     async def submit(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
-                     deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> list[R]:
+                     deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "",
+                     width: int = 1) -> list[R]:
         """Enqueue and wait: ``await batcher.submit(...)`` returns one result per payload, in order.
 
         Raises:
             Overloaded, DeadlineExceeded, ModelNotReady, ServingError: see :meth:`enqueue` and :meth:`Pending.wait`.
         """
-        pending = self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
+        pending = self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag,
+                               width=width)
         return await pending.wait()
 
     # -- for the batchers: what their collect loops use ----------------------------------------------------------
