@@ -1,7 +1,8 @@
 """The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
 
-A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
-:meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
+A route turns its request into texts and an :class:`~serving.server.limits.Admission` (options and deadline, parsed
+and checked once: ``TranslationService.limits.admission``) and calls :meth:`TranslationService.translate` (or
+:meth:`TranslationService.admit` for streaming); the service checks the texts against the server's limits, has the engine prepare the
 texts (``serving.engine.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
 the model's batcher (``serving.server.batching``) and returns the engine's translations. :meth:`TranslationService.score`
 (reference scoring) checks the same limits and runs ``Engine.score`` on the model's worker thread.
@@ -30,7 +31,7 @@ from serving.engine.request import DecodeOptions, Engine, OnPartial, Prepared, R
 from serving.engine.tokenizers.base import InvalidText
 from serving.package import PackageError
 from serving.server.batching import Pending
-from serving.server.limits import RequestLimits
+from serving.server.limits import Admission, RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
@@ -224,7 +225,7 @@ class TranslationService:
         return index
 
     async def score(
-        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], deadline: float
+        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[ReferenceScore]]:
         """The model's log-likelihood of each target given its source (``Engine.score``), computed on the model's
         worker thread (never beside a batch of translations on the same runtime).
@@ -244,7 +245,7 @@ class TranslationService:
                                "source")
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            return runner, await runner.score(list(sources), list(targets), deadline)
+            return runner, await runner.score(list(sources), list(targets), admission.deadline)
         finally:
             runner.active -= 1
 
@@ -286,17 +287,14 @@ class TranslationService:
         self,
         model: str | ModelRunner | None,
         texts: Sequence[str],
-        options: DecodeOptions,
-        deadline: float,
+        admission: Admission,
         *,
         on_partial: OnPartial | None = None,
-        tag: str = "",
         wait_for_room: bool = False,
         documents: Sequence[Document] | None = None,
-        target_prefix: Sequence[str] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
-        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`); await ``pending.wait()``
-        for the translations.
+        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`) under ``admission`` (its
+        options, deadline, tag and target prefix); await ``pending.wait()`` for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
@@ -306,7 +304,7 @@ class TranslationService:
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options, documents, target_prefix)
+            prepared = await self.prepare(runner, texts, admission.options, documents, admission.target_prefix)
         except BaseException:
             runner.active -= 1
             raise
@@ -314,6 +312,7 @@ class TranslationService:
         assert runner.batcher is not None
         key = _Key(prepared.search, on_partial is not None)
         sentences, costs, width = prepared.sentences(), prepared.lengths, prepared.search.beam_size
+        deadline, tag = admission.deadline, admission.tag
         try:
             if wait_for_room:
                 pending = await runner.batcher.enqueue_when_room(
@@ -329,16 +328,14 @@ class TranslationService:
         return runner, pending
 
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
-        tag: str = "", target_prefix: Sequence[str] | None = None,
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[Translation]]:
-        """Translate ``texts`` with ``model``: one translation per text, in order."""
-        runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
+        """Translate ``texts`` with ``model`` under ``admission``: one translation per text, in order."""
+        runner, pending = await self.admit(model, texts, admission)
         return runner, await pending.wait()
 
     async def translate_documents(
-        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
-        tag: str = ""
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[DocumentTranslation]]:
         """Split each text into sentences (``serving.engine.documents``, in the model's source language) and translate them
         all in one admission, so that they batch together; one :class:`DocumentTranslation` per text, in order.
@@ -359,8 +356,7 @@ class TranslationService:
                                         max_chars=s.max_chars_per_sentence)
         except InvalidText as e:
             raise e.about(f"text[{list(texts).index(e.text)}]") from None
-        runner, pending = await self.admit(runner, sentences_of(documents), options, deadline, tag=tag,
-                                           documents=documents)
+        runner, pending = await self.admit(runner, sentences_of(documents), admission, documents=documents)
         return runner, assemble(documents, await pending.wait())
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
