@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("throughput and reliability")
     run.add_argument("--workers", type=positive_int, default=None, metavar="N",
                      help="worker processes (default: one per core; with --server: 4 concurrent requests)")
-    add_max_batch_tokens(run, help=f"most padded source tokens per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
+    add_max_batch_tokens(run, help=f"most padded source tokens times beams per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
                                    "than mtgate serve's: every worker holds a batch)",
                          default=OFFLINE_MAX_BATCH_TOKENS, aliases=("--max-tokens",))
     add_max_batch_size(run, help=f"most sentences per batch (default: {OFFLINE_MAX_BATCH_SIZE}, more than mtgate "
