@@ -1,27 +1,19 @@
 """The engine: ``Translator`` turns texts into translations with a model package on one runtime (the
 ``serving.engine.request.Engine`` protocol).
 
-``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` cuts
+``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence
+(``serving.engine.preparation``: ids, target prefixes, caps on generated tokens, seeds); ``run`` cuts
 the prepared sentences into sub-batches under the engine's budget (``serving.engine.planner``: sentences, and padded
 source tokens times beams; a batch planned under the same budget runs as it is), encodes each sub-batch once (``serving.engine.encoding``), decodes it (``serving.engine.decoding``), detokenizes, and
 returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.engine.reference_scoring``). It
 knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
 
-Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
-
-- no override: the package's cap on generated tokens *including* EOS -- ``decoding.max_length`` (HF: the checkpoint's
-  ``max_length - 1``), or, when ``decoding.extra_length`` is set (tensor2tensor), ``source tokens incl. EOS +
-  extra_length`` per sentence (T2T uses the padded length of its own batch; per sentence keeps a result independent
-  of how requests were batched), bounded by ``decoding.max_length``; ``decoding.forced_eos`` as configured.
-- ``max_length=N``: at most N tokens *excluding* EOS: the cap is N + 1 and EOS is forced at that last step, so the
-  output always ends properly.
-- always bounded by the model's position table (``max_positions``).
+Output length: ``serving.engine.preparation.max_steps``.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.engine import preparation
 from serving.engine.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.engine.decoding import Hypothesis, OnTokens, SearchOptions, search
-from serving.engine.decoding.rules import sentence_seeds
 from serving.engine.encoding import encode_sorted
-from serving.engine.errors import InferenceFailed, InvalidInput, ServingError
+from serving.engine.errors import InferenceFailed, ServingError
 from serving.engine.planner import DEFAULT_BUDGET, BatchBudget, in_order, plan
 from serving.engine.reference_scoring import check_pairs, encode_texts, fit_scored_sources, score_references
 from serving.engine.request import (
@@ -43,7 +35,6 @@ from serving.engine.request import (
     Prepared,
     ReferenceScore,
     Translation,
-    fit_sources,
 )
 from serving.engine.shortlist import allow_prefixes, open_shortlist
 from serving.engine.tokenizers import Tokenizer, load_tokenizer
@@ -193,7 +184,8 @@ class Translator:
             InputTooLong: a text has more tokens than the model has positions (unless ``options.truncate``).
             InvalidInput: not one target prefix per text, or a prefix as long as the translation may be.
         """
-        return self._prepared(self.encode(texts), options, self._prefix_ids(target_prefix, len(texts)))
+        prefixes = preparation.prefix_ids(self.tokenizer.encode_target, target_prefix, len(texts))
+        return self._prepared(self.encode(texts), options, prefixes)
 
     def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                     target_prefix: Sequence[str] | None = None) -> Prepared:
@@ -206,48 +198,16 @@ class Translator:
                 long as the translation may be.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
-        return self._prepared(self._source_ids(ids), options, self._prefix_ids(target_prefix, len(ids)))
-
-    def _prefix_ids(self, target_prefix: Sequence[str] | None, count: int) -> list[list[int]] | None:
-        """Each sentence's target prefix as target ids (no EOS; [] for ""), or None (InvalidInput: not ``count``)."""
-        if target_prefix is None:
-            return None
-        if len(target_prefix) != count:
-            raise InvalidInput(f"{len(target_prefix)} target prefixes for {count} texts")
-        return [self.tokenizer.encode_target(prefix) if prefix else [] for prefix in target_prefix]
-
-    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Each sentence's ids with EOS appended, checked against the source vocabulary (InvalidInput)."""
-        size = self.info.source_vocab_size
-        sources: list[list[int]] = []
-        for index, sentence in enumerate(ids):
-            source = [int(i) for i in sentence]
-            bad = next((i for i in source if not 0 <= i < size), None)
-            if bad is not None:
-                raise InvalidInput(f"text {index} holds the id {bad}, outside the source vocabulary of {size}")
-            sources.append([*source, self.ids.eos])
-        return sources
+        prefixes = preparation.prefix_ids(self.tokenizer.encode_target, target_prefix, len(ids))
+        return self._prepared(self._source_ids(ids), options, prefixes)
 
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None,
                   prefixes: list[list[int]] | None = None) -> Prepared:
         options = options or DecodeOptions()
-        sources, truncated = fit_sources(sources, self.info.max_input_tokens, options.truncate)
-        lengths = np.array([len(source) for source in sources], dtype=np.int64)
-        caps = self.max_steps(lengths, options)
-        if prefixes is not None and any(prefixes):
-            prefix_lengths = np.array([len(prefix) for prefix in prefixes], dtype=np.int64)
-            caps = np.minimum(caps + prefix_lengths, self.info.max_input_tokens)
-            if (prefix_lengths >= caps).any():
-                index = int(np.argmax(prefix_lengths >= caps))
-                raise InvalidInput(f"target_prefix {index} has {prefix_lengths[index]} tokens; this translation may "
-                                   f"have at most {caps[index] - 1}")
-        else:
-            prefixes = None
-        seeds = None
-        if options.sampling:
-            seeds = sentence_seeds(secrets.randbits(63) if options.seed is None else options.seed, len(sources))
-        return Prepared(sources, caps, self.search_options(options), truncated=truncated, seeds=seeds,
-                        prefixes=prefixes)
+        return preparation.prepared(self.info, sources, options, self.search_options(options), prefixes)
+
+    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        return preparation.source_ids(ids, self.info.source_vocab_size, self.ids.eos)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
         """The search options a request resolves to (the package's defaults overridden by ``options``).
@@ -259,16 +219,8 @@ class Translator:
         return (options or DecodeOptions()).resolve(self.info.decoding, ids.eos, ids.decoder_start, ids.unk)
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
-        """Per-sentence cap on generated tokens, EOS included (module docstring)."""
-        options = options or DecodeOptions()
-        defaults = self.info.decoding
-        if options.max_length is not None:
-            caps = np.full(source_lengths.shape, int(options.max_length) + 1, dtype=np.int64)
-        elif defaults.extra_length is not None:
-            caps = np.minimum(source_lengths + int(defaults.extra_length), int(defaults.max_length))
-        else:
-            caps = np.full(source_lengths.shape, int(defaults.max_length), dtype=np.int64)
-        return np.clip(caps, 1, self.info.max_input_tokens).astype(np.int64)
+        """Per-sentence cap on generated tokens, EOS included (``serving.engine.preparation.max_steps``)."""
+        return preparation.max_steps(self.info, source_lengths, options or DecodeOptions())
 
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
         """Decode prepared sentences (any number; cut into sub-batches under :attr:`budget`: a batch planned under
