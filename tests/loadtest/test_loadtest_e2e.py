@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from batch.tensorboard import read_events
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
 from loadtest.runner import GRACE_S, STOP_TIMEOUT_S
 from loadtest.scrape import read as read_metrics
 from loadtest.server import start_server
 from loadtest.stats import read_run
-from loadtest.tensorboard import read_events
 from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
