@@ -89,15 +89,16 @@ def score(package: Path, name: str, label: str, sources: list[str], references: 
     }
 
 
-def segments(testset: str, paragraphs: bool) -> tuple[str, str, list[str], list[str]]:
-    """(name, label, sources, references) of a bundled test set, as sentences or as its paragraphs."""
+def segments(testset: str, paragraphs: bool) -> tuple[str, str, list[str], list[str], dict[str, int]]:
+    """(name, label, sources, references, counts) of a bundled test set, as sentences or as its paragraphs; a
+    paragraph row counts the sentences it covers and its paragraphs."""
     sources, references = read_lines(TESTSETS / f"{testset}.en.gz"), read_lines(TESTSETS / f"{testset}.de.gz")
     if not paragraphs:
-        return testset, "models/data/multi30k", sources, references
+        return testset, "models/data/multi30k", sources, references, {}
     joined, groups = eval_paragraphs(sources)
-    label = (f"models/data/multi30k; {len(groups)} paragraphs of 4-8 consecutive sentences, "
-             f"{groups[-1][1]} sentences, models/recipe/paragraphs.py")
-    return f"{testset}-paragraphs", label, joined, join(references, groups)
+    label = "models/data/multi30k; 4-8 consecutive sentences joined, models/recipe/paragraphs.py"
+    counts = {"sentences": groups[-1][1], "paragraphs": len(groups)}
+    return f"{testset}-paragraphs", label, joined, join(references, groups), counts
 
 
 def main() -> None:
@@ -114,10 +115,10 @@ def main() -> None:
     runs = [(t, False) for t in args.testsets.split(",") if t] + [(t, True) for t in args.paragraphs.split(",") if t]
     with tempfile.TemporaryDirectory() as tmp:
         for testset, paragraphs in runs:
-            name, label, sources, references = segments(testset, paragraphs)
+            name, label, sources, references, counts = segments(testset, paragraphs)
             for runtime, precision in COMBOS:
                 row = score(args.model, name, label, sources, references, runtime, precision, Path(tmp),
-                            args.workers, lengths)
+                            args.workers, lengths) | counts
                 print(f"{name} {runtime}/{precision}: BLEU {row['bleu']:.2f} chrF {row['chrf']:.2f} "
                       f"length ratio {row['length_ratio']:.3f} (reference {row['reference_length_ratio']:.3f})")
                 rows.append(row)
