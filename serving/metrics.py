@@ -3,7 +3,7 @@ and, from the same batch events, each model's Triton statistics (``serving.stati
 
 Names follow Prometheus conventions (``mtgate_..._total`` counters, ``mtgate_..._seconds`` histograms) and mirror
 Triton's split: requests by route and status; queue wait vs compute time; batch size (sentences per execution);
-queue depth; tokens in and out; dropped work by reason; model info.
+queue depth; tokens in and out; dropped work by reason; sentences computed after their deadline; model info.
 """
 
 from __future__ import annotations
@@ -77,6 +77,12 @@ class ServingMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.late = Counter(
+            "mtgate_late_sentences_total",
+            "sentences computed but done after their request's deadline (wasted work)",
+            ["model"],
+            registry=r,
+        )
         self.sentences = Counter("mtgate_sentences_total", "sentences translated", ["model"], registry=r)
         self.input_tokens = Counter("mtgate_input_tokens_total", "source tokens translated", ["model"], registry=r)
         self.output_tokens = Counter("mtgate_output_tokens_total", "target tokens generated", ["model"], registry=r)
@@ -118,6 +124,7 @@ class _ModelObserver:
         self._compute = metrics.compute_seconds.labels(model)
         self._size = metrics.batch_size.labels(model)
         self._step = metrics.step_sentences.labels(model)
+        self._late = metrics.late.labels(model)
         self._metrics = metrics
         self._model = model
         self._depth.set(0)
@@ -132,6 +139,8 @@ class _ModelObserver:
         for wait in stats.queue_waits:
             self._queue.observe(wait)
         self._metrics.batches.labels(self._model, "ok" if stats.ok else "error").inc()
+        if stats.late:
+            self._late.inc(stats.late)
         logger.info(
             "batch model=%s batch_size=%d padded_tokens=%d queue_ms=%.1f infer_ms=%.1f ok=%s request_ids=%s",
             self._model,
