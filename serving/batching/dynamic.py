@@ -71,8 +71,9 @@ class DynamicBatcher(Batcher[P, R]):
         self.estimator: BatchEstimate = BatchEstimate(limits.prior_s_per_cost)
 
     def estimate(self, costs: Sequence[int]) -> Estimate:
-        # Batches take requests oldest first: this one runs after what is queued, in batches as full as the queue.
-        size = min(self.limits.max_items, self.queued + len(costs))
+        # Batches take requests oldest first: this one runs after what is queued, in batches as full as the queue
+        # (or as recent batches, when more was arriving than is queued now).
+        size = min(self.limits.max_items, max(self.queued + len(costs), self.estimator.recent_size))
         running = max(0.0, self._running_until - time.monotonic()) if self._running else 0.0
         ahead, _ = self.estimator.seconds(size, self.queued_cost)
         own, _ = self.estimator.seconds(size, sum(costs))

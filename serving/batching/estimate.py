@@ -16,7 +16,8 @@ the first observation replaces the prior outright and a change of load or model 
 A size class not observed yet borrows the nearest observed one, scaled the pessimistic way. Before anything has been
 observed the prior stands in: ``prior_s_per_cost``, engine seconds per unit of cost of a sentence decoded alone,
 sharing nothing; a slow prior is the safe one (early requests are refused sooner than needed, none is admitted that
-cannot finish). A warm-up batch calibrates it (:func:`alone`): the model's own speed instead of a guess.
+cannot finish). A warm-up batch calibrates it: the model's own per-token time in a batch of a couple of sentences,
+slower than the full batches of a busy server, so still on the safe side.
 """
 
 from __future__ import annotations
@@ -45,12 +46,6 @@ class Estimate:
     @property
     def total_s(self) -> float:
         return self.wait_s + self.own_s
-
-
-def alone(items: int, cost: int, seconds: float) -> float:
-    """A prior from one timed batch (a warm-up): seconds per unit of cost of a sentence decoded alone, at most
-    ``items`` times the batch's (its sentences shared each step at most ``items`` ways)."""
-    return seconds / max(1, cost) * max(1, items)
 
 
 def size_class(size: int) -> int:
@@ -121,10 +116,18 @@ class BatchEstimate:
     def __init__(self, prior_s_per_cost: float) -> None:
         self.prior_s_per_cost = prior_s_per_cost
         self._rate = BySize(decay=0.75, prior=lambda size: self.prior_s_per_cost, grows=False)
+        self._sizes = Ratio(decay=0.75)  # items per batch, recently
 
     def observe(self, items: int, cost: int, seconds: float) -> None:
         """A batch of ``items`` items and total cost ``cost`` took ``seconds``."""
         self._rate.observe(items, seconds, cost)
+        self._sizes.observe(float(items), 1.0)
+
+    @property
+    def recent_size(self) -> int:
+        """How many items recent batches had (1 before any): the queue's next batches will be about as full, as
+        the requests that keep arriving join what is queued now."""
+        return round(self._sizes.value or 1.0)
 
     def seconds(self, items: int, cost: int) -> tuple[float, bool]:
         """How long ``cost`` units of work take in batches of ``items`` items, and whether that size was observed."""

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from serving.batching.estimate import BatchEstimate, Estimate, StepEstimate, alone
+from serving.batching.estimate import BatchEstimate, Estimate, StepEstimate
 from serving.batching.items import BatchObserver, BatchStats, Item, Pending
 from serving.errors import DeadlineExceeded, InferenceFailed, ModelNotReady, Overloaded, ServingError
 from serving.request import OnPartial
@@ -58,7 +58,8 @@ class BatchLimits:
         queue_capacity: most items waiting (not yet running); beyond it new requests are refused.
         retry_after_s: the least delay suggested to refused clients (more when the estimate says so).
         prior_s_per_cost: engine seconds per unit of cost assumed before the worker has timed any work (the
-            admission estimate's starting point, ``serving.batching.estimate``): an item decoded alone.
+            admission estimate's starting point, ``serving.batching.estimate``); :meth:`Batcher.calibrate`
+            replaces it.
     """
 
     max_items: int = 32
@@ -138,9 +139,11 @@ class Batcher(Generic[P, R]):
         raise NotImplementedError
 
     def calibrate(self, items: int, cost: int, seconds: float) -> None:
-        """Replace the estimate's prior by the speed of a timed batch of ``items`` items of total ``cost`` (the
-        model's warm-up, run outside the queue); the batches that run later are learned from as ever."""
-        self.estimator.prior_s_per_cost = alone(items, cost, seconds)
+        """Replace the estimate's prior by the per-cost time of a timed batch of ``items`` items of total ``cost``
+        (the model's warm-up, run outside the queue: a small batch, slower per unit of cost than full ones); the
+        batches that run later are learned from as ever."""
+        if items > 0 and cost > 0 and seconds > 0:
+            self.estimator.prior_s_per_cost = seconds / cost
 
     def check_admission(self, deadline: float | None, costs: Sequence[int] = (), items: int | None = None) -> None:
         """Refuse a request that would finish after ``deadline`` because of the work queued ahead of it.

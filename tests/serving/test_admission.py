@@ -262,6 +262,24 @@ def test_the_estimate_starts_from_the_prior_and_the_first_batch_replaces_it() ->
     assert estimate.seconds(8, 500)[0] > seconds and estimate.seconds(8, 500)[1] is False
 
 
+def test_a_short_queue_is_estimated_at_the_size_recent_batches_ran_at() -> None:
+    """Under load the queue is short between two batches while requests keep arriving: what is queued runs in
+    batches as full as the recent ones, not at the (unobserved, much slower) rate of a batch its size."""
+    recorder = Recorder()
+
+    async def main() -> None:
+        batcher = dynamic(recorder, max_items=32, max_delay_s=10.0)
+        for _ in range(4):
+            batcher.estimator.observe(32, 500, 5.0)  # 10 ms per unit of cost in full batches
+        queued = [batcher.enqueue([f"q{i}"], [20], deadline=time.monotonic() + 60) for i in range(8)]
+        assert batcher.estimate([20]).total_s == pytest.approx(180 * 0.01)
+        for pending in queued:
+            pending.cancel()
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
 def test_the_step_estimate_is_the_decode_step_rate() -> None:
     estimate = StepEstimate(prior_s_per_cost=0.02)
     assert estimate.steps_per_cost() == (pytest.approx(1.5), False)
