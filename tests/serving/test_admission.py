@@ -79,6 +79,31 @@ def test_a_request_the_queue_would_make_late_is_refused_at_once_with_retry_after
     assert recorder.batches == []
 
 
+def test_step_a_request_the_queue_would_make_late_is_refused_with_retry_after_from_the_decode_step_rate() -> None:
+    """The prior's decode-step arithmetic (10 ms per unit of cost alone: 1.5 steps per unit, 6.7 ms a step with one
+    sentence): 5 queued requests of cost 100 behind a full batch of one are 751 sentence-steps, 5 s."""
+    async def scenario() -> None:
+        runner = FakeRunner()
+        runner.gate = threading.Event()
+        batcher: StepBatcher[str, str] = StepBatcher(
+            lambda: runner, BatchLimits(max_items=1, prior_s_per_cost=0.01), Stats())
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["busy:1"], [1]))
+        await until(lambda: runner.threads)  # its first step started, blocked: the batch is full
+        queued = [batcher.enqueue([f"q{i}:1"], [100], deadline=time.monotonic() + 60) for i in range(5)]
+        with pytest.raises(Overloaded, match="after its deadline") as refused:
+            batcher.enqueue(["late:1"], [100], deadline=time.monotonic() + 2.5)
+        assert refused.value.retry_after == 4  # 5 s ahead + 1 s of its own, 2.5 s allowed
+        admitted = batcher.enqueue(["fits:1"], [100], deadline=time.monotonic() + 10)
+        runner.gate.set()
+        assert await running == ["BUSY:1"]
+        assert await asyncio.gather(*(p.wait() for p in [*queued, admitted])) == [
+            [f"Q{i}:1"] for i in range(5)] + [["FITS:1"]]
+        await batcher.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_request_without_work_ahead_is_admitted_whatever_the_estimate() -> None:
     """With nothing queued a refusal would help nobody: the request is admitted and fails at its deadline."""
     recorder = Recorder()
