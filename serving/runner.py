@@ -89,7 +89,6 @@ class ModelRunner:
             max_delay_s=s.max_queue_delay_us / 1e6,
             queue_capacity=s.max_queue_size,
             retry_after_s=s.retry_after_s,
-            prior_s_per_cost=s.admission_prior_ms_per_token / 1000,
         )
         observer = self._metrics.observer(self.name, self.version_name)
         if s.batching == "step":
@@ -113,8 +112,7 @@ class ModelRunner:
                                         shortlist=s.shortlist)
             )
         if self._settings.warmup:
-            items, cost, seconds = await self.batcher.call_in_worker(self._warm_up)
-            self.batcher.calibrate(items, cost, seconds)  # admission estimates start from this model's speed
+            await self.batcher.call_in_worker(self._warm_up)
         info = self.info
         self._metrics.model_info.labels(info.name, str(info.version), info.runtime, info.precision).set(1)
         elapsed = time.monotonic() - started
@@ -160,15 +158,10 @@ class ModelRunner:
         if not done.cancelled():
             done.exception()  # retrieved: a client that stopped waiting has been answered already
 
-    def _warm_up(self) -> tuple[int, int, float]:
-        """Translate the warm-up sentences; returns the second (warm) pass's sentences, source tokens and seconds."""
+    def _warm_up(self) -> None:
         assert self.translator is not None
-        timed = (0, 0, 0.0)
         for on_partial in (None, lambda i, t: None):  # streamed batches detokenize partial results: warm that too
-            started = time.perf_counter()
-            translations = self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
-            timed = (len(translations), sum(int(t.input_tokens) for t in translations), time.perf_counter() - started)
-        return timed
+            self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
 
     def _run_batch(self, key: Hashable, payloads: list[Prepared], on_partial: OnPartial | None) -> list[Translation]:
         assert self.translator is not None

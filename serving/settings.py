@@ -68,10 +68,8 @@ class ServingSettings(BaseSettings):
         retry_after_s: the least Retry-After sent with a 503 for a full queue or a deadline the queued work would
             make a request miss (the estimated wait until it would fit, when longer).
         request_timeout_s: default deadline of a request; a client may only shorten it. Behind queued work, a request
-            whose estimated completion falls after its deadline gets 503 at once (``serving.batching.queue``).
-        admission_prior_ms_per_token: engine milliseconds per source token (a sentence decoded alone) that the
-            completion estimate starts from when ``warmup`` is off (the warm-up measures the model instead); then
-            the server learns the rate from the batches it runs. Slow is the safe side.
+            whose estimated completion (learned from the batches run) falls after its deadline gets 503 at once
+            (``serving.batching.queue``).
         max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
         max_chars_per_sentence: longest sentence accepted, in characters (with ``split_sentences``: each sentence
             after splitting).
@@ -128,7 +126,6 @@ class ServingSettings(BaseSettings):
     )
     retry_after_s: int = Field(default=1, ge=0)
     request_timeout_s: float = Field(default=30.0, gt=0)
-    admission_prior_ms_per_token: float = Field(default=20.0, gt=0)
 
     max_sentences_per_request: int = Field(default=128, ge=1)
     max_chars_per_sentence: int = Field(default=2000, ge=1)

@@ -75,9 +75,9 @@ class DynamicBatcher(Batcher[P, R]):
         # (or as recent batches, when more was arriving than is queued now).
         size = min(self.limits.max_items, max(self.queued + len(costs), self.estimator.recent_size))
         running = max(0.0, self._running_until - time.monotonic()) if self._running else 0.0
-        ahead, _ = self.estimator.seconds(size, self.queued_cost)
+        ahead, learned = self.estimator.seconds(size, self.queued_cost)
         own, _ = self.estimator.seconds(size, sum(costs))
-        return Estimate(wait_s=running + ahead, own_s=own)
+        return Estimate(wait_s=running + ahead, own_s=own, learned=learned)
 
     def abort_running(self, error: ServingError) -> None:
         for item in self._running:  # its results will never be delivered: the collector is cancelled

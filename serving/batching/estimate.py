@@ -14,10 +14,10 @@ therefore kept per *size class* (sizes 1, 2-3, 4-7, 8-15, ...: powers of two):
 Each rate is a ratio of exponentially decayed sums (seconds over units, the recent observations weighing most), so
 the first observation replaces the prior outright and a change of load or model speed shows within a few batches.
 A size class not observed yet borrows the nearest observed one, scaled the pessimistic way. Before anything has been
-observed the prior stands in: ``prior_s_per_cost``, engine seconds per unit of cost of a sentence decoded alone,
-sharing nothing; a slow prior is the safe one (early requests are refused sooner than needed, none is admitted that
-cannot finish). A warm-up batch calibrates it: the model's own per-token time in a batch of a couple of sentences,
-slower than the full batches of a busy server, so still on the safe side.
+observed the prior stands in: ``prior_s_per_cost``, engine seconds per unit of cost of a sentence decoded alone. It
+is only a placeholder: an estimate says whether it was ``learned`` (every rate it used observed at its own size), and
+only a learned estimate refuses or drops work (a server that has not timed its own work yet cannot know it is too
+slow; a guess would refuse requests it could serve, while the work it admits is still checked before compute).
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ class Estimate:
     Attributes:
         wait_s: until the work ahead of it (running and queued) lets its items start.
         own_s: its own items, once they start.
+        learned: every rate it used was observed at the size it was used for (not the prior, not borrowed).
     """
 
     wait_s: float
     own_s: float
+    learned: bool
 
     @property
     def total_s(self) -> float:
@@ -114,8 +116,7 @@ class BatchEstimate:
     """Request-level batching: engine seconds per unit of cost, by batch size (learned from each batch that ran)."""
 
     def __init__(self, prior_s_per_cost: float) -> None:
-        self.prior_s_per_cost = prior_s_per_cost
-        self._rate = BySize(decay=0.75, prior=lambda size: self.prior_s_per_cost, grows=False)
+        self._rate = BySize(decay=0.75, prior=lambda size: prior_s_per_cost, grows=False)
         self._sizes = Ratio(decay=0.75)  # items per batch, recently
 
     def observe(self, items: int, cost: int, seconds: float) -> None:
@@ -142,10 +143,8 @@ class StepEstimate:
     """
 
     def __init__(self, prior_s_per_cost: float) -> None:
-        self.prior_s_per_cost = prior_s_per_cost
         # A step of n sentences sharing nothing: n sentences' worth of the prior, each needing the prior's steps.
-        self._step = BySize(decay=0.9, prior=lambda size: self.prior_s_per_cost * size / STEPS_PER_COST_PRIOR,
-                            grows=True)
+        self._step = BySize(decay=0.9, prior=lambda size: prior_s_per_cost * size / STEPS_PER_COST_PRIOR, grows=True)
         self._steps = Ratio(decay=0.75)  # "seconds" are steps here: steps per unit of cost
         self._lock = threading.Lock()
 

@@ -17,8 +17,9 @@ And the capacity is spent on requests that can still make their deadline:
 
 - admission by estimate: a request with a deadline that other queued work would make it miss is refused at once with
   Overloaded, its Retry-After the estimated time until it would fit (``serving.batching.estimate``: each batcher's
-  :meth:`Batcher.estimate`, learned from what its worker ran); with nothing queued a request is always admitted (a
-  refusal would help nobody: the check before compute below still keeps doomed work off the worker);
+  :meth:`Batcher.estimate`, learned from what its worker ran; before the worker has timed its own work, no request is
+  refused by a guess); with nothing queued a request is always admitted (a refusal would help nobody: the check before
+  compute below still keeps doomed work off the worker);
 - before compute: a queued request whose deadline passed, or that the learned estimate says would finish after it,
   fails with DeadlineExceeded instead of running (:meth:`Batcher.drop_expired`, :meth:`Batcher.drop_hopeless`);
 - a sentence whose computation ends after its request's deadline is counted (``BatchStats.late``): wasted work.
@@ -58,8 +59,8 @@ class BatchLimits:
         queue_capacity: most items waiting (not yet running); beyond it new requests are refused.
         retry_after_s: the least delay suggested to refused clients (more when the estimate says so).
         prior_s_per_cost: engine seconds per unit of cost assumed before the worker has timed any work (the
-            admission estimate's starting point, ``serving.batching.estimate``); :meth:`Batcher.calibrate`
-            replaces it.
+            estimate's placeholder, ``serving.batching.estimate``: the Retry-After of a full queue; it never refuses
+            or drops a request).
     """
 
     max_items: int = 32
@@ -138,15 +139,9 @@ class Batcher(Generic[P, R]):
         (each batcher knows how its work runs)."""
         raise NotImplementedError
 
-    def calibrate(self, items: int, cost: int, seconds: float) -> None:
-        """Replace the estimate's prior by the per-cost time of a timed batch of ``items`` items of total ``cost``
-        (the model's warm-up, run outside the queue: a small batch, slower per unit of cost than full ones); the
-        batches that run later are learned from as ever."""
-        if items > 0 and cost > 0 and seconds > 0:
-            self.estimator.prior_s_per_cost = seconds / cost
-
     def check_admission(self, deadline: float | None, costs: Sequence[int] = (), items: int | None = None) -> None:
-        """Refuse a request that would finish after ``deadline`` because of the work queued ahead of it.
+        """Refuse a request that would finish after ``deadline`` because of the work queued ahead of it, by the learned
+        estimate (the prior never refuses).
 
         With no ``costs`` (the request is not tokenized yet: ``items`` says how many items it has, for the count of
         refused items) only the work ahead counts: a cheap early refusal.
@@ -175,7 +170,7 @@ class Batcher(Generic[P, R]):
             return None
         estimate = self.estimate(costs)
         late_by = time.monotonic() + estimate.total_s - deadline
-        return (late_by, estimate) if late_by > 0 else None
+        return (late_by, estimate) if late_by > 0 and estimate.learned else None
 
     def enqueue(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
                 deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> Pending[R]:

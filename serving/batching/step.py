@@ -206,20 +206,21 @@ class StepBatcher(Batcher[P, R]):
 
     def estimate(self, costs: Sequence[int]) -> Estimate:
         limits = self.limits
-        per_cost, _ = self.estimator.steps_per_cost()
+        per_cost, steps_learned = self.estimator.steps_per_cost()
         sentences = self.in_flight + self.queued + len(costs)
-        step_s, _ = self.estimator.step_seconds(min(limits.max_items, sentences))
+        step_s, step_learned = self.estimator.step_seconds(min(limits.max_items, sentences))
         own = per_cost * max(costs, default=0) * step_s
-        if sentences <= limits.max_items:
-            return Estimate(wait_s=0.0, own_s=own)  # it joins at the next step
+        if sentences <= limits.max_items:  # it joins at the next step
+            return Estimate(wait_s=0.0, own_s=own, learned=steps_learned and step_learned)
         # The work ahead in sentence-steps (what each sentence in flight still needs, then the queued ones), done
         # max_items at a time; the request's rows free up before all of it is done, so this errs on the long side.
         ahead = per_cost * self.queued_cost
         for chunk in self._chunks:
             done = self._steps - chunk.joined_step if chunk.joined_step is not None else 0
             ahead += sum(max(1.0, per_cost * item.cost - done) for item in chunk.items)
-        full_step_s, _ = self.estimator.step_seconds(limits.max_items)
-        return Estimate(wait_s=ahead / limits.max_items * full_step_s, own_s=own)
+        full_step_s, full_learned = self.estimator.step_seconds(limits.max_items)
+        return Estimate(wait_s=ahead / limits.max_items * full_step_s, own_s=own,
+                        learned=steps_learned and full_learned)
 
     async def call_in_worker(self, fn: Callable[..., W], *args: Any) -> W:
         """Run ``fn(*args)`` on the worker thread. While the drive loop runs, between two of its steps, so that

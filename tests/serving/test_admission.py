@@ -55,13 +55,14 @@ def dynamic(run_batch: Any, stats: Stats | None = None, **limits: Any) -> Dynami
 
 
 def test_a_request_the_queue_would_make_late_is_refused_at_once_with_retry_after_from_the_estimate() -> None:
-    """Nothing runs (the oldest item waits 10 s for a fuller batch), so the estimate is the prior's arithmetic:
-    10 queued requests of cost 100 at 10 ms per unit are 10 s of work."""
+    """Nothing runs (the oldest item waits 10 s for a fuller batch), so the estimate is plain arithmetic on the learned
+    rate: 10 queued requests of cost 100 at 10 ms per unit are 10 s of work."""
     recorder = Recorder()
     stats = Stats()
 
     async def main() -> None:
-        batcher = dynamic(recorder, stats, max_items=100, max_delay_s=10.0, prior_s_per_cost=0.01)
+        batcher = dynamic(recorder, stats, max_items=100, max_delay_s=10.0)
+        batcher.estimator.observe(100, 10_000, 100.0)  # learned: 10 ms per unit of cost in batches of 100
         queued = [batcher.enqueue([f"q{i}"], [100], deadline=time.monotonic() + 60) for i in range(10)]
         assert batcher.estimate([100]).wait_s == pytest.approx(10.0)
         with pytest.raises(Overloaded, match="after its deadline") as refused:
@@ -80,14 +81,15 @@ def test_a_request_the_queue_would_make_late_is_refused_at_once_with_retry_after
 
 
 def test_step_a_request_the_queue_would_make_late_is_refused_with_retry_after_from_the_decode_step_rate() -> None:
-    """The prior's decode-step arithmetic (10 ms per unit of cost alone: 1.5 steps per unit, 6.7 ms a step with one
-    sentence): 5 queued requests of cost 100 behind a full batch of one are 751 sentence-steps, 5 s."""
+    """The decode-step arithmetic (learned: 1.5 steps per unit of cost, 6.7 ms a step with one sentence): 5 queued
+    requests of cost 100 behind a full batch of one are 751 sentence-steps, 5 s."""
     async def scenario() -> None:
         runner = FakeRunner()
         runner.gate = threading.Event()
-        batcher: StepBatcher[str, str] = StepBatcher(
-            lambda: runner, BatchLimits(max_items=1, prior_s_per_cost=0.01), Stats())
+        batcher: StepBatcher[str, str] = StepBatcher(lambda: runner, BatchLimits(max_items=1), Stats())
         batcher.start()
+        batcher.estimator.observe_step(1, 0.01 / 1.5)
+        batcher.estimator.observe_sentence(3, 2)
         running = asyncio.ensure_future(batcher.submit(["busy:1"], [1]))
         await until(lambda: runner.threads)  # its first step started, blocked: the batch is full
         queued = [batcher.enqueue([f"q{i}:1"], [100], deadline=time.monotonic() + 60) for i in range(5)]
@@ -104,13 +106,30 @@ def test_step_a_request_the_queue_would_make_late_is_refused_with_retry_after_fr
     asyncio.run(scenario())
 
 
+def test_the_prior_never_refuses_a_request() -> None:
+    """Before the worker has timed its own work, the estimate is a guess: it would refuse requests a fast server can
+    serve, so only a full queue refuses then."""
+    recorder = Recorder()
+
+    async def main() -> None:
+        batcher = dynamic(recorder, max_items=100, max_delay_s=10.0, prior_s_per_cost=10.0)  # 1000 s per request
+        queued = [batcher.enqueue([f"q{i}"], [100], deadline=time.monotonic() + 1) for i in range(5)]
+        assert batcher.queued == 5 and batcher.estimate([100]).total_s > 1000
+        for pending in queued:
+            pending.cancel()
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
 def test_a_request_without_work_ahead_is_admitted_whatever_the_estimate() -> None:
     """With nothing queued a refusal would help nobody: the request is admitted and fails at its deadline."""
     recorder = Recorder()
     recorder.gate = threading.Event()
 
     async def main() -> None:
-        batcher = dynamic(recorder, max_items=1, max_delay_s=0.0, prior_s_per_cost=100.0)
+        batcher = dynamic(recorder, max_items=1, max_delay_s=0.0)
+        batcher.estimator.observe(1, 1, 100.0)  # learned: 100 s per unit of cost
         running = asyncio.ensure_future(batcher.submit(["slow"], [1]))
         await until(lambda: recorder.threads)  # running, blocked: the queue is empty
         with pytest.raises(DeadlineExceeded):
@@ -139,15 +158,16 @@ def test_a_full_queue_suggests_retrying_when_room_is_estimated() -> None:
 
 
 def test_waiting_for_room_also_waits_for_the_estimate_to_fit() -> None:
-    """Bulk requests wait instead of being refused: here until the first batches have shown the engine to be much
-    faster than the prior said."""
+    """Bulk requests wait instead of being refused: here until the batches that run have shown the engine to be much
+    faster than it was."""
     timed = Timed(per_cost=0.001)
 
     async def main() -> None:
-        batcher = dynamic(timed, max_items=1, max_delay_s=0.0, prior_s_per_cost=0.1)  # 2 s per request
+        batcher = dynamic(timed, max_items=1, max_delay_s=0.0)
+        batcher.estimator.observe(1, 20, 2.0)  # learned: 2 s per request of cost 20
         ahead = [asyncio.ensure_future(batcher.submit([f"a{i}:20"], [20])) for i in range(5)]
         await asyncio.sleep(0)
-        with pytest.raises(Overloaded):  # 10 s by the prior, 5 s allowed
+        with pytest.raises(Overloaded):  # 10 s by the estimate, 5 s allowed
             batcher.enqueue(["b:20"], [20], deadline=time.monotonic() + 5)
         pending = await batcher.enqueue_when_room(["b:20"], [20], deadline=time.monotonic() + 5)
         assert await pending.wait() == ["B:20"]
@@ -226,7 +246,7 @@ def test_a_request_the_learned_estimate_says_would_finish_late_is_not_computed()
     assert ("deadline", 1) in stats.dropped
 
 
-def test_the_prior_alone_never_fails_a_request_before_compute() -> None:
+def test_the_prior_never_fails_a_request_before_compute() -> None:
     recorder = Recorder()
 
     async def main() -> None:

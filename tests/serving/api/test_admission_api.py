@@ -10,7 +10,7 @@ from typing import Any
 from serving.request import OnPartial, Prepared, Translation
 from tests.fakes import EchoTranslator
 
-LONG = " ".join(f"w{i}" for i in range(49))  # 49 words + EOS: cost 50, 5 s at the prior of 100 ms per token
+LONG = " ".join(f"w{i}" for i in range(49))  # 49 words + EOS: cost 50, 5 s at 100 ms per token
 
 
 class GatedEcho(EchoTranslator):
@@ -34,9 +34,9 @@ class GatedEcho(EchoTranslator):
 
 def test_a_request_the_queue_would_make_late_gets_503_with_retry_after_from_the_estimate(serve: Any) -> None:
     translator = GatedEcho()
-    with serve(translator, warmup=False, max_batch_size=1, max_queue_delay_us=0,
-               admission_prior_ms_per_token=100) as client:
+    with serve(translator, warmup=False, max_batch_size=1, max_queue_delay_us=0) as client:
         batcher = client.app.state.service.get(None).batcher  # type: ignore[attr-defined]
+        batcher.estimator.observe(1, 50, 5.0)  # the engine's speed, as if learned: 100 ms per token in batches of 1
         results: list[Any] = []
         texts = ["a b c", LONG, LONG, LONG, LONG]
         threads = [threading.Thread(target=lambda t=t: results.append(client.post("/v1/translate", json={"text": t})))
@@ -46,7 +46,7 @@ def test_a_request_the_queue_would_make_late_gets_503_with_retry_after_from_the_
         for thread in threads[1:]:
             thread.start()
         deadline = time.monotonic() + 5
-        while batcher.queued < 4:  # 4 x 5 s queued by the prior
+        while batcher.queued < 4:  # 4 x 5 s queued
             assert time.monotonic() < deadline
             time.sleep(0.01)
         prepared = translator.prepared
