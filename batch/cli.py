@@ -5,8 +5,9 @@
     batch-score input.jsonl --server http://127.0.0.1:8000              # through a running mtgate serve / Triton
 
 Writes the output (by default each input Example plus ``outputs`` and ``score``), ``<output>.rejects.jsonl`` and
-``<output>.summary.json``; prints one summary line. Exit codes: 0 done, 1 some records were rejected (unless
-``--allow-rejects``) or the run failed, 2 bad arguments or input.
+``<output>.summary.json``; prints one summary line. Exit codes (the README's): 0 done, 1 some records were rejected
+(unless ``--allow-rejects``) or the run failed on the way (a full disk, an I/O error, a server or Ray cluster lost:
+one line, and the committed chunks stay for the rerun), 2 bad arguments or input.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from batch.report import dry_run_report, empty_warning, summary_line, tensorboar
 from batch.runner import ChunkRunner, run_job
 from batch.schema import detect_schema
 from batch.workers import Executor
-from serving.cli import UsageError, missing_extra
-from serving.cli_options import (
+from serving.commands.options import (
     OneLineParser,
+    UsageError,
     add_decoding,
     add_decoding_features,
     add_log_level,
@@ -43,6 +44,9 @@ from serving.cli_options import (
     non_negative_int,
     positive_int,
 )
+from serving.commands.registry import missing_extra
+from serving.package import choose_precision
+from serving.server.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ _SHARD_ENV = "JOB_COMPLETION_INDEX"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``).
 
-    Names follow ``serving.cli_options``; the old ``--runtime`` and ``--max-tokens`` are hidden aliases.
+    Names follow ``serving.commands.options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
     """
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
@@ -102,9 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("throughput and reliability")
     run.add_argument("--workers", type=positive_int, default=None, metavar="N",
                      help="worker processes (default: one per core; with --server: 4 concurrent requests)")
-    add_max_batch_tokens(run, help="most padded source tokens per batch (default: 2048)", default=2048,
-                         aliases=("--max-tokens",))
-    add_max_batch_size(run, help="most sentences per batch (default: 64)", default=64)
+    add_max_batch_tokens(run, help=f"most padded source tokens per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
+                                   "than mtgate serve's: every worker holds a batch)",
+                         default=OFFLINE_MAX_BATCH_TOKENS, aliases=("--max-tokens",))
+    add_max_batch_size(run, help=f"most sentences per batch (default: {OFFLINE_MAX_BATCH_SIZE}, more than mtgate "
+                                 "serve's: no record waits for a batch)", default=OFFLINE_MAX_BATCH_SIZE)
     run.add_argument("--chunk-size", type=positive_int, default=1000, metavar="N",
                      help="records per committed chunk, the unit of resume (default: 1000)")
     run.add_argument("--num-shards", type=positive_int, default=1, metavar="N",
@@ -173,9 +179,13 @@ def run(args: argparse.Namespace) -> int:
                 raise
             # A dry run only inspects the inputs: no model needed unless its vocabulary is.
         if model_dir is not None:
-            manifest, package_vocab = package_info(model_dir, args.backend, args.precision)
+            manifest, package_vocab = package_info(model_dir, args.runtime, args.precision)
+            choice = choose_precision(manifest, args.runtime, args.precision)
+            if args.precision != choice.precision:  # auto: workers, fingerprint and summary get the one loaded
+                logger.info("%s", choice.describe(args.runtime))
+                args.precision = choice.precision
             engine_info = {"model_dir": str(model_dir), "name": manifest.get("name"),
-                           "version": manifest.get("version"), "runtime": args.backend, "precision": args.precision,
+                           "version": manifest.get("version"), "runtime": args.runtime, "precision": args.precision,
                            "beam_size": args.beam_size or manifest.get("decoding", {}).get("beam_size")}
     vocab_path: Path | None = args.vocab or package_vocab
     if args.vocab is not None and not args.vocab.is_file():
@@ -245,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
     try:
+        if chunk_runner is not None:  # before any work: Ray's read node holds the inputs (ray:// reads elsewhere)
+            from batch.ray_runner import check_read_node
+
+            check_read_node(job)
         result = run_job(job, engine, make_executor=make_executor, chunk_runner=chunk_runner,
                          progress=not args.no_progress, restart=args.restart, engine_info=engine_info)
     except (JobError, PackageError) as e:  # PackageError: a worker could not load the package (a corrupt graph)
@@ -257,11 +271,13 @@ def run(args: argparse.Namespace) -> int:
         if not _is_run_failure(e):
             raise
         logger.debug("run failed", exc_info=True)
-        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
+        then = ("rerun the same command to resume" if getattr(e, "resumable", True)
+                else "a rerun fails the same way until that is fixed (--log-level DEBUG shows the task's traceback)")
+        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; {then}{_kept(job)}\n")
         return 1
     finally:
         if chunk_runner is not None:
-            from batch.ray_runner import shutdown
+            from batch.ray_session import shutdown
 
             shutdown()
     sys.stdout.write(summary_line(result.summary, job) + "\n")
@@ -301,7 +317,7 @@ def _is_run_failure(e: Exception) -> bool:
     from concurrent.futures.process import BrokenProcessPool
 
     from batch.remote import RemoteError
-    from serving.errors import ServingError
+    from serving.engine.errors import ServingError
 
     if isinstance(e, BrokenProcessPool | RemoteError | ServingError | OSError):
         return True

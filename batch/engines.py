@@ -17,7 +17,8 @@ from batch.job import EngineConfig
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import ChunkRunner
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
-from serving.cli import UsageError, missing_extra
+from serving.commands.options import UsageError
+from serving.commands.registry import missing_extra
 
 _REMOTE_WORKERS = 4
 
@@ -29,7 +30,7 @@ def model_dir_of(args: argparse.Namespace) -> Path:
         if not model.is_dir():
             raise UsageError(f"{model}: no such model package directory")
         return model
-    from serving.settings import demo_missing, demo_model
+    from serving.server.settings import demo_missing, demo_model
 
     demo = demo_model()
     if demo is None:
@@ -38,13 +39,14 @@ def model_dir_of(args: argparse.Namespace) -> Path:
 
 
 def package_info(model_dir: Path, runtime: str, precision: str) -> tuple[dict[str, Any], Path | None]:
-    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists."""
-    from serving.package import PackageError, find_artifact, load_manifest
+    """(manifest, the package's .subwords vocab or None), checking the requested artifact exists (``auto``: the
+    one ``serving.package.choose_precision`` picks)."""
+    from serving.package import PackageError, choose_precision, find_artifact, load_manifest
 
     try:
         # checksums verified here, so a damaged package is a usage error before any worker starts
         manifest = load_manifest(model_dir)
-        find_artifact(manifest, runtime, precision)
+        find_artifact(manifest, runtime, choose_precision(manifest, runtime, precision).precision)
     except PackageError as e:
         raise UsageError(str(e)) from e
     tokenizer = manifest.get("tokenizer", {})
@@ -68,9 +70,9 @@ def decoding_of(args: argparse.Namespace) -> Decoding:
         UsageError: a bad value or options that do not go together (named by their flags), or
             ``--num-hypotheses`` above 1 (batch-score writes one translation per record).
     """
-    from serving.cli_options import decoding_values, flag_name
-    from serving.errors import InvalidInput
-    from serving.request import DecodeOptions
+    from serving.commands.options import decoding_values, flag_name
+    from serving.engine.errors import InvalidInput
+    from serving.engine.request import DecodeOptions
 
     try:
         options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
@@ -123,7 +125,8 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
                decoding: Decoding = ()) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
     """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
     the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
-    from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
+    from batch.ray_runner import RayChunks
+    from batch.ray_session import RayUnavailable, connect, plan_actors
 
     cores = available_cores()
     debug = str(args.log_level).upper() == "DEBUG"
@@ -133,27 +136,27 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
         raise UsageError(str(e)) from e
     if session.started_here:
         actors, threads = plan_parallelism(args.workers, args.threads, cores,
-                                           model_bytes(model_dir, manifest, args.backend, args.precision),
+                                           model_bytes(model_dir, manifest, args.runtime, args.precision),
                                            available_memory())
     else:
         actors, threads = plan_actors(args.workers, args.threads, session.cpus)
-    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.backend, precision=args.precision,
+    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.runtime, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, workers=actors, threads=threads, decoding=decoding)
     where = "a local Ray" if session.started_here else f"Ray at {session.address}"
     dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
     sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
                      f"{dashboard}\n")
-    return engine, RayChunks(engine, actors, threads, debug), session.describe()
+    return engine, RayChunks(engine, actors, threads, debug, session.started), session.describe()
 
 
 def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],
                    decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor]]:
     """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
     workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
-                                        model_bytes(model_dir, manifest, args.backend, args.precision),
+                                        model_bytes(model_dir, manifest, args.runtime, args.precision),
                                         available_memory())
-    engine = EngineConfig(model_dir=model_dir, runtime=args.backend, precision=args.precision,
+    engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
                           beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, workers=workers, threads=threads, decoding=decoding)
 

@@ -97,6 +97,12 @@ class CheckoutResult:
 # ---------------------------------------------------------------- the server of a checkout
 
 
+def entry_module(path: Path) -> str:
+    """The ``mtgate`` command's module in the checkout at ``path`` (``serving.commands.main``; ``serving.cli`` before
+    serving/ was cut into rooms), so that a checkout from before the move can be measured beside one from after."""
+    return "serving.commands.main" if (path / "serving" / "commands" / "main.py").is_file() else "serving.cli"
+
+
 @contextlib.contextmanager
 def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str],
                    timeout_s: float) -> Iterator[str]:
@@ -104,7 +110,7 @@ def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package.resolve()), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", entry_module(path), "serve", "-m", str(package.resolve()), "--host", "127.0.0.1",
                "--port", str(port)]
     environment = {**os.environ, **env, "PYTHONPATH": str(path), "MTGATE_LOG_FORMAT": "json"}
     with log_path.open("wb") as log:
@@ -178,8 +184,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     checkouts = {}
     for pair in args.checkout or [f"this={ROOT}"]:
         name, sep, path = pair.partition("=")
-        if not sep or not name or not (Path(path) / "serving" / "cli.py").is_file():
-            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout with serving/cli.py")
+        module = Path(path) / Path(*entry_module(Path(path)).split(".")).with_suffix(".py")
+        if not sep or not name or not module.is_file():
+            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout of mtgate (with {module})")
         checkouts[name] = Path(path).resolve()
     args.checkouts = checkouts
     try:
@@ -247,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as e:
         return int(e.code or 0)
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     deadline_s = config.timeout_ms / 1000 if config.timeout_ms else ServingSettings().request_timeout_s
     corpus = read_lines(default_corpus())

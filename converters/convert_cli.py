@@ -15,14 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving.cli_options import non_negative_int, positive_int
+from serving.commands.options import add_alias, comma_list, non_negative_int, positive_int
 from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"read SRC as this format instead of recognizing it: {', '.join(FORMATS)}")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace DIR if it exists (atomically: the old package stays until the new one is complete)")
-    parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
-                        help=f"comma-separated runtimes (default: {','.join(RUNTIMES)})")
-    parser.add_argument("--precision", type=_csv, default=["fp32", "int8"], dest="precisions",
-                        help=f"comma-separated precisions out of {','.join(PRECISIONS)} (default: fp32,int8)")
+    parser.add_argument("--runtimes", type=comma_list, default=list(RUNTIMES), metavar="A,B",
+                        help=f"comma-separated runtimes to write artifacts for (default: {','.join(RUNTIMES)})")
+    parser.add_argument("--precisions", type=comma_list, default=list(PRECISIONS), metavar="A,B",
+                        help=f"comma-separated precisions out of {','.join(PRECISIONS)} (default: "
+                             f"{','.join(PRECISIONS)})")
+    add_alias(parser, "--precision", "precisions", new="--precisions", type=comma_list)
     parser.add_argument("--name", default=None, help="package name (default: the source directory name)")
     parser.add_argument("--version", default=None, help="package version (default: 1)")
     parser.add_argument("--no-verify", action="store_true", help="skip the parity checks")
@@ -61,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t2t = parser.add_argument_group("tensor2tensor checkpoints")
     t2t.add_argument("--hparams-set", default=None,
                      help="hparams set when the checkpoint has no hparams.json (transformer_base, transformer_big)")
-    t2t.add_argument("--vocab", type=Path, default=None, help="the .subwords vocabulary file")
+    t2t.add_argument("--vocab", type=Path, default=None, metavar="FILE", help="the .subwords vocabulary file")
     t2t.add_argument("--target-space-id", type=non_negative_int, default=None, metavar="N",
                      help="target space id (default 0)")
 
@@ -75,7 +73,7 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def shortlist_request(args: argparse.Namespace) -> Any:
     """The shortlist the options ask for (a ``converters.shortlist.ShortlistRequest``), or None."""
     from converters.shortlist import ShortlistRequest
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     if args.shortlist_corpus is None:
         if args.shortlist_eval is not None:
@@ -92,7 +90,7 @@ def shortlist_request(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from converters.base import ConversionError
     from converters.convert import ParityError, convert
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     started = time.perf_counter()
     quality = None

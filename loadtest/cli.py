@@ -4,7 +4,12 @@ The scenarios come from ``--targets`` or, without it, one ad-hoc scenario from L
 ``loadtest.runner`` (a bounded Locust subprocess, the server's /metrics scraped meanwhile); a table goes to stdout,
 a Markdown + HTML report to ``--report`` and, with ``--tensorboard DIR``, scalars and the verdict to a new
 TensorBoard run directory. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
-``--start-server -m PKG`` runs ``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
+``--server URL`` loads a running server (Locust's ``--host URL`` is accepted too); ``--start-server -m PKG`` runs
+``mtgate serve`` on a free loopback port for the run (``loadtest.server``).
+
+The model under test: ``--model-name NAME``, or with ``--server`` the model of ``-m PKG`` (its manifest's name; the
+server must serve that name at the package's version), else each scenario's ``model``, else the server's default;
+each is looked up on the server before anything runs, and every report names it.
 """
 
 from __future__ import annotations
@@ -20,19 +25,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from loadtest.corpus import CorpusError
+from loadtest.errors import LoadTestError
 from loadtest.gate import format_table
 from loadtest.report import ScenarioResult, write_report
 from loadtest.runner import (
     GRACE_S,
     LOCUSTFILE,
     STOP_TIMEOUT_S,
-    LoadTestError,
     LocustOutputs,
     resolve_corpus,
     run_all,
     run_locust,
 )
-from loadtest.server import check_host, free_port, package_model_name, reachable, start_server
+from loadtest.server import check_host, free_port, reachable, served_model, start_server
 from loadtest.stats import AGGREGATED, TTFE
 from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration
 
@@ -44,29 +49,43 @@ logger = logging.getLogger(__name__)
 
 
 def _usage_error(message: str) -> Exception:
-    # serving.cli owns UsageError; imported lazily so this module has no import-time dependency on serving.
-    from serving.cli import UsageError
+    # serving.commands.main owns UsageError; imported lazily so this module has no import-time dependency on serving.
+    from serving.commands.options import UsageError
 
     return UsageError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import add_decoding, add_model, positive_float, positive_int
+    from serving.commands.options import (
+        add_alias,
+        add_decoding,
+        add_model,
+        add_model_name,
+        positive_float,
+        positive_int,
+    )
 
-    parser.add_argument("--host", help="server base URL, e.g. http://127.0.0.1:8000 (not with --start-server)")
+    # One of the two; Locust's own name for the URL, --host, is accepted too (serve's --host is an address).
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--server", metavar="URL", help="base URL of the server to load, e.g. http://127.0.0.1:8000")
+    add_alias(target, "--host", "server", new="--server", deprecated=False, metavar="URL")
+    target.add_argument("--start-server", action="store_true",
+                        help="start `mtgate serve` locally for the run (with -m PKG)")
     parser.add_argument("--targets", type=Path,
                         help="targets file (YAML), see loadtest/targets/; without it one ad-hoc scenario runs "
                              "(--user-class, -u, -r, -t) and the gate checks only that no request failed")
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME",
                         help="run only this scenario of --targets (repeatable; default: all)")
-    parser.add_argument("--start-server", action="store_true", help="start `mtgate serve` locally for the run")
-    add_model(parser, "model package for --start-server (default: the bundled demo model models/demo-en-de)")
+    add_model(parser, "the model package to test: served by --start-server (default: the bundled demo model "
+                      "models/demo-en-de), or with --server the model of that name on the server (checked)")
+    add_model_name(parser, "with --server: the model to test, by the name the server serves it under (default: the "
+                           "server's default model); for a server with several models")
     parser.add_argument("--corpus", type=Path,
                         help="sentence file, text or .gz (default: each scenario's, else the bundled test set)")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/loadtest-<UTC time>)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a host other than 127.0.0.1/localhost (only against servers you operate)")
-    parser.add_argument("--api-key", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
+    parser.add_argument("--api-key", metavar="KEY", help="bearer token sent to the server (or set $MTGATE_LOADTEST_API_KEY)")
     parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for a started server to become ready (default: 120)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -193,7 +212,9 @@ def write_tensorboard(root: Path, host: str, results: list[ScenarioResult], ok: 
         rows = [["scenario", "target", "measured", "result"]]
         rows += [[c.scenario, c.target, c.measured_text, "pass" if c.passed else "FAIL"]
                  for r in results for c in r.checks]
-        writer.text("verdict", f"**{'PASS' if ok else 'FAIL'}** against {host}\n\n{markdown_table(rows)}")
+        models = "; ".join(dict.fromkeys(r.model.describe() for r in results if r.model is not None))
+        tested = f", model {models}" if models else ""
+        writer.text("verdict", f"**{'PASS' if ok else 'FAIL'}** against {host}{tested}\n\n{markdown_table(rows)}")
         return writer.directory
 
 
@@ -230,16 +251,46 @@ def select_scenarios(args: argparse.Namespace) -> list[Scenario]:
     return [s.model_copy(update=overrides) for s in scenarios]
 
 
+def package_model(package: Path) -> tuple[str, str | None]:
+    """The name and version a package is served under (its manifest's).
+
+    Raises:
+        UsageError: not a readable model package.
+    """
+    from serving.package import PackageError, open_package
+
+    try:
+        manifest = open_package(package, verify=False).manifest
+    except PackageError as e:
+        raise _usage_error(str(e)) from e
+    return manifest.name or package.name, manifest.version or None
+
+
+def _model_under_test(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The model name every scenario is to use (None: each scenario's, else the server's default) and, for
+    ``--server URL -m PKG``, the version the server must serve it at."""
+    if args.model is not None and args.model_name is not None:
+        raise _usage_error("give -m PKG or --model-name NAME, not both (the package's name is the model's name)")
+    if args.start_server:
+        if args.model_name is not None:
+            raise _usage_error("--model-name is for --server: --start-server serves -m PKG under its own name")
+        if args.model is None:
+            from serving.server.settings import demo_missing, demo_model
+
+            args.model = demo_model()
+            if args.model is None:
+                raise _usage_error(demo_missing())
+        return package_model(args.model)[0], None
+    if args.model is not None:
+        return package_model(args.model)
+    return args.model_name, None
+
+
 def run(args: argparse.Namespace) -> int:
     scenarios = select_scenarios(args)
-    if args.start_server == bool(args.host):
-        raise _usage_error("give either --host URL or --start-server -m PKG")
-    if args.start_server and args.model is None:
-        from serving.settings import demo_missing, demo_model
-
-        args.model = demo_model()
-        if args.model is None:
-            raise _usage_error(demo_missing())
+    model_name, version = _model_under_test(args)
+    if model_name is not None:  # named on the command line: every scenario's, as -u/-r/-t override the file
+        scenarios = [s.model_copy(update={"model": model_name}) for s in scenarios]
     report_dir: Path = args.report or default_report_dir("loadtest")
     outputs = LocustOutputs(args.csv, args.html)
     check_writable(report_dir, "--report", directory=True)
@@ -259,22 +310,30 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.start_server:
             with start_server(args.model, report_dir / "server.log", args.server_timeout) as server:
-                results = run_all(server.url, scenarios, report_dir, args.corpus,
-                                  package_model_name(args.model), args.api_key, outputs=outputs)
+                results = run_all(server.url, scenarios, report_dir, args.corpus, model_name, args.api_key,
+                                  outputs=outputs)
             host = server.url
         else:
             try:
-                host = check_host(args.host, args.allow_remote)
+                host = check_host(args.server, args.allow_remote)
             except ValueError as e:
                 raise _usage_error(str(e)) from e
             if not reachable(host):
                 raise _usage_error(f"cannot reach {host}")
-            results = run_all(host, scenarios, report_dir, args.corpus, None, args.api_key, outputs=outputs)
+            if model_name is not None and version is not None:
+                served = served_model(host, model_name, args.api_key)
+                if served.version is not None and served.version != version:
+                    raise _usage_error(f"the server at {host} serves {model_name} at version {served.version}, not "
+                                       f"the version of {args.model} ({version}); pass --model-name {model_name} "
+                                       "to test what it serves")
+            results = run_all(host, scenarios, report_dir, args.corpus, model_name, args.api_key, outputs=outputs)
     except (LoadTestError, CorpusError) as e:
         sys.stderr.write(f"mtgate loadtest: error: {e}\n")
         return 2
     checks = [c for r in results for c in r.checks]
     sys.stdout.write(format_table(checks))
+    for model in dict.fromkeys(r.model.describe() for r in results if r.model is not None):
+        sys.stdout.write(f"model tested: {model}\n")
     md, page = write_report(report_dir, host, results)
     ok = all(r.passed for r in results)
     if args.tensorboard is not None:

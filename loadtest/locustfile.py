@@ -11,6 +11,10 @@ Users (pick with Locust's positional class names; weights with ``--config-users`
 - ``TritonUser``: ``infer`` through ``tritonclient.http`` (Open Inference Protocol, BYTES input), so the same suite
   measures a Triton deployment; it fires Locust request events itself.
 
+Every request names ``--model-name`` when given (the body's ``model``, bulk's ``?model=``, the Open Inference
+Protocol's model), and a /v1 answer from another model is a failure; without it each request goes to the server's
+default model (the TritonUser: the first model the server reports).
+
 Sentences are drawn uniformly from ``--corpus`` (default: the bundled Multi30k test set), so requests follow the
 corpus's real length distribution. Each user sends its next request when the last one is answered (``--think-time``
 adds a pause), or, with ``--arrival-rate R``, paces its requests so that all users together send R per second
@@ -39,7 +43,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import gevent
 import numpy as np
@@ -51,9 +55,16 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from loadtest.corpus import CorpusError, default_corpus, read_lines
 from loadtest.pacing import Pacer, arrival_interval
-from loadtest.responses import WrongAnswer, check_bulk_lines, check_translations, error_message, parse_sse
+from loadtest.responses import (
+    WrongAnswer,
+    check_bulk_lines,
+    check_model,
+    check_translations,
+    error_message,
+    parse_sse,
+)
 from loadtest.stats import TTFE
-from serving.files import atomic_write_text, atomic_writer
+from serving.package.files import atomic_write_text, atomic_writer
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +96,10 @@ class SuiteState:
     def decoding(self) -> dict[str, int]:
         """The decoding parameters to send (none: the server's defaults)."""
         return {k: v for k, v in (("beam_size", self.beam_size), ("max_length", self.max_length)) if v is not None}
+
+    def target(self) -> dict[str, str]:
+        """The ``model`` field of a /v1 request (none: the server's default model)."""
+        return {"model": self.model_name} if self.model_name else {}
 
     def sample(self, n: int) -> list[str]:
         return [self.rng.choice(self.sentences) for _ in range(n)]
@@ -123,7 +138,8 @@ def _add_options(parser: LocustArgumentParser) -> None:
     group.add_argument("--beam-size", type=int, default=0, env_var="MTGATE_BEAM_SIZE",
                        help="beam_size sent with every request (default: the server's)")
     group.add_argument("--model-name", default="", env_var="MTGATE_MODEL_NAME",
-                       help="model for the TritonUser (default: the first model the server reports)")
+                       help="the model every request names (default: the server's default model; for the "
+                            "TritonUser the first model the server reports)")
     group.add_argument("--think-time", type=float, default=0.0, env_var="MTGATE_THINK_TIME",
                        help="seconds each user waits between requests (default: 0, back to back)")
     group.add_argument("--arrival-rate", type=float, default=0.0, env_var="MTGATE_ARRIVAL_RATE",
@@ -239,7 +255,7 @@ class _RestUser(FastHttpUser):
 
     def _payload(self, text: str | list[str]) -> dict[str, Any]:
         state = state_of(self.environment)
-        return {"text": text, **state.decoding()}
+        return {"text": text, **state.target(), **state.decoding()}
 
     def _translate(self, texts: list[str], name: str) -> None:
         state = state_of(self.environment)
@@ -250,7 +266,9 @@ class _RestUser(FastHttpUser):
                 resp.failure(error_message(resp.status_code or 0, resp.text or ""))
                 return
             try:
-                state.count(check_translations(resp.json(), len(texts)))
+                body = resp.json()
+                check_model(body, state.model_name)
+                state.count(check_translations(body, len(texts)))
             except (WrongAnswer, ValueError) as e:
                 resp.failure(f"wrong answer: {e}")
 
@@ -280,7 +298,7 @@ class BulkUser(_RestUser):
         state = state_of(self.environment)
         texts = state.sample(state.bulk_size)
         body = "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts))
-        query = "&".join(f"{k}={v}" for k, v in state.decoding().items())
+        query = urlencode({**state.target(), **state.decoding()})
         path = "/v1/translate/bulk" + (f"?{query}" if query else "")
         headers = {**state.headers, "Content-Type": "application/x-ndjson"}
         with self.client.post(path, data=body, name="/v1/translate/bulk", headers=headers,
@@ -328,13 +346,13 @@ class StreamUser(_RestUser):
                 lines = body.decode("utf-8").replace("\r\n", "\n").split("\n")
                 resp.request_meta["response_time"] = (time.perf_counter() - start) * 1000
                 resp.request_meta["response_length"] = size
-                state.count(self._check_stream(parse_sse([*lines, ""])))
+                state.count(self._check_stream(parse_sse([*lines, ""]), state.model_name))
             except (WrongAnswer, ValueError, OSError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
                 resp.request_meta["response_time"] = (time.perf_counter() - start) * 1000
                 resp.failure(f"wrong answer: {e}")
 
     @staticmethod
-    def _check_stream(sse: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    def _check_stream(sse: list[tuple[str, str]], model: str | None) -> list[dict[str, Any]]:
         if not sse:
             raise WrongAnswer("stream ended without an event")
         for event, data in sse:
@@ -343,6 +361,7 @@ class StreamUser(_RestUser):
         # The last event carries the finished translation (the server's "done" event).
         final = json.loads(sse[-1][1])
         if isinstance(final, dict) and "translations" in final:
+            check_model(final, model)
             return check_translations(final, 1)
         return check_translations({"translations": [final]}, 1)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.charts import bars, histogram
+from loadtest.validate_speed import Speed
 
 BUCKETS: tuple[tuple[int, int | None], ...] = ((1, 5), (6, 10), (11, 15), (16, 20), (21, None))
 EXAMPLES = 5
@@ -21,7 +22,8 @@ BOOTSTRAP_SAMPLES = 1000
 
 @dataclass
 class SystemScore:
-    """A system's translations of the test set and their scores."""
+    """A system's translations of the test set and their scores; ``output_tokens`` and ``seconds`` are those of the
+    pass that translated it for quality, ``speed`` the repeated timed passes (None: not measured in process)."""
 
     package: str
     bleu: float
@@ -31,9 +33,13 @@ class SystemScore:
     sentences: int
     output_tokens: int
     seconds: float
+    speed: Speed | None = None
 
     @property
     def tokens_per_s(self) -> float:
+        """The median of the timed passes, else the one pass that translated the test set."""
+        if self.speed is not None:
+            return self.speed.median
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -61,7 +67,8 @@ class Comparison:
         return f"significant {'gain' if self.delta > 0 else 'drop'} (p = {self.p_value:.4f})"
 
 
-def score(package: Path, hypotheses: list[str], references: list[str], tokens: int, seconds: float) -> SystemScore:
+def score(package: Path, hypotheses: list[str], references: list[str], tokens: int, seconds: float,
+          speed: Speed | None = None) -> SystemScore:
     from sacrebleu.metrics.bleu import BLEU
     from sacrebleu.metrics.chrf import CHRF
 
@@ -69,7 +76,7 @@ def score(package: Path, hypotheses: list[str], references: list[str], tokens: i
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return SystemScore(str(package), b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()),
-                       len(hypotheses), tokens, seconds)
+                       len(hypotheses), tokens, seconds, speed)
 
 
 def compare(candidate: list[str], baseline: list[str], references: list[str]) -> list[Comparison]:

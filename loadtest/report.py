@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadtest.charts import COLORS, Axes, Line, Series, panels
 from loadtest.gate import Check
@@ -21,6 +22,9 @@ from loadtest.scrape import ServerMetrics
 from loadtest.stats import AGGREGATED, TTFE, Entry, RunStats
 from loadtest.targets import Scenario, Targets
 from loadtest.tensorboard import markdown_table
+
+if TYPE_CHECKING:
+    from loadtest.server import ServedModel
 
 _NUMERIC = re.compile(r"^[-+]?[\d.,]+( ?(%|ms|req/s|tok/s|s))?$|^–$")
 _CSS = """
@@ -36,12 +40,14 @@ _PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4"), "95%": ("p95", "#ff7f0e"), "99%"
 
 @dataclass(frozen=True)
 class ScenarioResult:
-    """One scenario's run, its checks, and what the server's /metrics said during it (None: not scraped)."""
+    """One scenario's run, its checks, what the server's /metrics said during it (None: not scraped), and the model
+    its requests went to (None: not looked up)."""
 
     scenario: Scenario
     run: RunStats
     checks: list[Check]
     server: ServerMetrics | None = None
+    model: ServedModel | None = None
 
     @property
     def passed(self) -> bool:
@@ -49,8 +55,8 @@ class ScenarioResult:
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, creating its directory (``serving.files.atomic_write_text``)."""
-    from serving.files import atomic_write_text
+    """Write ``text`` to ``path`` atomically, creating its directory (``serving.package.files.atomic_write_text``)."""
+    from serving.package.files import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
@@ -236,6 +242,13 @@ def _describe(scenario: Scenario) -> str:
             f"{scenario.duration:g} s")
 
 
+def model_line(result: ScenarioResult) -> str:
+    """Which model the scenario's requests went to, as the server reported it."""
+    if result.model is None:
+        return "Model: not looked up (the server's default)."
+    return f"Model: {result.model.describe()}."
+
+
 def _tokens_line(run: RunStats) -> str:
     t = run.tokens
     if t is None:
@@ -252,7 +265,8 @@ def scenario_html(result: ScenarioResult) -> str:
     run = result.run
     status = "pass" if result.passed else "FAIL"
     parts = [f'<h2>Scenario {html.escape(result.scenario.name)}: <span class="{status.lower()}">{status}</span></h2>',
-             f"<p>{html.escape(_describe(result.scenario))}. {html.escape(_tokens_line(run))}</p>",
+             f"<p>{html.escape(_describe(result.scenario))}. {html.escape(model_line(result))} "
+             f"{html.escape(_tokens_line(run))}</p>",
              html_table(check_rows(result.checks)), html_table(entry_rows(run))]
     if run.failures:
         rows = [["entry", "error", "occurrences"]]
@@ -288,7 +302,9 @@ def html_page(title: str, body: str) -> str:
 def _header(host: str, results: list[ScenarioResult]) -> tuple[str, str]:
     verdict = "PASS" if results and all(r.passed for r in results) else "FAIL"
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return verdict, f"Target {host}, {when}."
+    models = list(dict.fromkeys(r.model.describe() for r in results if r.model is not None))
+    tested = f", model{'s' if len(models) > 1 else ''} {'; '.join(models)}" if models else ""
+    return verdict, f"Target {host}{tested}, {when}."
 
 
 def render_markdown(host: str, results: list[ScenarioResult], svg_names: dict[str, list[str]]) -> str:
@@ -296,7 +312,7 @@ def render_markdown(host: str, results: list[ScenarioResult], svg_names: dict[st
     out = [f"# Load test: {verdict}\n", f"{line}\n"]
     for r in results:
         out.append(f"## Scenario {r.scenario.name}: {'pass' if r.passed else 'FAIL'}\n")
-        out.append(f"{_describe(r.scenario)}. {_tokens_line(r.run)}\n")
+        out.append(f"{_describe(r.scenario)}. {model_line(r)} {_tokens_line(r.run)}\n")
         out.append(markdown_table(check_rows(r.checks)))
         out.append(markdown_table(entry_rows(r.run)))
         if r.run.failures:

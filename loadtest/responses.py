@@ -24,6 +24,13 @@ def check_translations(body: Any, expected: int) -> list[dict[str, Any]]:
     return translations
 
 
+def check_model(body: Any, expected: str | None) -> None:
+    """WrongAnswer when a response names the model that answered and it is not ``expected`` (None: any model)."""
+    answered = body.get("model") if isinstance(body, dict) else None
+    if expected is not None and answered is not None and answered != expected:
+        raise WrongAnswer(f"answered by model {answered!r}, not {expected!r}")
+
+
 def error_message(status: int, text: str) -> str:
     try:
         error = json.loads(text).get("error")

@@ -2,7 +2,9 @@
 
 Each scenario is ``locust --headless --run-time ... --csv PREFIX --csv-full-history`` in a subprocess, while the
 server's ``/metrics`` is scraped (``loadtest.scrape``); its stats CSVs are read back (``loadtest.stats``) and every
-target is evaluated (``loadtest.gate``).
+target is evaluated (``loadtest.gate``). Every request names the model under test: the one asked for, else the
+server's default, looked up on the server before anything runs (``loadtest.server.served_model``), so the report
+names what was measured.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.corpus import default_corpus, read_lines
+from loadtest.errors import LoadTestError, log_tail
 from loadtest.gate import evaluate
 from loadtest.report import ScenarioResult
 from loadtest.scrape import scraping
 from loadtest.scrape import write as write_metrics
+from loadtest.server import ServedModel, served_model
 from loadtest.stats import RunStats, StatsError, read_run
 from loadtest.targets import Scenario
 
@@ -29,19 +33,6 @@ logger = logging.getLogger(__name__)
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 STOP_TIMEOUT_S = 5  # lets in-flight requests finish after --run-time, so they are counted
 GRACE_S = 60  # beyond run time + stop timeout, a Locust process that has not exited is killed
-
-
-class LoadTestError(Exception):
-    """A run could not be carried out (server did not start, Locust failed): exit code 2."""
-
-
-def log_tail(path: Path, lines: int = 5) -> str:
-    """The last ``lines`` lines of a log file on one line (for error messages)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
 
 
 def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, model_name: str | None) -> list[str]:
@@ -116,7 +107,7 @@ _CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptio
 
 def copy_csv(prefix: Path, target: Path) -> None:
     """Copy the CSV files Locust wrote with ``--csv prefix`` to ``--csv target`` (atomically, each file)."""
-    from serving.files import atomic_write_bytes
+    from serving.package.files import atomic_write_bytes
 
     for suffix in _CSV_SUFFIXES:
         source = Path(f"{prefix}{suffix}")
@@ -125,8 +116,10 @@ def copy_csv(prefix: Path, target: Path) -> None:
 
 
 def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, model_name: str | None = None,
-                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs()) -> ScenarioResult:
-    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets.
+                 api_key: str | None = None, outputs: LocustOutputs = LocustOutputs(),
+                 model: ServedModel | None = None) -> ScenarioResult:
+    """Run one scenario with Locust in a subprocess, bounded in time, and evaluate its targets; ``model`` (the
+    server's description of ``model_name``) goes into the result for the report.
 
     Raises:
         LoadTestError: Locust failed or overran its time, or its output is unreadable.
@@ -143,7 +136,7 @@ def run_scenario(host: str, scenario: Scenario, directory: Path, corpus: Path, m
     write_metrics(directory / "server_metrics.json", server)
     if outputs.csv is not None:
         copy_csv(prefix, outputs.csv)
-    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server)
+    return ScenarioResult(scenario, run, evaluate(scenario.name, scenario.targets, run), server, model)
 
 
 def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | None = None) -> Path:
@@ -161,17 +154,25 @@ def resolve_corpus(override: Path | None, scenario: Scenario, default: Path | No
 def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path | None,
             model_name: str | None, api_key: str | None, default_corpus: Path | None = None,
             outputs: LocustOutputs = LocustOutputs()) -> list[ScenarioResult]:
-    """Run the scenarios in order; every one is bounded in time.
+    """Run the scenarios in order; every one is bounded in time. Each sends its requests to its own ``model``, else
+    ``model_name``, else the server's default model; every one of them is looked up on the server before the first
+    run (a model the server does not serve runs nothing).
 
     Raises:
-        LoadTestError: a run failed; CorpusError: a sentence file is unusable.
+        LoadTestError: the server does not serve a model asked for, or a run failed; CorpusError: a sentence file is
+            unusable.
     """
+    models: dict[str | None, ServedModel] = {}
+    for scenario in scenarios:
+        name = scenario.model or model_name
+        if name not in models:
+            models[name] = served_model(host, name, api_key)
     results = []
     for scenario in scenarios:
         path = resolve_corpus(corpus, scenario, default_corpus)
+        model = models[scenario.model or model_name]
         sys.stderr.write(f"scenario {scenario.name}: {scenario.concurrency} users for {scenario.duration:g} s "
-                         f"against {host}\n")
-        results.append(run_scenario(host, scenario, report_dir / scenario.name, path,
-                                    scenario.model or model_name, api_key,
-                                    outputs.for_scenario(scenario.name, len(scenarios) > 1)))
+                         f"against {host}, model {model.describe()}\n")
+        results.append(run_scenario(host, scenario, report_dir / scenario.name, path, model.name, api_key,
+                                    outputs.for_scenario(scenario.name, len(scenarios) > 1), model))
     return results

@@ -1,4 +1,5 @@
-"""The server a load test runs against: loopback checks, reachability, and ``mtgate serve`` started for a run."""
+"""The server a load test runs against: loopback checks, reachability, the model it serves under a name, and
+``mtgate serve`` started for a run."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import quote, urlsplit
 
-from loadtest.runner import LoadTestError, log_tail
+from loadtest.errors import LoadTestError, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +35,9 @@ def check_host(url: str, allow_remote: bool) -> str:
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--host {url!r} is not an http:// or https:// URL with a host")
+        raise ValueError(f"--server {url!r} is not an http:// or https:// URL with a host")
     if parts.hostname not in LOCAL_HOSTS and not allow_remote:
-        raise ValueError(f"--host {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
+        raise ValueError(f"--server {parts.hostname} is not 127.0.0.1 or localhost; pass --allow-remote to load-test "
                          "a server you operate elsewhere")
     return url.rstrip("/")
 
@@ -84,7 +86,7 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "serving.commands.main", "serve", "-m", str(package), "--host", "127.0.0.1",
                "--port", str(port), *extra_args]
     logger.info("starting server: %s", " ".join(command))
     with log_path.open("wb") as log:
@@ -121,3 +123,81 @@ def package_model_name(package: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return name if isinstance(name, str) and name else None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model a load test sends its requests to, as the server reports it (None: not reported)."""
+
+    name: str
+    version: str | None = None
+    runtime: str | None = None
+    precision: str | None = None
+
+    def describe(self) -> str:
+        """``opus-mt-en-de version 1 (onnxruntime/int8)``: how every report names the model tested."""
+        artifact = "/".join(v for v in (self.runtime, self.precision) if v)
+        return " ".join(filter(None, [self.name, self.version and f"version {self.version}",
+                                      artifact and f"({artifact})"]))
+
+
+def _get_json(url: str, api_key: str | None, data: bytes | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def served_model(host: str, name: str | None, api_key: str | None = None) -> ServedModel:
+    """The model ``name`` (None: the server's default model) as the server at ``host`` reports it: from mtgate's
+    ``/v1/models``, else (Triton) from the Open Inference Protocol's repository index and model metadata.
+
+    Raises:
+        LoadTestError: the server does not serve that model, or reports no model at all.
+    """
+    try:
+        models = _get_json(f"{host}/v1/models", api_key)["models"]
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise LoadTestError(f"the server at {host} answered GET /v1/models with HTTP {e.code}") from e
+        return _oip_model(host, name, api_key)  # not mtgate: Triton, say
+    except (urllib.error.URLError, OSError) as e:
+        raise LoadTestError(f"cannot ask the server at {host} which models it serves: {e}") from e
+    except (ValueError, KeyError, TypeError):
+        return _oip_model(host, name, api_key)
+    served = {str(m["name"]): m for m in models}
+    if name is None:
+        default = [m for m in models if m.get("default")] or models[:1]
+        if not default:
+            raise LoadTestError(f"the server at {host} serves no model")
+        found = default[0]
+    elif name in served:
+        found = served[name]
+    else:
+        raise LoadTestError(f"the server at {host} serves no model named {name!r} (it serves: "
+                            f"{', '.join(sorted(served)) or 'none'})")
+    return ServedModel(str(found["name"]), *(None if found.get(k) is None else str(found[k])
+                                             for k in ("version", "runtime", "precision")))
+
+
+def _oip_model(host: str, name: str | None, api_key: str | None) -> ServedModel:
+    if name is None:
+        try:
+            index = _get_json(f"{host}/v2/repository/index", api_key, data=b"{}")
+            ready = [str(m["name"]) for m in index if m.get("state", "READY") == "READY"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
+            raise LoadTestError(f"the server at {host} does not say which models it serves (neither /v1/models nor "
+                                f"/v2/repository/index answered: {e}); pass --model-name") from e
+        if not ready:
+            raise LoadTestError(f"the server at {host} reports no ready model")
+        name = ready[0]
+    try:
+        meta = _get_json(f"{host}/v2/models/{quote(name, safe='')}", api_key)
+    except urllib.error.HTTPError as e:
+        raise LoadTestError(f"the server at {host} serves no model named {name!r} (HTTP {e.code})") from e
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise LoadTestError(f"the server at {host} does not describe model {name!r}: {e}") from e
+    versions = meta.get("versions") if isinstance(meta, dict) else None
+    return ServedModel(name, str(versions[-1]) if versions else None,
+                       str(meta.get("platform")) if isinstance(meta, dict) and meta.get("platform") else None)

@@ -5,8 +5,8 @@ Example (``loadtest/sweeps/demo.yaml``)::
     name: demo
     models: [../../models/demo-en-de]      # model packages, relative to this file
     space:                                  # every combination is a point
-      backend: [onnxruntime]
-      precision: [fp32, int8]
+      runtime: [onnxruntime]                # (the old key `backend` is still read)
+      precision: [fp32, int8]               # default [auto]: what mtgate serve would choose
       threads: [1, 2]                       # runtime threads per replica = its cores
       replicas_per_node: [1]
       batching: [request]
@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loadtest.capacity import CapacityConfig
 from loadtest.targets import Scenario, TargetsError, _location, load_targets
+from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 
 class _Strict(BaseModel):
@@ -43,13 +44,14 @@ class _Strict(BaseModel):
 class Space(_Strict):
     """The values to try for each serving setting (each list non-empty, no duplicates)."""
 
-    backend: list[Literal["onnxruntime", "openvino"]] = Field(default=["onnxruntime"], min_length=1)
-    precision: list[Literal["fp32", "int8"]] = Field(default=["fp32"], min_length=1)
+    runtime: list[Literal["onnxruntime", "openvino"]] = Field(
+        default=["onnxruntime"], min_length=1, validation_alias=AliasChoices("runtime", "backend"))
+    precision: list[Literal["auto", "fp32", "int8"]] = Field(default=["auto"], min_length=1)
     threads: list[int] = Field(default=[1], min_length=1)
     replicas_per_node: list[int] = Field(default=[1], min_length=1)
     batching: list[Literal["request", "step"]] = Field(default=["request"], min_length=1)
-    max_batch_size: list[int] = Field(default=[32], min_length=1)
-    max_queue_delay_us: list[int] = Field(default=[5000], min_length=1)
+    max_batch_size: list[int] = Field(default=[DEFAULT_MAX_BATCH_SIZE], min_length=1)
+    max_queue_delay_us: list[int] = Field(default=[DEFAULT_MAX_QUEUE_DELAY_US], min_length=1)
 
     @model_validator(mode="after")
     def _values(self) -> Space:
@@ -98,7 +100,7 @@ class Point:
     """One configuration to measure."""
 
     model: Path
-    backend: str
+    runtime: str
     precision: str
     threads: int
     replicas: int
@@ -113,23 +115,23 @@ class Point:
     @property
     def group(self) -> tuple[object, ...]:
         """Everything but the batch size and delay: the points pruning compares with each other."""
-        return (str(self.model), self.backend, self.precision, self.threads, self.replicas, self.batching)
+        return (str(self.model), self.runtime, self.precision, self.threads, self.replicas, self.batching)
 
     @property
     def label(self) -> str:
         delay = "" if self.max_queue_delay_us is None else f" delay {self.max_queue_delay_us} us"
-        return (f"{self.model.name} {self.backend} {self.precision} {self.threads}t x{self.replicas} "
+        return (f"{self.model.name} {self.runtime} {self.precision} {self.threads}t x{self.replicas} "
                 f"{self.batching} batch {self.max_batch_size}{delay}")
 
     def serve_args(self) -> list[str]:
-        args = ["--backend", self.backend, "--precision", self.precision, "--threads", str(self.threads),
+        args = ["--runtime", self.runtime, "--precision", self.precision, "--threads", str(self.threads),
                 "--batching", self.batching, "--max-batch-size", str(self.max_batch_size)]
         if self.max_queue_delay_us is not None:
             args += ["--max-queue-delay-us", str(self.max_queue_delay_us)]
         return args
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": str(self.model), "backend": self.backend, "precision": self.precision,
+        return {"model": str(self.model), "runtime": self.runtime, "precision": self.precision,
                 "threads": self.threads, "replicas": self.replicas, "batching": self.batching,
                 "max_batch_size": self.max_batch_size, "max_queue_delay_us": self.max_queue_delay_us}
 
@@ -154,17 +156,50 @@ class Sweep:
         s = self.file.space
         out: list[Point] = []
         skipped: list[tuple[Point, str]] = []
-        for model, backend, precision, threads, replicas, batching in itertools.product(
-                self.file.models, s.backend, s.precision, s.threads, s.replicas_per_node, s.batching):
+        for model, runtime, precision, threads, replicas, batching in itertools.product(
+                self.file.models, s.runtime, s.precision, s.threads, s.replicas_per_node, s.batching):
             delays: list[int | None] = [*sorted(s.max_queue_delay_us)] if batching == "request" else [None]
             for size in sorted(s.max_batch_size):
                 for delay in delays:
-                    point = Point(model, backend, precision, threads, replicas, batching, size, delay)
+                    point = Point(model, runtime, precision, threads, replicas, batching, size, delay)
                     if point.cores > self.node_cores:
                         skipped.append((point, f"needs {point.cores} cores, the node has {self.node_cores}"))
                     else:
                         out.append(point)
         return out, skipped
+
+
+def _has_manifest(model: Path) -> bool:
+    try:
+        return (model / "manifest.json").is_file()
+    except PermissionError:  # there, but not ours to look into: check_packages says so
+        return True
+
+
+def check_packages(sweep: Sweep) -> None:
+    """Every model is a readable package with every artifact the space asks for (a point without one could only
+    fail to start, after the points before it had run).
+
+    Raises:
+        TargetsError: one line per problem.
+    """
+    from serving.package import PackageError, choose_precision, open_package
+
+    path, space, problems = sweep.path, sweep.file.space, []
+    for model in sweep.file.models:
+        try:
+            manifest = open_package(model, verify=False).manifest
+        except PackageError as e:
+            problems.append(f"{path}: models: {e}")
+            continue
+        have = {(a.runtime, a.precision) for a in manifest.artifacts}
+        asked = [(r, choose_precision(manifest, r, p).precision) for r in space.runtime for p in space.precision]
+        lacking = [f"{r}/{p}" for r, p in asked if (r, p) not in have]
+        if lacking:
+            problems.append(f"{path}: space: {model} has no {', '.join(lacking)} artifact (it has: "
+                            f"{', '.join(sorted(f'{r}/{p}' for r, p in have))}); narrow runtime/precision")
+    if problems:
+        raise TargetsError("\n".join(problems))
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -191,7 +226,7 @@ def load_sweep(path: Path) -> Sweep:
         raise TargetsError("\n".join(lines)) from e
     base = path.parent
     models = [m if m.is_absolute() else base / m for m in sweep.models]
-    missing = [str(m) for m in models if not (m / "manifest.json").is_file()]
+    missing = [str(m) for m in models if not _has_manifest(m)]
     if missing:
         raise TargetsError(f"{path}: models: not a model package (no manifest.json): {', '.join(missing)}")
     if sweep.targets is not None:

@@ -61,7 +61,7 @@ class PointResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PointResult:
         p = data["point"]
-        point = Point(Path(p["model"]), p["backend"], p["precision"], p["threads"], p["replicas"], p["batching"],
+        point = Point(Path(p["model"]), p.get("runtime", p.get("backend")), p["precision"], p["threads"], p["replicas"], p["batching"],
                       p["max_batch_size"], p["max_queue_delay_us"])
         return cls(point, data["key"], data["status"], data["reason"],
                    [ScenarioSummary(**s) for s in data["scenarios"]], data["rss_mb"], data["seconds"], reused=True)
@@ -110,7 +110,7 @@ def kubernetes_patch(result: PointResult, capacity: Plan | None) -> str:
 
     p = result.point
     memory = max(256, math.ceil((result.rss_mb or 0) * 1.25 / 64) * 64)  # peak RSS + 25 %, in 64 MiB steps
-    env = [{"name": "MTGATE_BACKEND", "value": p.backend}, {"name": "MTGATE_PRECISION", "value": p.precision},
+    env = [{"name": "MTGATE_RUNTIME", "value": p.runtime}, {"name": "MTGATE_PRECISION", "value": p.precision},
            {"name": "MTGATE_THREADS", "value": str(p.threads)}, {"name": "MTGATE_BATCHING", "value": p.batching},
            {"name": "MTGATE_MAX_BATCH_SIZE", "value": str(p.max_batch_size)}]
     if p.max_queue_delay_us is not None:

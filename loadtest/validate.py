@@ -2,10 +2,12 @@
 
 Steps, each adding checks to one verdict:
 1. package: every file's checksum, and the parity of every artifact (``converters.parity``, when installed);
-2. quality: translate the test set in process (``serving.engine.Translator``), BLEU and chrF with sacrebleu; with
+2. quality: translate the test set in process (``serving.engine.translator.Translator``), BLEU and chrF with sacrebleu; with
    ``--baseline``, sacrebleu's paired bootstrap test (1000 resamples) decides whether a drop is significant;
 3. load: with ``--targets``, start ``mtgate serve`` with the candidate on 127.0.0.1 and run every scenario;
-4. cost: price per core-hour x cores / measured output tokens per second, per million output tokens.
+4. cost: price per core-hour x cores / measured output tokens per second, per million output tokens
+   (``loadtest.validate_cost``): the throughput of the load scenario that decodes as the quality run did, else the
+   median of ``--speed-repeats`` timed passes of the test set in process (``loadtest.validate_speed``).
 The report (``validate.json`` and ``validate.html``, plus the hypotheses) goes to ``--report``. Exit 0 PROMOTE,
 1 REJECT, 2 usage error.
 """
@@ -16,20 +18,31 @@ import argparse
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from loadtest.capacity import CapacityConfig, Plan, cost_per_million_at_full_use, plan
+from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
+from loadtest.errors import LoadTestError
 from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
 from loadtest.report import ScenarioResult, write_text_atomically
-from loadtest.runner import LoadTestError, run_all
+from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
-from loadtest.validate_report import write_outcome, write_validate_tensorboard
+from loadtest.validate_cost import (
+    capacity_plan,
+    estimate_cost,
+    load_scenario_for_cost,
+    quality_beam,
+    throughput_cost,
+)
+from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
+from loadtest.validate_speed import DEFAULT_REPEATS, Speed, measure_speed, translate_pass
+
+if TYPE_CHECKING:
+    from serving.engine.translator import DecodeOptions, Translator
 
 logger = logging.getLogger(__name__)
 
@@ -37,23 +50,26 @@ __all__ = ["Comparison", "SystemScore", "add_arguments", "compare", "estimate_co
 
 
 def _usage_error(message: str) -> Exception:
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     return UsageError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import (
-        BACKENDS,
-        PRECISIONS,
+    from serving.commands.options import (
+        RUNTIMES,
+        add_alias,
         add_decoding,
+        add_max_batch_size,
         add_model,
         add_runtime,
         positive_float,
         positive_int,
     )
+    from serving.package.precision import PRECISION_CHOICES
+    from serving.server.settings import DEFAULT_MAX_BATCH_SIZE
 
-    add_model(parser, "the candidate: the model package to promote (required)", aliases=["--candidate"])
+    add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])
     parser.add_argument("--baseline", type=Path, metavar="PKG",
                         help="model package in production now, to compare quality with")
     parser.add_argument("--testset", type=Path, nargs=2, metavar=("SRC", "REF"),
@@ -70,14 +86,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "process may run on)")
     add_runtime(parser, threads_help="intra-op threads of the runtime, for quality and load (default: the engine's "
                                      "choice for this machine)")
-    parser.add_argument("--baseline-backend", choices=BACKENDS,
-                        help="runtime for the baseline (default: the candidate's --backend)")
-    parser.add_argument("--baseline-precision", choices=PRECISIONS,
-                        help="artifact of the baseline (default: the candidate's --precision), e.g. an int8 "
-                             "candidate against the fp32 model in production")
+    parser.add_argument("--baseline-runtime", choices=RUNTIMES,
+                        help="runtime for the baseline (default: the candidate's --runtime)")
+    add_alias(parser, "--baseline-backend", "baseline_runtime", new="--baseline-runtime", choices=RUNTIMES)
+    parser.add_argument("--baseline-precision", choices=PRECISION_CHOICES,
+                        help="artifact of the baseline (default: the candidate's --precision; auto chooses by the "
+                             "baseline's own manifest), e.g. an int8 candidate against the fp32 model in production")
     add_decoding(parser)
-    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                        help="test sentences per engine call (default: 32)")
+    add_max_batch_size(parser, f"test sentences per engine call (default: {DEFAULT_MAX_BATCH_SIZE})",
+                       default=DEFAULT_MAX_BATCH_SIZE, aliases=["--batch-size"])
+    parser.add_argument("--speed-repeats", type=positive_int, default=DEFAULT_REPEATS, metavar="N",
+                        help="timed passes of the test set per system for the in-process speed, reported as their "
+                             f"median and range (default: {DEFAULT_REPEATS}); not run when a load scenario that "
+                             "decodes with the same beam measures the throughput")
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -113,6 +134,7 @@ class Outcome:
     plan: Plan | None = None
     analysis: Analysis | None = None
     alpha: float = 0.05
+    speed_left_to: str | None = None  # the load scenario that measures throughput instead of timed passes in process
 
     @property
     def verdict(self) -> str:
@@ -122,12 +144,30 @@ class Outcome:
 # ---------------------------------------------------------------- package
 
 
-def _package_summary(path: Path) -> dict[str, Any]:
-    from serving.package import read_manifest
+def package_summary(path: Path, role: str, runtime: str, precision: str, flags: str) -> dict[str, Any]:
+    """What the report says of a package: path, name, version, source framework, and the artifact validated (the
+    runtime and the precision it is measured at: ``auto`` resolved by ``serving.package.choose_precision``, and why).
 
-    manifest = read_manifest(path)
-    return {"path": str(path), "name": manifest.get("name"), "version": manifest.get("version"),
-            "source": manifest.get("source", {}).get("framework")}
+    Raises:
+        UsageError: not a readable package, or it has no such artifact (``flags`` names the options that choose it).
+    """
+    from serving.package import PackageError, choose_precision, open_package
+
+    try:
+        manifest = open_package(path, verify=False).manifest  # checksums are the candidate's first check
+    except PackageError as e:
+        raise _usage_error(f"{role}: {e}") from e
+    choice = choose_precision(manifest, runtime, precision)
+    if choice.precision != precision:
+        logger.info("%s: %s", path, choice.describe(runtime))
+    try:
+        manifest.artifact(runtime, choice.precision)
+    except PackageError as e:
+        raise _usage_error(f"{role} {path}: {e}; choose one with {flags}") from e
+    return {"path": str(path), "name": manifest.name, "version": manifest.version,
+            "source": manifest.source_framework, "runtime": runtime, "precision": choice.precision,
+            "precision_reason": choice.reason}
+
 
 
 def check_package(path: Path, role: str, parity: bool, threads: int | None = None) -> tuple[list[Check], list[Any]]:
@@ -165,22 +205,17 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
 # ---------------------------------------------------------------- quality
 
 
-def translate_testset(package: Path, sources: list[str], args: argparse.Namespace, backend: str,
-                      precision: str) -> tuple[list[str], int, float]:
-    """Translate in process; return hypotheses, output tokens and seconds spent translating (loading excluded)."""
-    from serving.engine import DecodeOptions, Translator
+def load_system(package: Path, args: argparse.Namespace, runtime: str, precision: str) -> Translator:
+    """A Translator of ``package``'s ``runtime``/``precision`` artifact (PackageError: it cannot be loaded)."""
+    from serving.engine.translator import Translator
 
-    translator = Translator.load(package, runtime=backend, precision=precision, threads=args.threads)
-    options = DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
-    hypotheses: list[str] = []
-    tokens = 0
-    start = time.perf_counter()
-    prepared = translator.prepare(sources, options)  # tokenized and length-checked once, before any decoding
-    for i in range(0, len(sources), args.batch_size):
-        for t in translator.run(prepared.take(range(i, min(i + args.batch_size, len(sources))))):
-            hypotheses.append(t.text)
-            tokens += int(t.output_tokens)
-    return hypotheses, tokens, time.perf_counter() - start
+    return Translator.load(package, runtime=runtime, precision=precision, threads=args.threads)
+
+
+def decode_options(args: argparse.Namespace) -> DecodeOptions:
+    from serving.engine.translator import DecodeOptions
+
+    return DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
 
 
 def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules: QualityTargets) -> list[Check]:
@@ -200,58 +235,18 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
     return checks
 
 
-# ---------------------------------------------------------------- cost
-
-
-estimate_cost = cost_per_million_at_full_use  # the name validate's callers know
-
-
-def quality_beam(package: Path, beam_size: int | None) -> int:
-    """The beam the test set was translated with: ``--beam-size``, else the package's default."""
-    from serving.package import read_manifest
-
-    return beam_size or int(read_manifest(package).get("decoding", {}).get("beam_size") or 1)
-
-
-def _cost(outcome: Outcome, candidate: SystemScore, cores: int, price: float, beam: int,
-          default_beam: int) -> dict[str, Any]:
-    """Cost from the load scenario that decodes as the quality run did (same beam size), else from the test set."""
-    matching = [(r.run.tokens.output_tokens_per_s, f"load scenario {r.scenario.name}")
-                for r in outcome.load if r.run.tokens is not None and r.run.tokens.output_tokens
-                and (r.scenario.beam_size or default_beam) == beam]
-    if matching:
-        tokens_per_s, source = max(matching)
-        note = f"Throughput from {source}, which decodes with beam {beam} as the quality run did."
-    else:
-        tokens_per_s, source = candidate.tokens_per_s, "test set, in process"
-        note = (f"No load scenario decodes with beam {beam} as the quality run did: throughput from the test-set "
-                "run in process." if outcome.load else "Throughput from the test-set run in process (no load run).")
-    return {"price_per_core_hour": price, "cores": cores, "tokens_per_s": tokens_per_s, "throughput_source": source,
-            "throughput_note": note, "beam_size": beam,
-            "per_million_tokens": estimate_cost(tokens_per_s, cores, price)}
-
-
-def _plan(outcome: Outcome, capacity: CapacityConfig | None, cores: int) -> Plan | None:
-    if capacity is None or outcome.cost is None:
-        return None
-    source = outcome.cost["throughput_source"]
-    scenario = next((r for r in outcome.load if f"load scenario {r.scenario.name}" == source), None)
-    per_request = None
-    if scenario is not None and scenario.run.tokens is not None:
-        total = sum(e.requests for e in scenario.run.request_entries)
-        per_request = scenario.run.tokens.output_tokens / total if total else None
-    elif outcome.quality.get("candidate"):
-        q = outcome.quality["candidate"]
-        per_request = q.output_tokens / q.sentences if q.sentences else None
-    return plan(capacity, outcome.cost["tokens_per_s"], cores, per_request)
-
-
 # ---------------------------------------------------------------- command
 
 
 def _load_inputs(args: argparse.Namespace) -> tuple[TargetsFile | None, list[str], list[str], Path, Path]:
     if args.model is None:  # not required=True: the old --candidate fills the same destination
         raise _usage_error("give the candidate package with -m/--model PKG")
+    if args.baseline is None and (given := [flag for flag, value in (
+            ("--baseline-runtime", args.baseline_runtime), ("--baseline-precision", args.baseline_precision))
+            if value is not None]):
+        raise _usage_error(f"{', '.join(given)} describe the baseline: give --baseline PKG too")
+    if args.scenario and args.targets is None:
+        raise _usage_error("--scenario needs --targets")
     try:
         targets = load_targets(args.targets) if args.targets else None
         if targets is not None:
@@ -281,26 +276,39 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     outcome.checks += package_checks
     if not package_checks[0].passed:
         return  # modified or missing files: nothing measured on them would mean anything
+    beam, default_beam = quality_beam(args.model, args.beam_size), quality_beam(args.model, None)
+    measured_by = load_scenario_for_cost(targets, args.scenario, beam, default_beam)
+    outcome.speed_left_to = measured_by
     sys.stderr.write(f"translating {len(sources)} test sentences\n")
+    options = decode_options(args)
     try:
-        hyps, tokens, seconds = translate_testset(args.model, sources, args, args.backend, args.precision)
+        translators = {"candidate": load_system(args.model, args, outcome.candidate["runtime"],
+                                                outcome.candidate["precision"])}
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    outcome.quality["candidate"] = score(args.model, hyps, references, tokens, seconds)
-    write_text_atomically(report_dir / "candidate.hyp.txt", "".join(h + "\n" for h in hyps))
-    if args.baseline:
+    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.max_batch_size)}
+    if outcome.baseline is not None:
         try:
-            base_hyps, base_tokens, base_seconds = translate_testset(
-                args.baseline, sources, args, args.baseline_backend or args.backend,
-                args.baseline_precision or args.precision)
+            translators["baseline"] = load_system(args.baseline, args, outcome.baseline["runtime"],
+                                                  outcome.baseline["precision"])
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
-            outcome.quality["baseline"] = score(args.baseline, base_hyps, references, base_tokens, base_seconds)
-            write_text_atomically(report_dir / "baseline.hyp.txt", "".join(h + "\n" for h in base_hyps))
-            outcome.comparisons = compare(hyps, base_hyps, references)
-    systems = {"candidate": hyps, **({"baseline": base_hyps} if "baseline" in outcome.quality else {})}
+            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.max_batch_size)
+    speeds: dict[str, Speed] = {}
+    if measured_by is None:
+        sys.stderr.write(f"timing {args.speed_repeats} pass(es) of the test set per system\n")
+        speeds = measure_speed(translators, sources, options, args.max_batch_size, args.speed_repeats)
+    del translators  # free the runtimes before the load test's server starts
+    for role, done in passes.items():
+        package = args.model if role == "candidate" else args.baseline
+        outcome.quality[role] = score(package, done.hypotheses, references, done.output_tokens, done.seconds,
+                                      speeds.get(role))
+        write_text_atomically(report_dir / f"{role}.hyp.txt", "".join(h + "\n" for h in done.hypotheses))
+    systems = {role: done.hypotheses for role, done in passes.items()}
+    if "baseline" in systems:
+        outcome.comparisons = compare(systems["candidate"], systems["baseline"], references)
     outcome.analysis = analyse(sources, references, systems)
     rules = targets.quality if targets is not None else QualityTargets()
     outcome.alpha = rules.alpha
@@ -310,10 +318,9 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         _load(args, outcome, targets, source, report_dir)
 
     cores = args.cores or args.threads or len(os.sched_getaffinity(0))
-    beam = quality_beam(args.model, args.beam_size)
-    outcome.cost = _cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour, beam,
-                         quality_beam(args.model, None))
-    outcome.plan = _plan(outcome, targets.capacity if targets is not None else None, cores)
+    outcome.cost = throughput_cost(outcome, outcome.quality["candidate"], cores, args.price_per_core_hour, beam,
+                                   default_beam)
+    outcome.plan = capacity_plan(outcome, targets.capacity if targets is not None else None, cores)
     limit = targets.cost.max_per_million_tokens if targets is not None else None
     if limit is not None:
         cost = outcome.cost["per_million_tokens"]
@@ -325,7 +332,7 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
     sys.stderr.write(f"load: {len(scenarios)} scenario(s) against the candidate on 127.0.0.1\n")
-    extra = ["--backend", args.backend, "--precision", args.precision]
+    extra = ["--runtime", outcome.candidate["runtime"], "--precision", outcome.candidate["precision"]]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
@@ -342,25 +349,27 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.package import PackageError
-
     targets, sources, references, source, reference = _load_inputs(args)
     report_dir: Path = args.report or default_report_dir("validate")
     check_writable(report_dir, "--report", directory=True)
     if args.tensorboard is not None:
         check_tensorboard(args.tensorboard)
-    try:
-        outcome = Outcome(candidate={**_package_summary(args.model), "backend": args.backend,
-                                     "precision": args.precision},
-                          baseline={**_package_summary(args.baseline), "backend": args.baseline_backend or args.backend,
-                                    "precision": args.baseline_precision or args.precision} if args.baseline else None,
-                          testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
-    except PackageError as e:
-        raise _usage_error(str(e)) from e
+    candidate = package_summary(args.model, "candidate", args.runtime, args.precision, "--runtime/--precision")
+    baseline = package_summary(args.baseline, "baseline", args.baseline_runtime or args.runtime,
+                               args.baseline_precision or args.precision,
+                               "--baseline-runtime/--baseline-precision") if args.baseline else None
+    outcome = Outcome(candidate=candidate, baseline=baseline,
+                      testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     _evaluate(args, outcome, targets, sources, references, source, report_dir)
 
     data, page = write_outcome(report_dir, outcome)
     sys.stdout.write(f"{outcome.verdict}\n")
+    sys.stdout.write(f"  candidate {describe_package(candidate)}\n")
+    if baseline is not None:
+        sys.stdout.write(f"  baseline  {describe_package(baseline)}\n")
+    for role, system in outcome.quality.items():
+        if system.speed is not None:
+            sys.stdout.write(f"  {role:9} {system.speed.text()} output tokens/s in process\n")
     for c in outcome.checks:
         sys.stdout.write(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.detail}\n")
     sys.stdout.write(f"report: {page} and {data}\n")

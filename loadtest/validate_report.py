@@ -15,7 +15,19 @@ from loadtest.quality import BOOTSTRAP_SAMPLES, quality_html
 from loadtest.report import html_page, html_table, scenario_html, write_text_atomically
 
 if TYPE_CHECKING:
+    from loadtest.quality import SystemScore
     from loadtest.validate import Outcome
+
+
+def describe_package(summary: dict[str, Any]) -> str:
+    """``models/en-de (opus-mt-en-de 1, onnxruntime/int8: why)``: how the report names a package and the artifact it
+    was measured at (with the reason ``--precision auto`` chose that precision)."""
+    name = " ".join(str(summary[k]) for k in ("name", "version") if summary.get(k))
+    artifact = "/".join(str(summary[k]) for k in ("runtime", "precision") if summary.get(k))
+    if artifact and summary.get("precision_reason"):
+        artifact += f": {summary['precision_reason']}"
+    inside = ", ".join(filter(None, [name, artifact]))
+    return f"{summary.get('path')}" + (f" ({inside})" if inside else "")
 
 
 def to_json(outcome: Outcome) -> dict[str, Any]:
@@ -30,11 +42,16 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
         "baseline": outcome.baseline,
         "testset": outcome.testset,
         "parity": outcome.parity,
-        "quality": {role: {**asdict(s), "tokens_per_s": s.tokens_per_s} for role, s in outcome.quality.items()},
+        # tokens_per_s: the median of the timed passes; null when the speed was left to a load scenario
+        "quality": {role: {**asdict(s), "tokens_per_s": _speed_value(outcome, s),
+                           "speed": s.speed.to_json() if s.speed is not None else None}
+                    for role, s in outcome.quality.items()},
+        "speed_left_to": outcome.speed_left_to,
         "comparison": [asdict(c) for c in outcome.comparisons],
         "load": None if outcome.host is None else {
             "host": outcome.host,
             "scenarios": [{"name": r.scenario.name, "passed": r.passed,
+                           "model": r.model.describe() if r.model is not None else None,
                            "output_tokens_per_s": r.run.tokens.output_tokens_per_s if r.run.tokens else None,
                            "checks": [{"target": c.target, "key": c.key, "limit": c.limit, "measured": c.measured,
                                        "passed": c.passed, "detail": c.detail} for c in r.checks]}
@@ -48,8 +65,9 @@ def to_html(outcome: Outcome) -> str:
     verdict = outcome.verdict
     cls = "pass" if verdict == "PROMOTE" else "fail"
     parts = [f'<h1>Validation: <span class="{cls} verdict">{verdict}</span></h1>',
-             f"<p>Candidate <code>{html.escape(str(outcome.candidate.get('path')))}</code>"
-             + (f", baseline <code>{html.escape(str(outcome.baseline.get('path')))}</code>" if outcome.baseline else "")
+             f"<p>Candidate <code>{html.escape(describe_package(outcome.candidate))}</code>"
+             + (f", baseline <code>{html.escape(describe_package(outcome.baseline))}</code>" if outcome.baseline
+                else "")
              + f"; test set {html.escape(str(outcome.testset.get('source')))} "
                f"({outcome.testset.get('sentences')} sentences).</p>",
              "<h2>Checks</h2>",
@@ -63,9 +81,9 @@ def to_html(outcome: Outcome) -> str:
         parts += ["<h2>Parity</h2>", html_table(rows)]
     if outcome.quality:
         rows = [["system", "BLEU", "chrF", "sentences", "output tokens/s (in process)"]]
-        rows += [[role, f"{s.bleu:.2f}", f"{s.chrf:.2f}", str(s.sentences), f"{s.tokens_per_s:.1f}"]
+        rows += [[role, f"{s.bleu:.2f}", f"{s.chrf:.2f}", str(s.sentences), _speed_text(outcome, s)]
                  for role, s in outcome.quality.items()]
-        parts += ["<h2>Quality</h2>", html_table(rows)]
+        parts += ["<h2>Quality</h2>", html_table(rows), f"<p>{html.escape(_speed_note(outcome))}</p>"]
         if outcome.comparisons:
             rows = [["metric", "candidate", "baseline", "delta", "p-value", "candidate mean ± 95% CI",
                      "baseline mean ± 95% CI"]]
@@ -97,6 +115,31 @@ def to_html(outcome: Outcome) -> str:
     return html_page(f"mtgate validate: {verdict}", "\n".join(parts))
 
 
+def _speed_value(outcome: Outcome, s: SystemScore) -> float | None:
+    return None if s.speed is None and outcome.speed_left_to is not None else s.tokens_per_s
+
+
+def _speed_text(outcome: Outcome, s: SystemScore) -> str:
+    if s.speed is not None:
+        return s.speed.text()
+    if outcome.speed_left_to is not None:
+        return f"– (load scenario {outcome.speed_left_to})"
+    return f"{s.tokens_per_s:.1f} (1 pass)"
+
+
+def _speed_note(outcome: Outcome) -> str:
+    """How the in-process speed was measured, or why it was not."""
+    if outcome.speed_left_to is not None:
+        return (f"Speed: not timed in process; the cost uses the throughput of load scenario {outcome.speed_left_to}, "
+                "which decodes as the quality run did.")
+    speeds = [s.speed for s in outcome.quality.values() if s.speed is not None]
+    if not speeds:
+        return "Speed: the one pass that translated the test set (not repeated)."
+    return (f"Speed: median and range of {len(speeds[0].samples)} timed passes of the test set per system (systems "
+            "alternating), after the pass that translated it for quality; on a shared machine the range shows how "
+            "much the load moved it.")
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars (in parity rows) as Python numbers; anything else unknown as text."""
     return value.item() if hasattr(value, "item") else str(value)
@@ -123,7 +166,9 @@ def write_validate_tensorboard(root: Path, outcome: Outcome) -> Path:
 
     with open_run(root, "validate") as writer:
         for role, s in outcome.quality.items():
-            writer.scalars({"bleu": s.bleu, "chrf": s.chrf, "tokens_per_s": s.tokens_per_s}, prefix=f"quality/{role}_")
+            speed = _speed_value(outcome, s)
+            writer.scalars({"bleu": s.bleu, "chrf": s.chrf, **({"tokens_per_s": speed} if speed is not None else {})},
+                           prefix=f"quality/{role}_")
         for c in outcome.comparisons:
             writer.scalars({"delta": c.delta, "p_value": c.p_value}, prefix=f"comparison/{c.metric.lower()}_")
         if outcome.cost is not None:
@@ -136,7 +181,10 @@ def write_validate_tensorboard(root: Path, outcome: Outcome) -> Path:
         writer.scalar("verdict/promote", float(outcome.verdict == "PROMOTE"))
         rows = [["check", "result", "detail"]] + [[c.name, "pass" if c.passed else "FAIL", c.detail]
                                                   for c in outcome.checks]
-        writer.text("verdict", f"**{outcome.verdict}**\n\n{markdown_table(rows)}")
+        systems = "".join(f"\n\n{role}: `{describe_package(summary)}`"
+                          for role, summary in (("candidate", outcome.candidate), ("baseline", outcome.baseline))
+                          if summary)
+        writer.text("verdict", f"**{outcome.verdict}**{systems}\n\n{markdown_table(rows)}")
         if outcome.analysis is not None and outcome.analysis.losses + outcome.analysis.gains:
             writer.text("examples", examples_markdown(outcome.analysis))
         return writer.directory

@@ -35,7 +35,7 @@ Substitutions (the only differences from what a user types):
    snippets point at it, and ``localhost:8001`` at its gRPC port.
 
 The table between ``<!-- settings-table ... -->`` and ``<!-- /settings-table -->`` is generated from
-serving/settings.py; after changing the settings, rewrite it with
+serving/server/settings.py; after changing the settings, rewrite it with
 ``.venv/bin/python -m tests.test_readme --write-settings-table``.
 """
 
@@ -75,12 +75,12 @@ SKIPPED: dict[str, str] = {
     "make test": "runs the whole suite, this test included",
     "make perf-analyzer": "installs perf_analyzer into .venv-perf (`make test` runs it before the suite)",
     "mtgate serve --model-repository models/repository --repository-poll-secs 5":
-        "needs a repository of versions; tests/serving/api/test_repository.py serves one and switches versions under load",
+        "needs a repository of versions; tests/serving/server/test_repository.py serves one and switches versions under load",
     "cp -r models/en-de models/repository/en-de/.incoming && mv models/repository/en-de/.incoming "
-    "models/repository/en-de/2": "goes with the repository server above; tests/serving/api/test_repository.py does it",
+    "models/repository/en-de/2": "goes with the repository server above; tests/serving/server/test_repository.py does it",
     "LD_LIBRARY_PATH=$(echo .venv-perf/lib/python3*/site-packages/nvidia/cuda_runtime/lib) .venv-perf/bin/perf_analyzer "
     "-m demo-en-de -u localhost:8000 -i http --input-data /tmp/input.json --shape INPUT_TEXT:1 --concurrency-range 1:4":
-        "drives the demo model for minutes; tests/serving/api/test_perf_analyzer.py runs it, bounded, on a tiny model",
+        "drives the demo model for minutes; tests/serving/server/test_perf_analyzer.py runs it, bounded, on a tiny model",
     "mtgate convert models/demo-en-de-src -o build/demo-shortlist --runtimes onnxruntime --shortlist-corpus "
     "MULTI30K/train.en.gz MULTI30K/train.de.gz --shortlist-eval models/data/multi30k/test_2016_flickr.en.gz "
     "models/data/multi30k/test_2016_flickr.de.gz":
@@ -96,14 +96,18 @@ SKIPPED: dict[str, str] = {
     "'pip install -r /models/opus-mt-en-de/1/requirements.txt && tritonserver --model-repository=/models'":
         "needs Docker, the NVIDIA Triton image and network; tests/deploy/test_triton_export.py drives model.py",
     "docker build -t mtgate:latest .": "needs Docker and network; tests/deploy/test_dockerfile.py lints the file and "
-                                       "runs its install lines",
+                                       "test_image_install.py runs its install lines",
     "docker run --rm -p 8000:8000 mtgate:latest": "needs Docker",
-    "docker build --target batch -t mtgate:batch .": "needs Docker and network; tests/deploy/test_dockerfile.py runs "
-                                                     "its install lines and the Kubernetes Job's command",
+    "docker build --target batch -t mtgate:batch .": "needs Docker and network; tests/deploy/test_image_install.py "
+                                                     "runs its install lines and the Kubernetes Job's command",
     "docker run --rm -p 8000:8000 -v \"$PWD/models/en-de:/models/en-de:ro\" -e MTGATE_MODEL_DIRS='[\"/models/en-de\"]' "
     "mtgate:latest": "needs Docker",
     "kubectl apply -k deploy/k8s": "needs a Kubernetes cluster; tests/deploy/test_k8s_manifests.py validates the "
                                    "manifests",
+    "kubectl apply -k deploy/prometheus-operator": "needs a Kubernetes cluster with the Prometheus Operator; "
+                                                   "tests/deploy/test_k8s_manifests.py builds and validates it",
+    "kubectl apply -k deploy/kserve": "needs a Kubernetes cluster with KServe; tests/deploy/test_kserve_manifests.py "
+                                      "checks the runtime against mtgate serve",
     "kubectl apply -f deploy/k8s/batch-score-job.yaml": "needs a Kubernetes cluster; tests/batch/test_batch_deploy.py "
                                                         "checks the Job",
     "docker build --target ray -t mtgate:ray .": "needs Docker and network; tests/batch/test_batch_deploy.py checks "
@@ -131,7 +135,7 @@ SKIPPED: dict[str, str] = {
 RUNNABLE = frozenset({"mtgate", "batch-score", "curl", "printf", "grep"})
 
 T2T_CONVERT = ("mtgate convert t2t_train/ende -o models/t2t-en-de --name t2t-en-de --hparams-set transformer_big "
-               "--vocab t2t_data/vocab.translate_ende_wmt32k.32768.subwords --runtimes onnxruntime --precision fp32")
+               "--vocab t2t_data/vocab.translate_ende_wmt32k.32768.subwords --runtimes onnxruntime --precisions fp32")
 LOADTEST = "mtgate loadtest --targets loadtest/targets/smoke.yaml --start-server -m models/en-de"
 LOADTEST_ADHOC = "mtgate loadtest --start-server -m models/en-de -u 4 -r 4 -t 5s --user-class TranslateUser --csv run"
 VALIDATE = ("mtgate validate -m models/en-de --baseline models/t2t-en-de "
@@ -152,13 +156,13 @@ EXPECT: dict[str, str] = {
     "mtgate convert opus-mt-en-de -o models/en-de": "wrote models/en-de (opus-mt-en-de 1)",
     "mtgate verify models/en-de": "PASS",
     T2T_CONVERT: "wrote models/t2t-en-de (t2t-en-de 1)",
-    "mtgate convert wmt19-en-de -o models/wmt19-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert wmt19-en-de -o models/wmt19-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/wmt19-en-de (wmt19-en-de 1)",
-    "mtgate convert fairseq/ende -o models/fairseq-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert fairseq/ende -o models/fairseq-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/fairseq-en-de (ende 1)",
-    "mtgate convert opus-mt-en-de-npz -o models/npz-en-de --runtimes onnxruntime --precision fp32":
+    "mtgate convert opus-mt-en-de-npz -o models/npz-en-de --runtimes onnxruntime --precisions fp32":
         "wrote models/npz-en-de (opus-mt-en-de-npz 1)",
-    "mtgate convert onmt/ende -o models/onmt-en-de --format opennmt-py --runtimes onnxruntime --precision fp32":
+    "mtgate convert onmt/ende -o models/onmt-en-de --format opennmt-py --runtimes onnxruntime --precisions fp32":
         "wrote models/onmt-en-de (ende 1)",
     "curl -s localhost:8000/v1/models": '"name":"t2t-en-de"',
     "curl -s localhost:8000/v1/translate -H 'Content-Type: application/json' -d '{\"text\": \"A man is riding a "
@@ -293,7 +297,7 @@ def _default_text(field: Any) -> str:
 
 
 def _meanings() -> dict[str, str]:
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     doc = inspect.cleandoc(ServingSettings.__doc__ or "")
     section = doc.split("Attributes:", 1)[1]
@@ -311,7 +315,7 @@ def _meanings() -> dict[str, str]:
 
 def _serve_flags() -> dict[str, str]:
     """Setting -> the ``mtgate serve`` option that overrides it."""
-    from serving import serve_cli
+    from serving.commands import serve as serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -326,7 +330,7 @@ def _serve_flags() -> dict[str, str]:
 
 def settings_table() -> str:
     """The Markdown table of every ServingSettings field: env var, serve flag, default, meaning."""
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     meanings = _meanings()
     flags = _serve_flags()
@@ -553,7 +557,7 @@ def test_parsing_the_readme() -> None:
 
 
 def test_settings_table_lists_every_setting() -> None:
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     text = README.read_text(encoding="utf-8")
     match = _TABLE.search(text)

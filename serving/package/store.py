@@ -4,6 +4,10 @@
 (files in a staging directory beside the target, fsynced, checksummed, renamed into place: a reader never sees half
 a package). :func:`read_manifest` and :func:`load_manifest` return the manifest as a plain dict, for callers that
 have not moved to :class:`Manifest` yet.
+
+A package is published world-readable, as an installed model is (directories 0755, files 0644, whatever the umask
+of the user who wrote it): a server or a container running as another user reads it. A package this user cannot
+read is refused in one line that says so (:class:`PackageError`), never with a ``PermissionError`` traceback.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.files import atomic_write_text, fsync_dir
+from serving.package.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
 from serving.package.parse import parse_manifest
+from serving.package.precision import choose_precision
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,9 @@ class Package:
         return self.root / rel
 
     def artifact(self, runtime: str, precision: str) -> Artifact:
-        """The ``runtime``/``precision`` artifact (PackageError when the package has none)."""
-        return self.manifest.artifact(runtime, precision)
+        """The ``runtime``/``precision`` artifact (PackageError when the package has none); precision ``auto``: the
+        one :func:`~serving.package.precision.choose_precision` picks (its ``precision`` says which)."""
+        return self.manifest.artifact(runtime, choose_precision(self.manifest, runtime, precision).precision)
 
 
 def open_package(package_dir: str | Path, *, verify: bool = True) -> Package:
@@ -63,6 +69,14 @@ def load_manifest(package_dir: Path, verify: bool = True) -> dict[str, Any]:
 
 
 def _open(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
+    try:
+        return _read(package_dir, verify)
+    except PermissionError as e:
+        where = Path(e.filename) if e.filename else package_dir
+        raise PackageError(_denied(package_dir, [str(where)])) from e
+
+
+def _read(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
     path = package_dir / MANIFEST
     if not package_dir.is_dir():
         raise PackageError(f"{package_dir}: not a directory")
@@ -70,15 +84,32 @@ def _open(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
         raise PackageError(f"{package_dir}: no {MANIFEST}; not an mtgate model package")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except PermissionError:
+        raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PackageError(f"{path}: unreadable manifest ({e})") from e
     manifest = parse_manifest(data, str(path))
     problems = _outside(package_dir, manifest)
+    if not problems and (unreadable := _unreadable(package_dir, manifest)):
+        raise PackageError(_denied(package_dir, unreadable))
     if not problems and verify:
         problems = verify_checksums(package_dir, manifest)
     if problems:
         raise PackageError(f"{package_dir}: " + "; ".join(problems))
     return data, Package(package_dir, manifest)
+
+
+def _unreadable(package_dir: Path, manifest: Manifest) -> list[str]:
+    """Files the manifest names or lists that exist but this user may not read (a missing file is the checksums')."""
+    return [rel for rel in dict.fromkeys([*manifest.opened_files(), *manifest.files])
+            if (package_dir / rel).exists() and not os.access(package_dir / rel, os.R_OK)]
+
+
+def _denied(package_dir: Path, paths: list[str]) -> str:
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (f"{package_dir}: permission denied: {shown} not readable by this user (uid {os.geteuid()}); make the "
+            f"package readable (chmod -R a+rX {package_dir}) or convert it again (mtgate convert writes packages "
+            "world-readable)")
 
 
 def _outside(package_dir: Path, manifest: Manifest) -> list[str]:
@@ -144,6 +175,49 @@ def verify_checksums(package_dir: Path, manifest: Manifest | Mapping[str, Any],
     return problems
 
 
+def _entries(package_dir: Path) -> Iterator[tuple[str, Path]]:
+    """Every file and symlink under ``package_dir`` as (POSIX relative path, path), sorted; a symlinked directory
+    is an entry, not a tree to enter."""
+    for folder, dirs, files in os.walk(package_dir):  # followlinks=False
+        dirs.sort()
+        base = Path(folder)
+        for name in sorted([*files, *(d for d in dirs if (base / d).is_symlink())]):
+            yield (base / name).relative_to(package_dir).as_posix(), base / name
+
+
+def unlisted_files(package_dir: Path, manifest: Manifest) -> list[str]:
+    """The files and symlinks under the package that its checksum list does not name (the manifest aside): what
+    its checksums do not cover. Nothing opens them (:func:`open_package` refuses an opened file that is unlisted),
+    and ``mtgate export-triton`` leaves them out."""
+    return [rel for rel, _ in _entries(package_dir) if rel != MANIFEST and rel not in manifest.files]
+
+
+def escaping_links(package_dir: Path) -> dict[str, str]:
+    """The symlinks under the package that lead outside it (or nowhere: a loop), listed or not, with their targets:
+    a copy that follows links would carry another file's contents."""
+    root = package_dir.resolve()
+    found: dict[str, str] = {}
+    for rel, path in _entries(package_dir):
+        if path.is_symlink():
+            try:
+                inside = path.resolve().is_relative_to(root)
+            except (OSError, RuntimeError):  # a loop (RuntimeError before Python 3.13)
+                inside = False
+            if not inside:
+                found[rel] = os.readlink(path)
+    return found
+
+
+def copy_listed(package_dir: Path, target: Path, manifest: Manifest) -> list[str]:
+    """Copy the manifest and the files of its checksum list to ``target`` (a symlink inside the package as the file
+    it names; :func:`escaping_links` first, for links out of it). Returns what was left out: :func:`unlisted_files`.
+    """
+    for rel in [MANIFEST, *sorted(manifest.files)]:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(package_dir / rel, target / rel)
+    return unlisted_files(package_dir, manifest)
+
+
 def write_manifest(package_dir: Path, manifest: Manifest | Mapping[str, Any]) -> Manifest:
     """Write manifest.json atomically, with fresh checksums of every other file; return what was written.
 
@@ -164,8 +238,9 @@ def write_manifest(package_dir: Path, manifest: Manifest | Mapping[str, Any]) ->
 def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield an empty temp dir beside output_dir; on success it replaces output_dir, on error it is removed.
 
-    Every file in it is fsynced before the rename, so serving never sees half a package, even after a crash. The
-    previous ``output_dir`` stays in place until the new one is complete.
+    Every file in it is made world-readable (directories 0755, files 0644) and fsynced before the rename, so serving
+    never sees half a package, even after a crash, and any user can read it. The previous ``output_dir`` stays in
+    place until the new one is complete.
 
     Raises:
         FileExistsError: ``output_dir`` exists and ``overwrite`` is False (checked when committing).
@@ -177,6 +252,7 @@ def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
         yield tmp
         if output_dir.exists() and not overwrite:
             raise FileExistsError(f"{output_dir}: already exists")
+        _publish_modes(tmp)
         _fsync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -195,6 +271,19 @@ def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
     fsync_dir(output_dir.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _publish_modes(root: Path) -> None:
+    """Make the tree readable by everyone and writable by its owner only, as installed files are: directories 0755
+    (``mkdtemp`` made the root 0700), files 0644 (0755 if executable; ``mkstemp`` writes 0600). Symlinks are left
+    alone (their targets are not ours)."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            path.chmod(0o755)
+        elif path.is_file():
+            path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
 
 
 def _fsync_tree(root: Path) -> None:

@@ -116,23 +116,23 @@ def test_one_vocabulary_of_options_with_help_everywhere(tmp_path: Path, inputs: 
                                                         tiny_onnx_package: Path) -> None:
     parser = build_parser()
     hidden = {s for a in parser._actions if a.help == "==SUPPRESS==" for s in a.option_strings}
-    assert hidden == {"--runtime", "--max-tokens", "--max-batch-sentences"}
+    assert hidden == {"--backend", "--max-tokens", "--max-batch-sentences"}
     for action in parser._actions:
         assert action.help, f"{action.option_strings or action.dest} has no help text"
     text = run_cli("--help").stdout
-    for name in ("--backend", "--precision", "--threads", "--max-batch-size", "--max-batch-tokens", "--beam-size",
+    for name in ("--runtime", "--precision", "--threads", "--max-batch-size", "--max-batch-tokens", "--beam-size",
                  "--max-length", "--log-level"):
         assert name in text
-    assert "--runtime" not in text and "--max-tokens" not in text
-    new = parser.parse_args(["x", "--backend", "openvino", "--max-batch-tokens", "77", "--max-batch-size", "5"])
-    old = parser.parse_args(["x", "--runtime", "openvino", "--max-tokens", "77", "--max-batch-sentences", "5"])
-    assert (new.backend, new.max_batch_tokens, new.max_batch_size) == (old.backend, old.max_batch_tokens,
+    assert "--backend" not in text and "--max-tokens" not in text
+    new = parser.parse_args(["x", "--runtime", "openvino", "--max-batch-tokens", "77", "--max-batch-size", "5"])
+    old = parser.parse_args(["x", "--backend", "openvino", "--max-tokens", "77", "--max-batch-sentences", "5"])
+    assert (new.runtime, new.max_batch_tokens, new.max_batch_size) == (old.runtime, old.max_batch_tokens,
                                                                        old.max_batch_size) == ("openvino", 77, 5)
     # the new names and the old ones give the same bytes through the real command
     a, b = tmp_path / "new.txt", tmp_path / "old.txt"
-    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", a, "--backend", "onnxruntime",
+    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", a, "--runtime", "onnxruntime",
                    "--max-batch-tokens", "64", *FAST).returncode == 0
-    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", b, "--runtime", "onnxruntime",
+    assert run_cli(inputs / "in.txt", "-m", tiny_onnx_package, "-o", b, "--backend", "onnxruntime",
                    "--max-tokens", "64", *FAST).returncode == 0
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size > 0
 
@@ -152,7 +152,7 @@ def test_console_line_carries_the_sacrebleu_signatures(tmp_path: Path, inputs: P
 
 def _corrupt_graph_copy(package: Path, into: Path) -> Path:
     """A copy of ``package`` whose decoder graph is truncated, with its checksum updated to match (as
-    tests/serving/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
+    tests/serving/package/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
     from serving.package import sha256_of
 
     copy = shutil.copytree(package, into)

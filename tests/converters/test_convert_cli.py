@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving.cli import main
+from serving.commands.main import main
 from serving.package import PackageError, load_manifest
 from tests.utils.marian_factory import make_marian_dir
 
@@ -24,7 +24,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def package(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli-pkg") / "pkg"
-    assert main(["convert", str(source), "-o", str(out), "--runtimes", "onnxruntime,openvino", "--precision", "fp32",
+    assert main(["convert", str(source), "-o", str(out), "--runtimes", "onnxruntime,openvino", "--precisions", "fp32",
                  "--name", "tiny-cli", "--version", "7"]) == 0
     return out
 
@@ -49,10 +49,14 @@ def test_verify_passes_on_a_fresh_package(package: Path, capsys: pytest.CaptureF
     assert main(["verify", str(package)]) == 0
     out = capsys.readouterr().out
     assert "checksums: OK" in out and "openvino/fp32" in out and out.rstrip().splitlines()[-1].startswith("PASS")
+    assert main(["verify", "-m", str(package)]) == 0  # -m PKG, as every other command takes a package
+    by_m = capsys.readouterr().out
+    assert by_m.splitlines()[0] == out.splitlines()[0] and by_m.rstrip().splitlines()[-1].startswith("PASS")
+    assert "two packages" in _bad(["verify", str(package), "-m", str(package.parent)], capsys)[-1]
 
 
 def test_verify_against_the_source(package: Path, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["verify", str(package), "--source", str(source), "--json"]) == 0
+    assert main(["verify", str(package), "--checkpoint", str(source), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"]
     by_key = {(r["artifact"], r["reference"]): r for r in report["parity"]}
@@ -71,6 +75,28 @@ def test_tampered_artifact_fails_verify_and_load(package: Path, tmp_path: Path,
     assert "openvino/decoder.bin" in err and "sha256 mismatch" in err
     with pytest.raises(PackageError, match="openvino/decoder.bin"):
         load_manifest(tampered)
+
+
+def test_verify_reports_files_outside_the_checksum_list(package: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    copy = shutil.copytree(package, tmp_path / "pkg")
+    (copy / "tokenizer").mkdir(exist_ok=True)
+    (copy / "tokenizer" / "notes.txt").write_text("added after conversion")
+    assert main(["verify", str(copy)]) == 0  # a warning: nothing opens it, nothing checks it
+    captured = capsys.readouterr()
+    assert "mtgate verify: WARN tokenizer/notes.txt: not in the checksum list" in captured.err
+    assert "checksums: OK (" in captured.out and "1 unlisted file(s), not verified: tokenizer/notes.txt" in captured.out
+    secret = tmp_path / "secret.txt"  # as /etc/passwd would be
+    secret.write_text("root:x:0:0")
+    (copy / "tokenizer" / "extra.txt").symlink_to(secret)
+    assert main(["verify", str(copy), "--json"]) == 1  # a failed check: export-triton refuses such a package
+    captured = capsys.readouterr()
+    assert f"mtgate verify: FAIL tokenizer/extra.txt -> {secret}: a symlink out of the package" in captured.err
+    report = json.loads(captured.out)
+    assert not report["passed"] and not report["checksums"]["passed"]
+    assert report["checksums"]["unlisted"] == ["tokenizer/notes.txt"]
+    assert report["checksums"]["links_out_of_package"] == {"tokenizer/extra.txt": str(secret)}
+    assert all(row["passed"] for row in report["parity"])  # parity was still checked
 
 
 def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +161,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite(package: Path, sourc
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     existing = shutil.copytree(package, tmp_path / "pkg")
     before = (existing / "manifest.json").read_bytes()
-    argv = ["convert", str(source), "-o", str(existing), "--runtimes", "onnxruntime", "--precision", "fp32",
+    argv = ["convert", str(source), "-o", str(existing), "--runtimes", "onnxruntime", "--precisions", "fp32",
             "--no-verify", "--name", "replaced"]
     lines = _bad(argv, capsys)
     assert len(lines) == 1 and "already exists" in lines[0] and "--overwrite" in lines[0]

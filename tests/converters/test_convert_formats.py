@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from converters.readers import FORMATS, READERS, detect_reader
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
 from tests.utils.fairseq_factory import make_fairseq_dir
 from tests.utils.fsmt_factory import make_fsmt_dir
 from tests.utils.marian_factory import make_marian_dir
@@ -51,10 +51,10 @@ def test_every_format_is_recognized_from_its_contents(sources: dict[str, Path]) 
 def test_convert_verify_translate(sources: dict[str, Path], fmt: str, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "pkg"
-    assert main(["convert", str(sources[fmt]), "-o", str(out), "--runtimes", "onnxruntime", "--precision",
+    assert main(["convert", str(sources[fmt]), "-o", str(out), "--runtimes", "onnxruntime", "--precisions",
                  "fp32"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
-    assert main(["verify", str(out), "--source", str(sources[fmt])]) == 0  # the source read as the same format
+    assert main(["verify", str(out), "--checkpoint", str(sources[fmt])]) == 0  # the source read as the same format
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("PASS")
     [result] = Translator.load(out, threads=1).translate(["A man is riding a bike."], DecodeOptions(beam_size=2,
                                                                                                      max_length=8))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from converters.shortlist import build_table
-from serving.cli import main
+from serving.commands.main import main
+from serving.engine.shortlist import Shortlist
 from serving.package import PackageError, open_package
-from serving.shortlist import Shortlist
 
 
 def test_candidates_are_the_targets_seen_most_often_with_a_source_token() -> None:
@@ -82,18 +82,18 @@ def test_convert_refuses_shortlist_options_it_cannot_use(tmp_path: Path, tiny_ma
     assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--shortlist-corpus", str(source),
                  str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt: no such file" in capsys.readouterr().err
-    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "onnxruntime", "--precision", "fp32",
+    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "onnxruntime", "--precisions", "fp32",
                  "--no-verify", "--shortlist-corpus", str(source), str(target)]) == 2
     err = capsys.readouterr().err
     assert "has 2 lines" in err and "not parallel" in err and "Traceback" not in err
-    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "openvino", "--precision", "fp32",
+    assert main(["convert", str(tiny_marian_dir), "-o", str(out), "--runtimes", "openvino", "--precisions", "fp32",
                  "--no-verify", "--shortlist-corpus", str(source), str(source)]) == 2
     assert "runs on onnxruntime" in capsys.readouterr().err
     assert not out.exists()  # nothing written on any refusal
 
 
 def test_a_damaged_table_is_refused_at_load(tiny_shortlist_package: Path, tmp_path: Path) -> None:
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     copy = tmp_path / "pkg"
     shutil.copytree(tiny_shortlist_package, copy)

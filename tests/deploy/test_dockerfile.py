@@ -1,147 +1,38 @@
-"""The Dockerfile, without a Docker engine: hadolint, its structure, the .dockerignore allow-list, and the installs
-it performs, each replayed in a fresh venv.
-
-- The server image (the default target): the plain install serves the bundled model (or the tiny test package),
-  holds none of the distributions serving does not need, imports none of them while serving a request, and each
-  command that needs an extra answers with one line naming it.
-- The batch image (``--target batch``): the plain install plus the batch extra runs the Kubernetes Job's
-  ``batch-score`` command (deploy/k8s/batch-score-job.yaml) on a TFRecord.
-
-The replay takes the stages' own ``COPY`` and ``uv pip install`` lines from the Dockerfile, so the test and the
-images cannot drift apart. Two speed-only settings differ from the image: bytecode is not precompiled
-(UV_COMPILE_BYTECODE) and uv links from its cache instead of copying (UV_LINK_MODE).
+"""The Dockerfile, without a Docker engine: hadolint, its structure (stages, installs, environment, ports, the demo
+model's place and modes) and the .dockerignore allow-list. test_image_install.py replays the installs it performs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
 
-from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
-from tests.utils.server import wait_until_ready
+from serving.server.settings import DEFAULT_MODEL_DIR, ServingSettings
+from tests.deploy.dockerfile import (
+    BATCH,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    FINAL,
+    FORBIDDEN,
+    INSTRUCTIONS,
+    ROOT,
+    STAGES,
+    ancestry,
+    base_image,
+    copies,
+    dockerignore_excludes,
+    env_of,
+    of,
+    run_steps,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
-K8S_JOB = ROOT / "deploy" / "k8s" / "batch-score-job.yaml"
-FORBIDDEN = ("torch", "transformers")  # never in any image
-# Distributions (and their top-level modules) the server never needs: not in the server image, not imported.
-NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "keras": "keras", "locust": "locust",
-               "gevent": "gevent", "sacrebleu": "sacrebleu", "tritonclient": "tritonclient", "torch": "torch",
-               "transformers": "transformers", "onnx": "onnx", "nncf": "nncf", "safetensors": "safetensors",
-               "pyyaml": "yaml"}  # tqdm is in the image (sacremoses, for FSMT/fairseq packages' tokenizer)
-NOT_SERVING_PACKAGES = ("converters", "batch", "loadtest")  # mtgate's own packages a server never imports
-
-
-@dataclass(frozen=True)
-class Instruction:
-    stage: str
-    keyword: str
-    args: str
-
-
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """Instructions in order, continuation lines joined, comments dropped, each tagged with its stage name."""
-    instructions: list[Instruction] = []
-    stage = ""
-    logical = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not logical and (not stripped or stripped.startswith("#")):
-            continue
-        if logical and stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            logical += stripped[:-1] + " "
-            continue
-        logical += stripped
-        keyword, _, args = logical.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            match = re.search(r"\bAS\s+(\S+)\s*$", args, flags=re.I)
-            stage = match.group(1) if match else args
-        instructions.append(Instruction(stage, keyword, " ".join(args.split())))
-        logical = ""
-    return instructions
-
-
-INSTRUCTIONS = parse_dockerfile(DOCKERFILE.read_text(encoding="utf-8"))
-STAGES = [i.stage for i in INSTRUCTIONS if i.keyword == "FROM"]
-FINAL = STAGES[-1]
-BATCH = "batch"  # `docker build --target batch`: the image of deploy/k8s/batch-score-job.yaml
-
-
-def ancestry(stage: str) -> list[str]:
-    """``stage`` and the stages it is built ``FROM``, the first stage of the chain first."""
-    [source] = [i.args.split()[0] for i in INSTRUCTIONS if i.keyword == "FROM" and i.stage == stage]
-    return [*ancestry(source), stage] if source in STAGES else [stage]
-
-
-def base_image(stage: str) -> str:
-    """The external image at the root of ``stage``'s chain."""
-    [source] = [i.args.split()[0] for i in INSTRUCTIONS if i.keyword == "FROM" and i.stage == ancestry(stage)[0]]
-    return source
-
-
-def of(keyword: str, stage: str | None = None, inherited: bool = False) -> list[str]:
-    """The arguments of each ``keyword`` instruction (of ``stage``; ``inherited``: and of the stages it is built on)."""
-    stages = None if stage is None else (ancestry(stage) if inherited else [stage])
-    return [i.args for i in INSTRUCTIONS if i.keyword == keyword and (stages is None or i.stage in stages)]
-
-
-def env_of(stage: str) -> dict[str, str]:
-    """The environment of an image of ``stage`` (its own ENV and what it inherits)."""
-    env: dict[str, str] = {}
-    for args in of("ENV", stage, inherited=True):
-        for token in shlex.split(args):
-            key, _, value = token.partition("=")
-            env[key] = value
-    return env
-
-
-def copies(stage: str) -> list[tuple[str, PurePosixPath]]:
-    """(source, absolute path in the image) of each COPY from the build context (not ``--from``) in ``stage``."""
-    found = []
-    workdir = PurePosixPath("/")
-    for i in INSTRUCTIONS:
-        if i.stage not in ancestry(stage):
-            continue
-        if i.stage != stage and i.keyword == "COPY":
-            continue
-        if i.keyword == "WORKDIR":
-            workdir = workdir / i.args
-        if i.keyword != "COPY" or "--from" in i.args:
-            continue
-        *sources, dest = [p for p in i.args.split() if not p.startswith("--")]
-        for source in sources:
-            target = workdir / dest
-            if dest.endswith("/") or dest == ".":  # into a directory: a file keeps its name
-                target = target / PurePosixPath(source).name
-            found.append((source, target))
-    return found
-
-
-def run_steps(stage: str) -> list[list[str]]:
-    """The ``&&``-joined commands of each RUN of ``stage``, without BuildKit's ``--mount`` flags."""
-    steps = []
-    for args in of("RUN", stage):
-        command = " ".join(p for p in args.split() if not p.startswith("--mount="))
-        steps.append([s.strip() for s in command.split("&&")])
-    return steps
+SERVER_EXTRAS = ["grpc"]  # what the server image installs beside the plain install: gRPC (serve --grpc-port)
 
 
 def hadolint() -> str:
@@ -182,9 +73,10 @@ def test_multi_stage_slim_non_root_runtime() -> None:
 
 def test_installs_runtime_dependencies_only() -> None:
     installs = [step for steps in run_steps("builder") for step in steps if "pip install" in step]
-    assert installs == ["pip install --no-cache-dir uv==0.13.9", "uv pip install -r pyproject.toml",
+    assert installs == ["pip install --no-cache-dir uv==0.13.9", "uv pip install -r pyproject.toml --extra grpc",
                         "uv pip install --no-deps -e ."]
-    assert not any("[" in c for c in installs)  # no extras: no torch, no transformers
+    assert not any("[" in c for c in installs)  # no bracketed extras: no torch, no transformers
+    assert [e for c in installs for e in re.findall(r"--extra (\S+)", c)] == SERVER_EXTRAS
     # the server image is the builder's venv: the plain install, nothing more
     assert {c.split()[1] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"/opt/venv", "/app"}
     assert {c.split()[0] for c in of("COPY", FINAL) if c.startswith("--from=")} == {"--from=builder"}
@@ -206,7 +98,9 @@ def test_configured_through_mtgate_env_and_serves_on_the_exposed_port() -> None:
     assert {k for k in env if k.startswith("MTGATE_")} <= fields
     assert env["MTGATE_HOST"] == "0.0.0.0"
     [expose] = of("EXPOSE", FINAL)
-    assert expose == env["MTGATE_PORT"] == str(ServingSettings().port)
+    # HTTP on the server's default port, gRPC on Triton's (8001): both served, both exposed
+    assert expose.split() == [env["MTGATE_PORT"], env["MTGATE_GRPC_PORT"]] == [str(ServingSettings().port), "8001"]
+    assert ServingSettings(grpc_port=env["MTGATE_GRPC_PORT"]).grpc_port == 8001
     [cmd] = of("CMD", FINAL)
     assert json.loads(cmd) == ["mtgate", "serve"]
     [healthcheck] = of("HEALTHCHECK", FINAL)
@@ -215,31 +109,49 @@ def test_configured_through_mtgate_env_and_serves_on_the_exposed_port() -> None:
 
 
 def test_demo_model_lands_where_the_server_looks_by_default() -> None:
-    # serving/settings.py: DEFAULT_MODEL_DIR is models/demo-en-de beside the source tree (the serving package's parent)
+    # serving/server/settings.py: DEFAULT_MODEL_DIR is models/demo-en-de beside the source tree (the serving package's parent)
     [serving_dest] = [dest for source, dest in copies("builder") if source == "serving"]
     source_root = serving_dest.parent
     relative = DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix()
-    [model_dest] = [dest for source, dest in copies(FINAL) if source == relative]
+    [model_dest] = [dest for source, dest in copies("builder") if source == relative]
     assert model_dest == source_root / relative
-    assert f"--from=builder {source_root} {source_root}" in of("COPY", FINAL)  # the editable install's tree
+    for image in (FINAL, BATCH, "ray"):  # each image takes the builder's tree, model included
+        [tree] = [c for c in of("COPY", image) if c.startswith("--from=") and c.split()[1] == str(source_root)]
+        assert tree.split()[2] == str(source_root) and tree.split()[0].removeprefix("--from=").endswith("builder")
+        assert not [dest for _, dest in copies(image) if dest.is_relative_to(source_root)]  # nothing else over it
 
 
-# ---------------------------------------------------------------- .dockerignore
-
-
-def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
-    """Docker's rule: the last pattern matching the path or one of its parent directories decides."""
-    excluded = False
-    parts = PurePosixPath(path).parts
-    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        body = pattern[1:] if negate else pattern
-        body = body.strip("/")
-        regex = re.escape(body).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
-        if any(re.fullmatch(regex, c) for c in candidates):
-            excluded = not negate
-    return excluded
+def test_demo_model_is_readable_by_the_image_user(tmp_path: Path) -> None:
+    """The images run as a non-root uid (1000; any uid on OpenShift) and COPY keeps the build context's modes with
+    root as owner: a demo built under umask 077 (files 0600, directories 0700) would be unreadable. The builder's
+    chmod after the model's COPY gives everyone read (and directory search) on it; run here on such a tree."""
+    relative = DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix()
+    stage_copies = [i for i in INSTRUCTIONS if i.stage == "builder" and i.keyword in ("COPY", "RUN")]
+    model_copy = next(n for n, i in enumerate(stage_copies) if i.keyword == "COPY" and i.args.startswith(relative))
+    later_chmods = [step for i in stage_copies[model_copy + 1:] if i.keyword == "RUN"
+                    for step in " ".join(p for p in i.args.split() if not p.startswith("--mount=")).split("&&")
+                    if step.strip().startswith("chmod ")]
+    assert later_chmods, "no chmod after the demo model's COPY: its build-context modes reach the image"
+    [(_, model_dest)] = [(s, d) for s, d in copies("builder") if s == relative]
+    image_root = model_dest.parents[1]  # /app
+    tree = tmp_path / "app"
+    package = tree / relative
+    (package / "onnx").mkdir(parents=True)
+    (package / "manifest.json").write_text("{}")
+    (package / "onnx" / "encoder.onnx").write_bytes(b"x")
+    for path in (package / "manifest.json", package / "onnx" / "encoder.onnx"):
+        path.chmod(0o600)
+    for path in (package / "onnx", package, package.parent):
+        path.chmod(0o700)
+    for step in later_chmods:
+        subprocess.run(["bash", "-c", step.strip().replace(str(image_root), str(tree))], check=True, timeout=30)
+    for path in [package, *package.rglob("*")]:
+        mode = path.stat().st_mode
+        wanted = 0o005 if path.is_dir() else 0o004  # others (neither owner root nor group): read, search
+        assert mode & wanted == wanted, f"{path.relative_to(tree)}: {oct(mode)}"
+        assert not mode & 0o022, f"{path.relative_to(tree)}: writable by group or others ({oct(mode)})"
+    [user] = of("USER", FINAL, inherited=True)
+    assert user.split(":")[0] != "0"
 
 
 def test_dockerignore_admits_what_is_copied_and_nothing_heavy() -> None:
@@ -252,250 +164,3 @@ def test_dockerignore_admits_what_is_copied_and_nothing_heavy() -> None:
     for heavy in (".venv/bin/python", ".git/HEAD", "tests/deploy/test_dockerfile.py", "build/demo-train/x",
                   "models/recipe/train_demo.py", "models/data/multi30k/README.md", "serving/__pycache__/x.pyc"):
         assert dockerignore_excludes(heavy, patterns), heavy
-
-
-# ---------------------------------------------------------------- the runtime install, replayed
-
-
-def uv() -> str:
-    found = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
-    if not Path(found).is_file():
-        pytest.skip("uv is not installed (it is in the test extra)")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    """Hard-link (a model package can be large; nothing writes to these files), else copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def venv_stage(image: str) -> str:
-    """The builder stage whose /opt/venv ``image`` copies."""
-    [source] = {c.split()[0].removeprefix("--from=") for c in of("COPY", image)
-                if c.startswith("--from=") and c.split()[1] == "/opt/venv"}
-    return source
-
-
-# A .pth file runs at every start of the venv's interpreter: with $PROBE_MODULES_OUT set, the process writes the
-# names of every module it imported to that file when it exits (the server does, on SIGTERM).
-MODULES_PROBE = ("import atexit, os, sys; _out = os.environ.get('PROBE_MODULES_OUT'); "
-                 "_out and atexit.register(lambda out=_out: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n")
-
-
-def replay(base: Path, image: str, model_package: Path) -> tuple[Path, Path]:
-    """(app dir laid out like the image's /app, venv) after the Dockerfile's own install steps for ``image``."""
-    app = base / "app"
-    app.mkdir()
-    image_root = [dest for source, dest in copies("builder") if source == "serving"][0].parent  # /app
-    for stage in [*ancestry(venv_stage(image)), *ancestry(image)]:  # the source tree's stages and the image's
-        for source, dest in copies(stage):
-            src = model_package if source == DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix() else ROOT / source
-            if not src.exists():
-                pytest.fail(f"{source} does not exist: `docker build` would fail at COPY {source}")
-            target = app / dest.relative_to(image_root)
-            if src.is_dir():  # Docker copies a directory's contents into the destination
-                shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True,
-                                copy_function=_link_or_copy)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, target)
-    venv = base / "venv"
-    started = time.monotonic()
-    subprocess.run([uv(), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    stages = ancestry(venv_stage(image))
-    env.update(env_of(stages[-1]))
-    env.update(VIRTUAL_ENV=str(venv), UV_COMPILE_BYTECODE="0", UV_LINK_MODE="hardlink",
-               PATH=os.pathsep.join([str(venv / "bin"), str(Path(uv()).parent), env.get("PATH", "")]))
-    for stage in stages:
-        for steps in run_steps(stage):
-            if not any(s.startswith("uv pip install") for s in steps):
-                continue  # the step that installs uv and creates /opt/venv: done above
-            command = " && ".join(steps)
-            proc = subprocess.run(["bash", "-c", command], cwd=app, env=env, capture_output=True, text=True,
-                                  timeout=900)
-            assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    sys.stderr.write(f"\n{image} install ({' + '.join(stages)}; uv, fresh venv): {time.monotonic() - started:.1f}s\n")
-    [site] = venv.glob("lib/python*/site-packages")
-    (site / "_probe_modules.pth").write_text(MODULES_PROBE, encoding="utf-8")
-    return app, venv
-
-
-@pytest.fixture(scope="module")
-def runtime_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
-    """The server image's install, replayed."""
-    return replay(tmp_path_factory.mktemp("image"), FINAL, model_package)
-
-
-@pytest.fixture(scope="module")
-def batch_venv(tmp_path_factory: pytest.TempPathFactory, model_package: Path) -> tuple[Path, Path]:
-    """The batch image's install, replayed."""
-    return replay(tmp_path_factory.mktemp("batch-image"), BATCH, model_package)
-
-
-def installed(venv: Path) -> set[str]:
-    listing = subprocess.run([uv(), "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "json"],
-                             check=True, capture_output=True, text=True, timeout=60).stdout
-    return {p["name"].lower() for p in json.loads(listing)}
-
-
-def test_fresh_runtime_venv_has_no_torch_or_transformers(runtime_venv: tuple[Path, Path]) -> None:
-    app, venv = runtime_venv
-    python = venv / "bin" / "python"
-    probe = ("import importlib.util, json, serving; "
-             f"print(json.dumps({{'missing': [m for m in {list(FORBIDDEN)!r} if importlib.util.find_spec(m)], "
-             "'serving': serving.__file__}))")
-    out = json.loads(subprocess.run([str(python), "-c", probe], check=True, capture_output=True, text=True,
-                                    cwd="/", timeout=60).stdout)
-    assert out["missing"] == []
-    assert Path(out["serving"]).resolve().is_relative_to(app.resolve())  # the image's /app source tree
-    names = installed(venv)
-    assert not names & set(FORBIDDEN)
-    assert sorted(names & set(NOT_SERVING)) == []  # the server image holds what serving needs, nothing more
-    assert {"onnxruntime", "openvino", "fastapi", "uvicorn", "sentencepiece", "mtgate"} <= names
-    check = subprocess.run([uv(), "pip", "check", "--python", str(python)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
-
-
-def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, Path], model_package: Path) -> None:
-    app, venv = runtime_venv
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MTGATE_") and k not in ("VIRTUAL_ENV",
-                                                                                           "PYTHONPATH")}
-    env.update(env_of(FINAL))
-    # the image's environment, except: loopback only (tests never listen beyond it), a free port, one thread
-    env.update(MTGATE_HOST="127.0.0.1", MTGATE_PORT=str(port), MTGATE_THREADS="1", VIRTUAL_ENV=str(venv),
-               PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]))
-    modules_file = app.parent / "serve.modules"
-    server_env = {**env, "PROBE_MODULES_OUT": str(modules_file)}
-    [cmd] = of("CMD", FINAL)
-    log = (app.parent / "serve.log").open("w")
-    proc = subprocess.Popen(json.loads(cmd), cwd=app, env=server_env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        took = wait_until_ready(url, proc, 120, lambda: (app.parent / "serve.log").read_text()[-3000:])
-        sys.stderr.write(f"\nmtgate serve (fresh venv) ready in {took:.1f}s\n")
-        # the image's HEALTHCHECK command, as Docker would run it in the container
-        [healthcheck] = of("HEALTHCHECK", FINAL)
-        check = json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip())
-        assert subprocess.run(check, env=env, timeout=30).returncode == 0
-        body = json.dumps({"text": ["A man is riding a bicycle.", "Hello!"], "max_length": 16}).encode()
-        request = urllib.request.Request(f"{url}/v1/translate", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            answer = json.loads(resp.read())
-        manifest = json.loads((model_package / "manifest.json").read_text(encoding="utf-8"))
-        assert answer["model"] == manifest["name"]
-        assert [bool(t["text"]) and t["output_tokens"] > 0 for t in answer["translations"]] == [True, True]
-    finally:
-        proc.send_signal(signal.SIGTERM)  # the image's STOPSIGNAL: drains, then exits 0
-        try:
-            code = proc.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        log.close()
-    assert code == 0, (app.parent / "serve.log").read_text()[-3000:]
-    # what the server imported, from its start to its exit, having served the request
-    imported = {name.split(".")[0] for name in modules_file.read_text(encoding="utf-8").split()}
-    assert {"serving", "onnxruntime", "uvicorn", "fastapi"} <= imported
-    assert sorted(imported & {*NOT_SERVING.values(), *NOT_SERVING_PACKAGES}) == []
-
-
-COMMANDS_NEEDING_AN_EXTRA = [
-    (["mtgate", "batch-score", "input.txt", "-o", "out.txt"], "batch"),
-    (["batch-score", "input.txt", "-o", "out.txt"], "batch"),
-    (["mtgate", "batch-score", "--help"], "batch"),
-    (["mtgate", "loadtest", "--targets", "smoke.yaml"], "loadtest"),
-    (["mtgate", "validate", "-m", "pkg", "--baseline", "pkg"], "loadtest"),
-    (["mtgate", "convert", "checkpoint", "-o", "pkg"], "convert"),
-    (["mtgate", "verify", "pkg"], "convert"),
-]
-
-
-@pytest.mark.parametrize(("argv", "extra"), COMMANDS_NEEDING_AN_EXTRA, ids=lambda v: " ".join(v) if isinstance(
-    v, list) else v)
-def test_fresh_runtime_venv_names_the_extra_a_command_needs(runtime_venv: tuple[Path, Path], tmp_path: Path,
-                                                            argv: list[str], extra: str) -> None:
-    _, venv = runtime_venv
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
-    proc = subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    prefix = f"mtgate {argv[1]}: error:" if argv[0] == "mtgate" else f"{argv[0]}: error:"
-    assert lines[0].startswith(prefix) and f"pip install 'mtgate[{extra}]'" in lines[0], lines[0]
-    assert list(tmp_path.iterdir()) == []  # nothing written
-
-
-def test_fresh_runtime_venv_lists_every_command(runtime_venv: tuple[Path, Path]) -> None:
-    _, venv = runtime_venv
-    proc = subprocess.run([str(venv / "bin" / "mtgate"), "--help"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    for command in ("serve", "translate", "export-triton", "batch-score", "loadtest", "validate", "convert"):
-        assert command in proc.stdout
-
-
-# ---------------------------------------------------------------- the batch image, replayed
-
-
-def write_tfrecord(path: Path, texts: list[str]) -> None:
-    """``tf.train.Example``s with an ``inputs`` feature, written by tensorflow (this venv's, which has it)."""
-    import tensorflow as tf
-
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for text in texts:
-            feature = {"inputs": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))}
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-
-
-def test_batch_image_runs_the_kubernetes_job(batch_venv: tuple[Path, Path], tmp_path: Path) -> None:
-    import yaml
-
-    app, venv = batch_venv
-    names = installed(venv)
-    # TFRecords without tensorflow: the batch image is the server's plus google-crc32c and sacrebleu
-    assert {"google-crc32c", "sacrebleu", "mtgate"} <= names and not names & set(FORBIDDEN)
-    assert "tensorflow-cpu" not in names and "tensorflow" not in names
-    job = next(d for d in yaml.safe_load_all(K8S_JOB.read_text(encoding="utf-8")) if d and d["kind"] == "Job")
-    [container] = job["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == f"mtgate:{BATCH}"  # the image `docker build --target batch -t mtgate:batch .` makes
-    data = tmp_path / "data"  # the Job's volume, mounted at /data
-    (data / "input").mkdir(parents=True)
-    (data / "output").mkdir()
-    texts = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl reads a book.", "Hello!",
-             "A woman is walking.", "The sun is shining.", "A boy jumps.", "Three people sit on a bench."]
-    write_tfrecord(data / "input" / "data-00000.tfrecord", texts)
-    # Kubernetes substitutes $(JOB_COMPLETION_INDEX); pod 1 of 4 takes records 1 and 5
-    argv = [a.replace("/data/", f"{data}/").replace("$(JOB_COMPLETION_INDEX)", "1") for a in container["args"]]
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH") and
-           not k.startswith("MTGATE_")}
-    env.update(env_of(BATCH))
-    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
-    env.update(VIRTUAL_ENV=str(venv), PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]),
-               JOB_COMPLETION_INDEX="1")
-    proc = subprocess.run([str(venv / "bin" / container["command"][0]), *container["command"][1:], *argv],
-                          cwd=app, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "2 of 2 records translated" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    output = data / "output" / "scored-00001-of-00004.tfrecord"
-    assert output.stat().st_size > 0 and json.loads(output.with_suffix(".summary.json").read_text())

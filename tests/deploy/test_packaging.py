@@ -2,13 +2,13 @@
 
 - The wheel, built from a copy of the checkout, holds ``serving``, ``converters``, ``batch`` and ``loadtest`` and
   nothing of ``benchmarks/``, ``tests/`` or ``models/``; none of its modules imports them.
-- ``serving/cli.py``'s ``EXTRAS`` table (the modules each extra provides, used to tell a user which extra a command
+- ``serving/commands/main.py``'s ``EXTRAS`` table (the modules each extra provides, used to tell a user which extra a command
   needs) agrees with pyproject.toml: each listed module comes with its extra and not with the plain install, and
   every requirement of the extra provides one of them. The resolution is uv's (``uv pip compile``, offline when its
   cache can answer).
 
 The plain install itself (what it holds, that it serves, that each command needing an extra answers with one line
-naming it) is checked in test_dockerfile.py, on the image's own install replayed in a fresh venv.
+naming it) is checked in test_image_install.py, on the image's own install replayed in a fresh venv.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.cli import _SUBCOMMANDS, EXTRAS, missing_extra
+from serving.commands.registry import EXTRAS, all_commands, missing_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -92,9 +92,9 @@ def test_the_wheel_holds_only_what_users_run(wheel: zipfile.ZipFile) -> None:
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == PRODUCT
     assert "serving/bench.py" not in names  # the benchmark harness lives in benchmarks/bench (a checkout only)
-    assert {"serving/api/static/index.html", "loadtest/targets/smoke.yaml"} <= set(names)  # package data
+    assert {"serving/server/http/static/index.html", "loadtest/targets/smoke.yaml"} <= set(names)  # package data
     entry_points = wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert "mtgate = serving.cli:main" in entry_points and "batch-score = batch.cli:main" in entry_points
+    assert "mtgate = serving.commands.main:main" in entry_points and "batch-score = batch.cli:main" in entry_points
 
 
 def test_no_module_of_the_wheel_imports_the_repository_tooling(wheel: zipfile.ZipFile) -> None:
@@ -115,9 +115,9 @@ def test_no_module_of_the_wheel_imports_the_repository_tooling(wheel: zipfile.Zi
 
 def test_every_command_outside_the_plain_install_names_a_known_extra() -> None:
     extras = set(PYPROJECT["project"]["optional-dependencies"])
-    needed = {extra for _, _, extra in _SUBCOMMANDS.values() if extra is not None}
+    needed = {command.extra for command in all_commands() if command.extra is not None}
     assert needed <= set(EXTRAS) <= extras
-    assert {name for name, (_, _, extra) in _SUBCOMMANDS.items() if extra is None} == {
+    assert {command.name for command in all_commands() if command.extra is None} == {
         "translate", "score", "serve", "export-triton"}
 
 

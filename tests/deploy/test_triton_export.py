@@ -8,6 +8,7 @@ stand-in of triton_python_backend_utils (tests/deploy/triton_stub), and must ans
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
-from serving.oip import INPUT_NAME, OUTPUT_DATATYPES
+from serving.commands.export_triton import PACKAGE_DIR
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
+from serving.package import choose_precision, read_manifest
+from serving.server.oip import INPUT_NAME, OUTPUT_DATATYPES
 
 DRIVER = Path(__file__).resolve().parent / "triton_driver.py"
 SENTENCES = ["A man is walking down the street.", "Two dogs play in the snow.", "Hello!"]
@@ -32,7 +35,8 @@ _CONFIG_TYPES = {"BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb
 def exported(model_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("triton-repo")
     code = main(["export-triton", str(model_package), "-o", str(repo), "--model-name", "translator", "--threads", "1",
-                 "--max-batch-size", "16", "--max-queue-delay-us", "2000", "--max-queue-size", "64"])
+                 "--max-batch-size", "16", "--max-queue-delay-us", "2000", "--max-queue-size", "64",
+                 "--precision", "fp32"])  # what Translator.load loads by default, which the tests compare with
     assert code == 0
     return repo / "translator"
 
@@ -83,6 +87,9 @@ def test_default_config_parses_and_unbounded_queue_has_no_policy(model_package: 
     assert config.max_batch_size == 32 and config.dynamic_batching.max_queue_delay_microseconds == 5000
     assert not config.dynamic_batching.HasField("default_queue_policy")
     assert config.parameters["threads"].string_value == ""
+    # --precision auto (the default) writes the precision it chose: what the model will load
+    chosen = choose_precision(read_manifest(model_package), "onnxruntime").precision
+    assert config.parameters["precision"].string_value == chosen
 
 
 def drive(model_dir: Path, executions: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -183,17 +190,17 @@ def test_not_a_package_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_options_use_the_one_vocabulary(model_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # -m PKG as in every other command, --backend (the old --runtime accepted, hidden from --help)
+    # -m PKG as in every other command, --runtime (the old --backend accepted, hidden from --help)
     assert main(["export-triton", "-m", str(model_package), "-o", str(tmp_path), "--model-name", "a",
-                 "--backend", "onnxruntime"]) == 0
-    assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "b",
                  "--runtime", "onnxruntime"]) == 0
+    assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "b",
+                 "--backend", "onnxruntime"]) == 0
     for name in ("a", "b"):
         assert parse_config(tmp_path / name).parameters["runtime"].string_value == "onnxruntime"
     capsys.readouterr()
     assert main(["export-triton", "--help"]) == 0
     help_text = capsys.readouterr().out
-    assert "--backend" in help_text and "-m PKG" in help_text and "--runtime" not in help_text
+    assert "--runtime" in help_text and "-m PKG" in help_text and "--backend" not in help_text
 
 
 @pytest.mark.parametrize(
@@ -207,3 +214,32 @@ def test_one_package_is_given(model_package: Path, tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("mtgate export-triton: error: ")
     assert not (tmp_path / "repo").exists()
+
+
+def test_only_listed_files_are_exported(model_package: Path, tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    package = tmp_path / "package"
+    shutil.copytree(model_package, package)
+    (package / "tokenizer").mkdir(exist_ok=True)
+    (package / "tokenizer" / "notes.txt").write_text("added after conversion, not in the checksum list")
+    assert main(["export-triton", str(package), "-o", str(tmp_path / "repo"), "--model-name", "m"]) == 0
+    exported = tmp_path / "repo" / "m" / "1" / PACKAGE_DIR
+    listed = set(json.loads((package / "manifest.json").read_text(encoding="utf-8"))["files"])
+    assert {p.relative_to(exported).as_posix() for p in exported.rglob("*") if p.is_file()} == {"manifest.json",
+                                                                                                *listed}
+    assert "left out 1 file(s) not in the checksum list: tokenizer/notes.txt" in caplog.text
+
+
+def test_a_symlink_out_of_the_package_is_refused(model_package: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    package = tmp_path / "package"
+    shutil.copytree(model_package, package)
+    (package / "tokenizer").mkdir(exist_ok=True)
+    secret = tmp_path / "secret.txt"  # as /etc/passwd would be
+    secret.write_text("root:x:0:0")
+    (package / "tokenizer" / "extra.txt").symlink_to(secret)  # not listed: the export used to copy its target
+    assert main(["export-triton", str(package), "-o", str(tmp_path / "repo2"), "--model-name", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mtgate export-triton: error: "), err
+    assert f"tokenizer/extra.txt is a symlink to {secret}, outside the package" in err, err
+    assert not (tmp_path / "repo2").exists()

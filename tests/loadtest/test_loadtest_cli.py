@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.server import check_host, free_port
-from serving.cli import main
+from serving.commands.main import main
 
 TARGETS = Path(__file__).resolve().parents[2] / "loadtest" / "targets" / "smoke.yaml"
 
@@ -32,9 +32,9 @@ def test_only_loopback_hosts_unless_allowed() -> None:
 
 def test_start_server_defaults_to_the_demo_model(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import serving.settings
+    import serving.server.settings
 
-    monkeypatch.setattr(serving.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
+    monkeypatch.setattr(serving.server.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
     err = _error(capsys, ["loadtest", "--start-server", "--targets", str(TARGETS)])
     assert "the bundled demo model is not built" in err and "make demo" in err
 
@@ -43,7 +43,8 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     err = _error(capsys, ["loadtest", "--host", "http://10.1.2.3:8000", "--targets", str(TARGETS),
                           "--report", str(tmp_path / "r")])
     assert "is not 127.0.0.1 or localhost; pass --allow-remote" in err
-    assert "give either --host" in _error(capsys, ["loadtest", "--targets", str(TARGETS)])
+    assert "one of the arguments --server --start-server is required" in _error(capsys, ["loadtest", "--targets",
+                                                                                         str(TARGETS)])
     assert "no such file" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1",
                                              "--targets", str(tmp_path / "nope.yaml")])
     assert "no scenario nope" in _error(capsys, ["loadtest", "--host", "http://127.0.0.1:1", "--targets",
@@ -68,20 +69,20 @@ def test_validate_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("a\nb\n", encoding="utf-8")
     ref.write_text("a\n", encoding="utf-8")
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref)])
     assert "has 2 lines but" in err
     ref.write_text("a\nb\n", encoding="utf-8")
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path / "nope"), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path / "nope"), "--testset", str(src), str(ref)])
     assert "not a directory" in err
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref)])
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref)])
     assert "no manifest.json" in err
-    err = _error(capsys, ["validate", "--candidate", str(tmp_path), "--testset", str(src), str(ref),
+    err = _error(capsys, ["validate", "-m", str(tmp_path), "--testset", str(src), str(ref),
                           "--targets", str(TARGETS), "--scenario", "nope"])
     assert "no scenario nope" in err
 
 
 def _argparse_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    """argparse's own refusals (serving.cli prints them): exit 2, the error on the last line, no traceback."""
+    """argparse's own refusals (serving.commands.main prints them): exit 2, the error on the last line, no traceback."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -109,7 +110,7 @@ def test_adhoc_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 def _options(command: str) -> list[tuple[list[str], str | None]]:
     import argparse
 
-    from serving.cli import build_parser
+    from serving.commands.main import build_parser
 
     parser = build_parser(only=command)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
@@ -126,16 +127,52 @@ def test_every_option_has_help_and_the_old_spellings_are_hidden(command: str) ->
     hidden = {name for names, text in options if text == argparse.SUPPRESS for name in names}
     flat = {name for names in shown for name in names}
     if command == "validate":
-        assert {"-m", "--model", "--backend", "--baseline", "--baseline-backend", "--baseline-precision"} <= flat
-        assert hidden >= {"--candidate", "--runtime"}
+        assert {"-m", "--model", "--runtime", "--baseline", "--baseline-runtime", "--baseline-precision",
+                "--max-batch-size"} <= flat
+        assert hidden >= {"--candidate", "--backend", "--baseline-backend", "--batch-size"}
     else:
         assert {"-m", "-u", "--users", "-r", "--spawn-rate", "-t", "--run-time", "--csv", "--html",
-                "--user-class"} <= flat
+                "--user-class", "--server"} <= flat
+        assert hidden >= {"--host"}  # Locust's name for the server's URL
 
 
 def test_validate_takes_the_old_spellings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     src = tmp_path / "src.txt"
     src.write_text("a\n", encoding="utf-8")
-    for argv in (["-m", str(tmp_path)], ["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--runtime",
-                                                                        "openvino"]):
+    for argv in (["-m", str(tmp_path)], ["--model", str(tmp_path), "--runtime", "openvino"]):
         assert "no manifest.json" in _error(capsys, ["validate", *argv, "--testset", str(src), str(src)])
+    for old in (["--candidate", str(tmp_path)], ["--model", str(tmp_path), "--backend", "openvino"]):
+        assert main(["validate", *old, "--testset", str(src), str(src)]) == 2
+        warning, error = capsys.readouterr().err.splitlines()  # the old spelling's one warning line, then the error
+        assert warning.startswith(f"mtgate validate: warning: {old[-2]} is deprecated, use ") and "no manifest.json" in error
+
+
+def test_validate_refuses_an_artifact_the_package_lacks_before_any_work(
+        tiny_onnx_package: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A baseline (or candidate) without the asked precision is a usage error (exit 2), not a REJECT (exit 1)."""
+    src = tmp_path / "src.txt"
+    src.write_text("A dog runs.\n", encoding="utf-8")
+    common = ["--testset", str(src), str(src), "--report", str(tmp_path / "r"), "--skip-parity"]
+    pkg = str(tiny_onnx_package)
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--baseline-precision", "int8", *common])
+    assert (f"baseline {pkg}: package has no onnxruntime/int8 artifact (available: onnxruntime/fp32); choose one "
+            "with --baseline-runtime/--baseline-precision") in err
+    err = _error(capsys, ["validate", "-m", pkg, "--precision", "int8", *common])
+    assert f"candidate {pkg}: package has no onnxruntime/int8 artifact" in err and "--runtime/--precision" in err
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline", pkg, "--runtime", "openvino", *common])
+    assert f"candidate {pkg}: package has no openvino/fp32 artifact" in err
+    err = _error(capsys, ["validate", "-m", pkg, "--baseline-precision", "fp32", *common])
+    assert "--baseline-precision describe the baseline: give --baseline PKG too" in err
+    assert "--scenario needs --targets" in _error(capsys, ["validate", "-m", pkg, "--scenario", "single", *common])
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_sweep_refuses_an_artifact_a_package_lacks(tiny_onnx_package: Path, capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    import json
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(json.dumps({"models": [str(tiny_onnx_package)], "space": {"precision": ["fp32", "int8"]},
+                                 "scenarios": [{"name": "s", "users": {"TranslateUser": 1}}]}), encoding="utf-8")
+    err = _error(capsys, ["sweep", str(sweep), "--dry-run"])
+    assert f"space: {tiny_onnx_package} has no onnxruntime/int8 artifact (it has: onnxruntime/fp32)" in err

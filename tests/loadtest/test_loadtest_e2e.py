@@ -24,7 +24,7 @@ from loadtest.scrape import read as read_metrics
 from loadtest.server import start_server
 from loadtest.stats import read_run
 from loadtest.tensorboard import read_events
-from serving.cli import main
+from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
 N = 16
@@ -132,7 +132,7 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
 
 
 def _translate(package: Path, sources: list[str]) -> list[str]:
-    from serving.engine import DecodeOptions, Translator
+    from serving.engine.translator import DecodeOptions, Translator
 
     translator = Translator.load(package, threads=1)
     return [t.text for t in translator.translate(sources, DecodeOptions(beam_size=1))]

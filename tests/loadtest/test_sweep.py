@@ -40,8 +40,15 @@ def test_points_in_search_order_and_what_does_not_fit(tmp_path: Path) -> None:
                      (2, 1, "request", 16, 1000), (2, 1, "step", 4, None), (2, 1, "step", 16, None)]
     assert len(points) == 3 * 6 and len(skipped) == 6  # 2 threads x 2 replicas > 2 cores
     assert all(reason == "needs 4 cores, the node has 2" for _, reason in skipped)
-    assert points[0].serve_args() == ["--backend", "onnxruntime", "--precision", "fp32", "--threads", "2",
+    assert points[0].serve_args() == ["--runtime", "onnxruntime", "--precision", "auto", "--threads", "2",
                                       "--batching", "request", "--max-batch-size", "4", "--max-queue-delay-us", "0"]
+
+
+def test_the_space_reads_the_old_backend_key(tmp_path: Path) -> None:
+    _package(tmp_path)
+    for key in ("runtime", "backend"):
+        sweep = load_sweep(_write(tmp_path, space={key: ["openvino"], "precision": ["int8"]}))
+        assert [(p.runtime, p.precision) for p in sweep.points()[0]] == [("openvino", "int8")]
 
 
 def test_bad_sweep_files_list_every_problem(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def _sweep_file(path: Path) -> Path:
 
 
 def _sweep(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "serving.cli", "sweep", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "serving.commands.main", "sweep", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=400, check=False)
 
 

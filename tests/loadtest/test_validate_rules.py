@@ -114,3 +114,15 @@ def test_report(tmp_path: Path) -> None:
     assert (report["verdict"], report["reasons"]) == ("REJECT", ["load scenario s: missed: p95"])
     text = page.read_text(encoding="utf-8")
     assert "REJECT" in text and "30.00" in text and "+10.00" in text
+
+
+def test_report_header_names_each_package_with_its_artifact(tmp_path: Path) -> None:
+    summary = {"path": "models/en-de", "name": "opus-mt-en-de", "version": "1", "source": "marian",
+               "runtime": "onnxruntime"}
+    outcome = Outcome(candidate={**summary, "precision": "int8"}, baseline={**summary, "precision": "fp32"},
+                      testset={"source": "s", "reference": "r", "sentences": 30})
+    outcome.checks = [Check("candidate checksums", True, "ok")]
+    _, page = write_outcome(tmp_path, outcome)
+    text = page.read_text(encoding="utf-8")
+    assert ("Candidate <code>models/en-de (opus-mt-en-de 1, onnxruntime/int8)</code>, baseline "
+            "<code>models/en-de (opus-mt-en-de 1, onnxruntime/fp32)</code>") in text
