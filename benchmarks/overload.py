@@ -67,7 +67,7 @@ from benchmarks.served_batching import (  # noqa: E402
     wait_until_idle,
 )
 from loadtest.corpus import default_corpus, read_lines  # noqa: E402
-from loadtest.runner import log_tail  # noqa: E402
+from loadtest.errors import log_tail  # noqa: E402
 from loadtest.server import free_port  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
 
@@ -135,6 +135,16 @@ def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str
             process.wait()
 
 
+def settle(url: str, deadline_s: float, rid: str) -> None:
+    """Return once the server has finished the work of the clients that left: nothing in flight or queued, and the
+    batch the worker was running (for requests already abandoned, which no gauge shows) done, as the answer to one
+    short probe request shows (one worker thread: the probe's batch runs after it; a step batch: its abandoned rows
+    leave at the next step)."""
+    wait_until_idle(url, timeout_s=deadline_s + 60)
+    httpx.post(f"{url}/v1/translate", json={"text": "Hello."}, headers={"X-Request-ID": rid},
+               timeout=deadline_s + 60)
+
+
 def run_phase(name: str, round_: int, url: str, log_path: Path, clients: int, config: argparse.Namespace,
               corpus: list[str], deadline_s: float, label: str) -> Phase:
     wait_until_idle(url, timeout_s=deadline_s + 60)
@@ -144,11 +154,11 @@ def run_phase(name: str, round_: int, url: str, log_path: Path, clients: int, co
     sent = asyncio.run(run_clients(url, clients, config.sentences, config.duration_s, corpus,
                                    config.seed + round_, config.honour_retry_after, config.timeout_ms,
                                    f"{label}-{round_}-{name}"))
-    wait_until_idle(url, timeout_s=deadline_s + 60)  # the batches still running finish (and are logged)
+    settle(url, deadline_s, f"{label}-{round_}-{name}-probe")
     after = late_metric(url)
     counter = None if before is None or after is None else after - before
-    phase = summarize(name, round_, clients, config.duration_s, sent, config.sentences, deadline_s,
-                      batches_logged(log_path, offset), counter)
+    batches = [b for b in batches_logged(log_path, offset) if not all(r.endswith("-probe") for r in b[2])]
+    phase = summarize(name, round_, clients, config.duration_s, sent, config.sentences, deadline_s, batches, counter)
     say(f"{label}: {name}: {phase.ok_rps:.2f} ok req/s, statuses {phase.statuses}, late >= "
         f"{phase.late_sentences_log}" + ("" if counter is None else f" (server: {counter:g})"))
     return phase
