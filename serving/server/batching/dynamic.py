@@ -3,11 +3,11 @@ run to the end on one worker thread.
 
 The collector forms a batch when the oldest queued item's group (its key) is full (``max_items`` or padded cost
 ``max_cost``), or when the oldest item has waited ``max_delay_s``. A batch is made of whole requests, oldest first:
-the oldest request's items, then every later request (of the first ``4 x max_items`` items) whose items all fit
-beside them, so that a request's sentences run together and it is done when its batch is (a request too big for one
-batch fills consecutive batches). The batch goes to ``run_batch`` in cost order (less padding inside the engine), on
-the single worker thread that owns the runtime. Only one batch runs at a time: while it runs, the next one
-accumulates.
+the oldest request's items, then every later request (among those of the first ``4 x max_items`` items, the last
+one whole) whose items all fit beside them, so that a request's sentences run together and it is done when its
+batch is (a request too big for one batch fills consecutive batches). The batch goes to ``run_batch`` in cost
+order (less padding inside the engine), on the single worker thread that owns the runtime. Only one batch runs at a
+time: while it runs, the next one accumulates.
 
 Admission, limits, deadlines and cancellation are the queue's (``serving.server.batching.queue``). The admission estimate
 (:class:`serving.server.batching.estimate.BatchEstimate`) learns engine seconds per unit of cost, by batch size, from every
@@ -118,8 +118,11 @@ class DynamicBatcher(Batcher[P, R]):
         """Whole requests, oldest first: the oldest request's items (as many as fit, shortest first, when it is too
         big for one batch), then each later request whose items all fit beside them; returned in cost order."""
         limits = self.limits
+        end = min(len(group), 4 * limits.max_items)  # the requests looked at: the first items', none cut short
+        while end < len(group) and group[end].request is group[end - 1].request:
+            end += 1
         requests: list[list[Item[P]]] = []  # a request's queued items are consecutive in its group
-        for item in group[: 4 * limits.max_items]:
+        for item in group[:end]:
             if requests and requests[-1][0].request is item.request:
                 requests[-1].append(item)
             else:

@@ -227,6 +227,27 @@ def test_a_request_that_does_not_fit_beside_the_oldest_waits_whole_for_the_next_
     assert batches == [{"a1", "a2", "c1", "c2"}, {"b1", "b2"}, {"d0", "d1", "d2", "d3"}, {"d4", "d5"}]
 
 
+def test_a_request_cut_by_the_window_of_requests_looked_at_is_not_pulled_apart() -> None:
+    """Batches look at the requests of the first 4 x max_items items: the request that window cuts counts whole (the
+    real server split one into two batches: its first item fitted beside a request of 3 in a batch of 4)."""
+    recorder = Recorder()
+    recorder.gate = threading.Event()
+
+    async def main() -> None:
+        batcher = dynamic(recorder, max_items=4, max_delay_s=0.0)
+        blocker = asyncio.ensure_future(batcher.submit(["block"], [1]))
+        await until(lambda: recorder.threads)
+        done = [asyncio.ensure_future(batcher.submit([f"r{r}-{i}" for i in range(3)], [5] * 3)) for r in range(6)]
+        await until(lambda: batcher.queued == 18)  # the window of 16 cuts the last request after its first item
+        recorder.gate.set()  # type: ignore[union-attr]
+        await asyncio.gather(blocker, *done)
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert [sorted(payloads) for _, payloads in recorder.batches[1:]] == [[f"r{r}-{i}" for i in range(3)]
+                                                                         for r in range(6)]
+
+
 # -- doomed and expired work is never computed ---------------------------------------------------------------------
 
 
@@ -306,6 +327,15 @@ def test_the_estimate_starts_from_the_prior_and_the_first_batch_replaces_it() ->
     assert 3.0 < seconds < 4.0
     # Smaller batches share each step among fewer sentences: an unseen size borrows the pessimistic way.
     assert estimate.seconds(8, 500)[0] > seconds and estimate.seconds(8, 500)[1] is False
+
+
+def test_batches_of_whole_requests_short_of_their_size_class_still_teach_it() -> None:
+    """Requests of 3 sentences, at most 4 per batch, run in batches of 3: a queue's batches of 4 are estimated at that
+    (only slower) learned rate, or admission would never refuse."""
+    estimate = BatchEstimate(prior_s_per_cost=0.02)
+    estimate.observe(3, 300, 3.0)
+    assert estimate.seconds(4, 100) == (pytest.approx(1.0), True)
+    assert estimate.seconds(8, 100)[1] is False  # two classes above: borrowed, not learned
 
 
 def test_a_short_queue_is_estimated_at_the_size_recent_batches_ran_at() -> None:
