@@ -13,7 +13,9 @@ therefore kept per *size class* (sizes 1, 2-3, 4-7, 8-15, ...: powers of two):
 
 Each rate is a ratio of exponentially decayed sums (seconds over units, the recent observations weighing most), so
 the first observation replaces the prior outright and a change of load or model speed shows within a few batches.
-A size class not observed yet borrows the nearest observed one, scaled the pessimistic way. Before anything has been
+A size class not observed yet borrows the nearest observed one, scaled the pessimistic way; the class just below
+it, observed, counts as learned (its rate per unit of cost is only higher: batches of whole requests may never
+reach the lower end of the size class the queue asks for). Before anything has been
 observed the prior stands in: ``prior_s_per_cost``, engine seconds per unit of cost of a sentence decoded alone. It
 is only a placeholder: an estimate says whether it was ``learned`` (every rate it used observed at its own size), and
 only a learned estimate refuses or drops work (a server that has not timed its own work yet cannot know it is too
@@ -38,7 +40,8 @@ class Estimate:
     Attributes:
         wait_s: until the work ahead of it (running and queued) lets its items start.
         own_s: its own items, once they start.
-        learned: every rate it used was observed at the size it was used for (not the prior, not borrowed).
+        learned: every rate it used was observed at the size it was used for, or just below it (not the prior, not
+            borrowed from further).
     """
 
     wait_s: float
@@ -96,7 +99,8 @@ class BySize:
         self.classes.setdefault(size_class(size), Ratio(self.decay)).observe(seconds, units)
 
     def value(self, size: int) -> tuple[float, bool]:
-        """The value at ``size`` and whether its own class was observed."""
+        """The value at ``size`` and whether it was observed (its own class, or for a shrinking value the class just
+        below)."""
         wanted = size_class(size)
         observed = {k: r.value for k, r in self.classes.items() if r.value is not None}
         if wanted in observed:
@@ -109,6 +113,10 @@ class BySize:
             value *= 2.0 ** (wanted - nearest)
         elif not self.grows and nearest > wanted:  # a smaller batch shares its steps among fewer rows
             value *= 2.0 ** (nearest - wanted)
+        elif not self.grows and nearest == wanted - 1:
+            # The class just below, a rate per unit of cost only higher: as good as learned (batches of whole requests
+            # may never reach the size the queue asks for: requests of 3 fill batches of 30 of 32, or 3 of 4).
+            return value, True
         return value, False
 
 
