@@ -63,7 +63,7 @@ COPY batch ./batch
 COPY loadtest ./loadtest
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv pip install --no-deps -e . \
-    && rm -rf CMakeCache.txt CMakeFiles CMakeInit.txt cmake_install.cmake build.ninja .ninja_deps .ninja_log \
+    && rm -rf CMakeLists.txt CMakeCache.txt CMakeFiles CMakeInit.txt cmake_install.cmake build.ninja .ninja_deps .ninja_log \
         .skbuild-info.json libnanobind-static.a serving/engine/_native \
     && python -m compileall -q serving converters batch loadtest
 
