@@ -24,6 +24,14 @@ def batch_log(proc: ServerProcess) -> list[dict[str, str]]:
             for line in list(proc.log) if "batch model=" in line]
 
 
+def wait_for_batches(proc: ServerProcess, count: int) -> None:
+    """Until the log lines of ``count`` batches were read (the server may log a batch after it answered)."""
+    deadline = time.monotonic() + 10
+    while len(batch_log(proc)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} batches logged: {batch_log(proc)}"
+        time.sleep(0.01)
+
+
 def batch_requests(proc: ServerProcess) -> list[list[str]]:
     """The request ids of every batch the server logged."""
     return [[rid for rid in fields.get("request_ids", "").split(",") if rid] for fields in batch_log(proc)]
@@ -70,6 +78,7 @@ def test_behind_a_backlog_late_requests_are_refused_and_the_rest_run_whole(tiny_
         # computed), each request's 3 sentences together: batches of 4 formed by cost would pull requests apart.
         statuses = {rid: r.status_code for rid, r in results.items()}
         assert set(statuses.values()) <= {200, 503} and list(statuses.values()).count(200) >= 4, statuses
+        wait_for_batches(proc, 3 + list(statuses.values()).count(200))  # one batch per request
         batches = batch_requests(proc)
         for rid, status in statuses.items():
             assert sum(rid in ids for ids in batches) == (status == 200), (rid, status, batches)
@@ -87,18 +96,22 @@ def test_a_request_the_learned_rate_says_cannot_finish_in_time_is_not_computed(t
     long_text = " ".join(SENTENCES[:3])  # about 100 tokens of the 128 the tiny model takes
     try:
         with httpx.Client(base_url=proc.url, timeout=120) as http:
-            for i, text in enumerate([long_text, *SENTENCES[:4]]):  # one at a time: batches of 1
+            for i, text in enumerate(SENTENCES[:5]):  # one at a time: batches of 1
                 r = http.post("/v1/translate", json={"text": text, "max_length": 32}, headers={"X-Request-ID": f"w{i}"})
                 assert r.status_code == 200, r.text
+            wait_for_batches(proc, 5)
             warm = batch_log(proc)
             assert len(warm) == 5 and all(fields["batch_size"] == "1" for fields in warm), warm
             # The learned rate is a decayed mean of these batches' seconds per source token: at least their least.
+            # The long text costs its 3 sentences' tokens (one EOS instead of three).
             least = min(float(fields["infer_ms"]) / int(fields["padded_tokens"]) for fields in warm)
-            timeout_ms = max(50, int(0.5 * least * int(warm[0]["padded_tokens"])))
+            cost = sum(int(fields["padded_tokens"]) for fields in warm[:3]) - 2
+            timeout_ms = max(20, int(0.5 * least * cost))
             doomed = http.post("/v1/translate", json={"text": long_text, "max_length": 32, "timeout_ms": timeout_ms},
                                headers={"X-Request-ID": "doomed"})
             assert doomed.status_code == 504 and "not computed" in doomed.json()["error"]["message"], doomed.text
             assert http.post("/v1/translate", json={"text": SENTENCES[7]}).status_code == 200
+        wait_for_batches(proc, 6)  # the last request's, logged after the doomed one's would have been
         assert not any("doomed" in ids for ids in batch_requests(proc))
         assert metric(proc, "mtgate_late_sentences_total") == 0
     finally:
