@@ -34,9 +34,9 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str | None]] = {
 
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
+    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml", "sacrebleu"),
     "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient"),
-    "ray": ("ray",),
+    "ray": ("ray", "pyarrow"),
     "grpc": ("grpc", "tritonclient"),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
                  "tensorboard"),

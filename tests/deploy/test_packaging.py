@@ -14,6 +14,7 @@ naming it) is checked in test_image_install.py, on the image's own install repla
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import shutil
@@ -138,3 +139,121 @@ def test_each_extra_brings_the_modules_its_commands_need(extra: str) -> None:
     for requirement in PYPROJECT["project"]["optional-dependencies"][extra]:
         name = normalize(re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0])
         assert name in listed, f"mtgate[{extra}] requires {name}, which no module of EXTRAS[{extra!r}] comes from"
+
+
+# ---------------------------------------------------------------- every import declared
+
+# Imports a command makes only behind an option that needs another extra (the command names it when missing).
+OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {
+    "convert": {"torch": "torch", "tensorflow": "t2t"},  # fairseq / OpenNMT-py / pytorch_model.bin; tensor2tensor
+    "verify": {"torch": "torch", "tensorflow": "t2t"},  # --source of those formats
+    "batch-score": {"ray": "ray", "pyarrow": "ray", "tensorflow": "loadtest"},  # --ray; --tensorboard
+    "serve": {"grpc": "grpc", "tritonclient": "grpc"},  # --grpc-port
+}
+# Provided where the code runs, not by any install of mtgate: Triton's Python backend runs export-triton's model.py.
+HOSTED = {"triton_python_backend_utils"}
+
+
+def _module_file(name: str) -> Path | None:
+    path = ROOT.joinpath(*name.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(name: str) -> list[str]:
+    """Every module ``name`` imports, at module level or inside a function (``TYPE_CHECKING`` blocks excepted)."""
+    path = _module_file(name)
+    assert path is not None, name
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in
+                   ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            found += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return found
+
+
+def third_party_imports(start: str) -> set[str]:
+    """The third-party modules a command's module can import, following the product's own modules."""
+    seen: set[str] = set()
+    found: set[str] = set()
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imported in _imports(name):
+            top = imported.split(".")[0]
+            if top in PRODUCT:
+                parts = imported.split(".")
+                todo += [m for i in range(1, len(parts) + 1) if _module_file(m := ".".join(parts[:i])) is not None]
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                found.add(imported)
+    return found
+
+
+@functools.cache
+def _top_level_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.cache
+def distributions_of(module: str) -> frozenset[str]:
+    """The installed distributions that provide ``module`` (for a namespace such as ``google``, its sub-package)."""
+    top = module.split(".")[0]
+    candidates = _top_level_distributions().get(top, [])
+    if len(set(candidates)) > 1:
+        prefix = "/".join(module.split(".")[:2])
+        candidates = [d for d in candidates
+                      if any(str(f).startswith(prefix) for f in importlib.metadata.distribution(d).files or [])]
+    return frozenset(normalize(d) for d in candidates)
+
+
+def declared(extra: str | None) -> set[str]:
+    """The distributions pyproject.toml names for the plain install plus ``extra`` (its mtgate[...] included)."""
+    project = PYPROJECT["project"]
+    names: set[str] = set()
+    todo = list(project["dependencies"]) + (list(project["optional-dependencies"][extra]) if extra else [])
+    while todo:
+        requirement = todo.pop()
+        name = normalize(re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0])
+        if name == "mtgate":
+            inner = re.search(r"\[(.*?)\]", requirement)
+            todo += [r for e in (inner.group(1).split(",") if inner else []) for r in
+                     project["optional-dependencies"][e.strip()]]
+        else:
+            names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("command", sorted(_SUBCOMMANDS))
+def test_every_third_party_import_of_a_command_is_declared_by_its_extra(command: str) -> None:
+    """What a command imports is named in pyproject.toml: by the plain install, by the extra the command asks for
+    (``serving/cli.py``), or by the extra of the option that needs it; not merely pulled in by another package."""
+    module, _, extra = _SUBCOMMANDS[command]
+    optional = OPTIONAL_EXTRAS.get(command, {})
+    missing: dict[str, list[str]] = {}
+    for imported in sorted(third_party_imports(module) - HOSTED):
+        dists = distributions_of(imported)
+        assert dists, f"{command}: {imported} is not installed here (the test extra installs every extra)"
+        allowed = declared(extra) | (declared(optional[top]) if (top := imported.split(".")[0]) in optional else set())
+        if not dists & allowed:
+            missing.setdefault(", ".join(sorted(dists)), []).append(imported)
+    where = f"mtgate[{extra}]" if extra else "the plain install"
+    assert missing == {}, f"mtgate {command} imports what {where} does not declare: " + "; ".join(
+        f"{dists} (for {', '.join(modules)})" for dists, modules in missing.items())
