@@ -129,7 +129,7 @@ class ModelRepository:
             if name not in service.models:
                 raise ModelNotFound(f"model {name!r} is not loaded")
             for runner in service.remove(name):
-                logger.warning("model %s version %s unloaded", name, runner.version_name)
+                logger.info("model %s version %s unloaded", name, runner.version_name)
                 self._retire(runner)
 
     async def _switch(self, service: TranslationService, name: str, versions: list[Version],
@@ -155,13 +155,13 @@ class ModelRepository:
                     raise ServingError(f"model {name!r} version {version.number} from {version.path} failed to "
                                        f"load: {e}") from e
                 continue
-            logger.warning("model %s version %d loaded and warm in %.1f s", name, version.number,
+            logger.info("model %s version %d loaded and warm in %.1f s", name, version.number,
                            time.monotonic() - started)
             loaded[key] = runner
         if not loaded or loaded.keys() == serving.keys():
             return
         retired = service.serve_versions(name, loaded)
-        logger.warning("model %s serving version(s) %s%s", name, ", ".join(sorted(loaded, key=int)),
+        logger.info("model %s serving version(s) %s%s", name, ", ".join(sorted(loaded, key=int)),
                        f"; version(s) {', '.join(r.version_name for r in retired)} retire" if retired else "")
         for runner in retired:
             self._retire(runner)

@@ -114,7 +114,7 @@ class TranslationService:
         if not self.draining:
             self.draining = True
             self.metrics.ready.set(0)
-            logger.warning("draining: refusing new requests, %d in flight", self.inflight)
+            logger.info("draining: refusing new requests, %d in flight", self.inflight)
 
     async def stop(self) -> None:
         for runner in self.runners():

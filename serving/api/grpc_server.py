@@ -264,5 +264,5 @@ async def start(service: TranslationService, repository: ModelRepository | None,
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service, repository), server)
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
-    logger.warning("mtgate gRPC on %s:%d", host, bound)
+    logger.info("mtgate gRPC on %s:%d", host, bound)
     return server, bound
