@@ -5,12 +5,13 @@ so ``tensorboard --logdir DIR`` lists the runs side by side and compares them ov
 ``<group>/<name>`` (``quality/candidate_bleu``, ``load/interactive/p95_ms``); a value without a time axis is written
 at step 0, a series over a run at its seconds (or, for a sweep, at each point's index).
 
-This is the one module that writes summaries; tensorflow is imported only when a writer is opened, with its C++
-log quietened, so a command without ``--tensorboard`` never pays for it.
+This is the one module that writes summaries; tensorflow is imported only when a writer is opened, with its start-up
+log kept off stderr (:func:`_tensorflow`), so a command without ``--tensorboard`` never pays for it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -24,8 +25,17 @@ class TensorBoardUnavailable(Exception):
     """tensorflow (``tf.summary``) cannot be imported in this install."""
 
 
+# Set before tensorflow is imported (a value already in the environment wins). Its C++ side logs through absl: the
+# instruction-set notice, "All log messages before absl::InitializeLog() ..." and, on CPUs where oneDNN is on by
+# default (AVX512_VNNI, AMX), "oneDNN custom operations are on" whatever TF_CPP_MIN_LOG_LEVEL says. Summaries run no
+# TensorFlow math, so turning oneDNN off changes nothing else.
+QUIET_TENSORFLOW = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
 def _tensorflow() -> Any:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before the import: no oneDNN/CUDA banner on stderr
+    for name, value in QUIET_TENSORFLOW.items():
+        os.environ.setdefault(name, value)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # its Python side (absl.logging's warnings)
     try:
         import tensorflow as tf
     except ImportError as e:
