@@ -98,6 +98,27 @@ def test_the_wheel_holds_only_what_users_run(wheel: zipfile.ZipFile) -> None:
     assert "mtgate = serving.cli:main" in entry_points and "batch-score = batch.cli:main" in entry_points
 
 
+def test_an_editable_install_prints_no_banner(tmp_path: Path) -> None:
+    """``make serve`` and ``make test`` install the checkout in editable mode: setuptools says nothing about it (its
+    meta path finder strategy printed a '!!' banner through pip, even with --quiet)."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in PRODUCT:
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    hook = f"from setuptools import build_meta; print(build_meta.build_editable({str(tmp_path / 'out')!r}))"
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", hook], cwd=source, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [wheel_name] = proc.stdout.split()[-1:]
+    assert "Warning" not in proc.stderr and "!!" not in proc.stderr, proc.stderr
+    with zipfile.ZipFile(tmp_path / "out" / wheel_name) as wheel:
+        [pth] = [n for n in wheel.namelist() if n.endswith(".pth")]
+        assert wheel.read(pth).decode().strip() == str(source)  # the checkout itself on sys.path
+
+
 def test_no_module_of_the_wheel_imports_the_repository_tooling(wheel: zipfile.ZipFile) -> None:
     offenders = []
     for name in wheel.namelist():
