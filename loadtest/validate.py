@@ -335,10 +335,10 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
-        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra) as server:
+        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra, wait=False) as server:
             outcome.host = server.url
             outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.model),
-                                   None, default_corpus=source)
+                                   None, default_corpus=source, ready=server.wait_ready)
     except (LoadTestError, CorpusError) as e:
         outcome.checks.append(Check("load test", False, str(e)))
     for r in outcome.load:
