@@ -99,22 +99,31 @@ def run(args: argparse.Namespace) -> int:
             quality = json.loads(args.quality.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UsageError(f"--quality {args.quality}: {e}") from None
+    from serving.progress import Stages
+
+    stages = Stages("convert")
+
+    def progress(message: str) -> None:
+        logger.info("%s", message)
+        stages(message)
+
     try:
-        manifest = convert(
-            args.source,
-            args.output,
-            runtimes=args.runtimes,
-            precisions=args.precisions,
-            verify=not args.no_verify,
-            name=args.name,
-            version=args.version,
-            reader_options=reader_options(args),
-            fmt=args.fmt,
-            progress=lambda message: logger.info("%s", message),
-            quality=quality,
-            overwrite=args.overwrite,
-            shortlist=shortlist_request(args),
-        )
+        with stages:
+            manifest = convert(
+                args.source,
+                args.output,
+                runtimes=args.runtimes,
+                precisions=args.precisions,
+                verify=not args.no_verify,
+                name=args.name,
+                version=args.version,
+                reader_options=reader_options(args),
+                fmt=args.fmt,
+                progress=progress,
+                quality=quality,
+                overwrite=args.overwrite,
+                shortlist=shortlist_request(args),
+            )
     except ParityError as e:
         sys.stderr.write(f"mtgate convert: {e}\n")
         return 1

@@ -38,7 +38,7 @@ from loadtest.validate_cost import (
     throughput_cost,
 )
 from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
-from loadtest.validate_speed import DEFAULT_REPEATS, Speed, measure_speed, translate_pass
+from loadtest.validate_speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
 if TYPE_CHECKING:
     from serving.engine import DecodeOptions, Translator
@@ -286,7 +286,7 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.max_batch_size)}
+    passes = {"candidate": _quality_pass("candidate", translators["candidate"], sources, options, args.max_batch_size)}
     if outcome.baseline is not None:
         try:
             translators["baseline"] = load_system(args.baseline, args, outcome.baseline["runtime"],
@@ -294,7 +294,8 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
-            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.max_batch_size)
+            passes["baseline"] = _quality_pass("baseline", translators["baseline"], sources, options,
+                                               args.max_batch_size)
     speeds: dict[str, Speed] = {}
     if measured_by is None:
         sys.stderr.write(f"timing {args.speed_repeats} pass(es) of the test set per system\n")
@@ -325,6 +326,15 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         cost = outcome.cost["per_million_tokens"]
         outcome.checks.append(Check(f"cost per million tokens <= {limit:g}", cost is not None and cost <= limit,
                                     "no throughput measured" if cost is None else f"{cost:.4f}"))
+
+
+def _quality_pass(role: str, translator: Translator, sources: list[str], options: DecodeOptions,
+                  batch_size: int) -> Pass:
+    """The test set translated by one system, with a progress bar on a terminal (``serving.progress``)."""
+    from serving.progress import bar
+
+    with bar(f"translating ({role})", "sentences", len(sources)) as done:
+        return translate_pass(translator, sources, options, batch_size, done.update)
 
 
 def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, source: Path, report_dir: Path) -> None:

@@ -3,6 +3,9 @@
 One translation per output line, in input order; an empty (or blank) input line gives an empty output line. Stdin is
 read and translated in chunks, so output starts before the input ends and memory stays flat on large files.
 
+Over stdin, a progress bar (lines done, lines/s) goes to stderr when it is a terminal other than the output's and the
+work takes more than a couple of seconds (``serving.progress``).
+
 ``--split-sentences`` translates each line as a document (``serving.documents``: split into sentences, the sentences
 of a chunk in one batch, joined with the line's own spaces). ``--truncate`` cuts a sentence longer than the model's
 positions instead of refusing it (exit 2 and one line, the default).
@@ -78,18 +81,22 @@ def run(args: argparse.Namespace) -> int:
                                      shortlist=args.shortlist)
     except PackageError as e:
         raise UsageError(str(e)) from e
+    from serving.progress import bar, on_terminal
+
     subject = "argument" if args.text else "line"
     lines: Iterable[str] = args.text if args.text else _stdin_lines()
     line_number = 0
     try:
-        for chunk in _chunks(lines, _CHUNK_LINES):
-            try:
-                _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
-                                  args.split_sentences))
-            except _BadLine as bad:  # the lines before it are written, then the one-line error
-                _write(bad.done)
-                raise UsageError(bad.message) from None
-            line_number += len(chunk)
+        with bar("translate", "lines", enabled=not args.text and on_terminal(beside_output=True)) as done:
+            for chunk in _chunks(lines, _CHUNK_LINES):
+                try:
+                    _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
+                                      args.split_sentences))
+                except _BadLine as bad:  # the lines before it are written, then the one-line error
+                    _write(bad.done)
+                    raise UsageError(bad.message) from None
+                line_number += len(chunk)
+                done.update(len(chunk))
     except InferenceFailed as e:
         sys.stderr.write(f"mtgate translate: {e}\n")
         return 1
