@@ -120,7 +120,7 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
     Raises:
         _BadLine: a line the engine refuses (not Unicode, too long, ...), with the lines before it translated.
     """
-    from serving.errors import InvalidInput
+    from serving.errors import InputTooLong, InvalidInput
     from serving.tokenizers import InvalidText
 
     todo = [i for i, text in enumerate(chunk) if text.strip()]
@@ -134,7 +134,14 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
         if bad is None:
             raise UsageError(str(e)) from e
         where = f"{subject} {first + bad + 1}"
-        message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
+        if isinstance(e, InvalidText):
+            message = str(e.about(where))
+        elif isinstance(e, InputTooLong):  # in this command's words: where, and the flag that cuts it
+            what = str(e).split(" (max_input_tokens")[0] if split else \
+                f"{e.tokens} tokens, the model accepts at most {e.limit}"
+            message = f"{where}: {what}; --truncate cuts it to the model's positions"
+        else:
+            message = f"{where}: {e}"
         done = _translate(translator, chunk[:bad], options, subject, first, target_prefix, split) if bad else []
         raise _BadLine(message, done) from e
     if (options.num_hypotheses or 1) > 1:

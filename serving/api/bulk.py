@@ -23,7 +23,7 @@ from serving.api.deps import ApiKeyDep, ServiceDep, request_id
 from serving.api.schemas import BulkLineIn, TranslationOut, error_responses
 from serving.api.streams import DuplexStreamingResponse, error_data
 from serving.errors import InferenceFailed, InvalidInput, LimitExceeded, ServingError
-from serving.request import DecodeOptions
+from serving.request import EMPTY_TRANSLATION, DecodeOptions
 from serving.service import TranslationService
 
 logger = logging.getLogger(__name__)
@@ -152,9 +152,13 @@ async def _bulk(
         try:
             try:
                 text, line_id = _parse_bulk_line(raw)
-                deadline = service.limits.deadline(time.monotonic(), None)
-                runner, pending = await service.admit(model, [text], options, deadline, tag=tag, wait_for_room=True)
-                (translation,) = await pending.wait()
+                if not text.strip():  # an empty text: an empty translation, as /v1/translate answers it
+                    translation = EMPTY_TRANSLATION
+                else:
+                    deadline = service.limits.deadline(time.monotonic(), None)
+                    runner, pending = await service.admit(model, [text], options, deadline, tag=tag,
+                                                          wait_for_room=True)
+                    (translation,) = await pending.wait()
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))
                 return

@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 
 from serving import __version__
 from serving.api.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
-from serving.api.json_types import NOT_SPACE
 from serving.api.schemas import (
     error_responses,
 )
@@ -99,8 +98,9 @@ _INFER_REQUEST = {
                     "data": {
                         "type": "array",
                         "minItems": 1,
-                        "items": {"type": ["string", "array"], "pattern": NOT_SPACE},
-                        "description": "the sentences, flat or nested as the shape says",
+                        "items": {"type": ["string", "array"]},
+                        "description": "the sentences, flat or nested as the shape says (an empty one: an empty "
+                                       "translation)",
                     },
                     "parameters": _TENSOR_PARAMETERS,
                 },
