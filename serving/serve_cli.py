@@ -33,7 +33,7 @@ from serving.cli_options import (
     non_negative_int,
     positive_float,
 )
-from serving.package import PackageError, open_package
+from serving.package import PackageError, hub_hint, open_package
 from serving.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())
         if not package.exists():
-            raise UsageError(f"model package {package} does not exist")
+            raise UsageError(f"model package {package} does not exist{hub_hint(package)}")
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
             opened = open_package(package)

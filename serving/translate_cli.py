@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if package is None:
         raise UsageError(demo_missing())
     if not package.exists():
-        raise UsageError(f"model package not found: {package}")
+        from serving.package import hub_hint
+
+        raise UsageError(f"model package not found: {package}{hub_hint(package)}")
 
     from serving.engine import DecodeOptions, Translator
     from serving.errors import InferenceFailed, InvalidInput

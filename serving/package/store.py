@@ -26,6 +26,7 @@ from typing import Any
 
 from serving.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
+from serving.package.missing import hub_hint
 from serving.package.parse import parse_manifest
 from serving.package.precision import choose_precision
 
@@ -79,7 +80,7 @@ def _open(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
 def _read(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
     path = package_dir / MANIFEST
     if not package_dir.is_dir():
-        raise PackageError(f"{package_dir}: not a directory")
+        raise PackageError(f"{package_dir}: not a directory{hub_hint(package_dir)}")
     if not path.is_file():
         raise PackageError(f"{package_dir}: no {MANIFEST}; not an mtgate model package")
     try:

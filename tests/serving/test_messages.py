@@ -34,3 +34,45 @@ def test_an_over_long_line_names_truncate(tiny_onnx_package: Path, capsys: pytes
     assert line.startswith("mtgate translate: error: line 2: sentence 0 is "), line
     assert line.endswith("--truncate cuts it to the model's positions"), line
     assert main(["translate", "-m", str(tiny_onnx_package), "--max-length", "4", "--truncate", LONG]) == 0
+
+
+HUB_ID = "Helsinki-NLP/opus-mt-en-de"
+HINT = ("`huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de`), then `mtgate convert "
+        "opus-mt-en-de -o models/opus-mt-en-de`")
+
+
+@pytest.mark.parametrize("argv", [
+    ["translate", "-m", HUB_ID, "Hi."],
+    ["score", "-m", HUB_ID, "--source", "s.txt", "--target", "s.txt"],
+    ["serve", "-m", HUB_ID],
+    ["verify", HUB_ID],
+    ["export-triton", HUB_ID, "-o", "triton-repo"],
+    ["batch-score", "s.txt", "-m", HUB_ID, "-o", "out.txt"],
+    ["loadtest", "--start-server", "-m", HUB_ID, "-t", "1s"],
+    ["validate", "-m", HUB_ID],
+], ids=lambda argv: argv[0])
+def test_a_hub_id_says_mtgate_does_not_download_and_what_to_run(argv: list[str], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.txt").write_text("Hi.\n", encoding="utf-8")
+    assert main(argv) == 2
+    line = _error(capsys)
+    assert HUB_ID in line and "looks like a Hugging Face hub id, and mtgate does not download models" in line, line
+    assert HINT in line and line.endswith("and pass -m models/opus-mt-en-de"), line
+
+
+def test_convert_of_a_hub_id_says_download_it_first(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", HUB_ID, "-o", "models/x"]) == 2
+    line = _error(capsys)
+    assert "mtgate converts local directories, it downloads nothing" in line and line.endswith(HINT), line
+
+
+def test_a_mistyped_local_path_gets_no_hub_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # models/en-dee is a typo of a local path, not an owner/name on the hub
+    assert main(["translate", "-m", "models/en-dee", "Hi."]) == 2
+    assert _error(capsys) == "mtgate translate: error: model package not found: models/en-dee"
