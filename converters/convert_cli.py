@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,11 +89,31 @@ def shortlist_request(args: argparse.Namespace) -> Any:
                             evaluation=None if args.shortlist_eval is None else tuple(args.shortlist_eval))
 
 
+def output_problem(output: Path) -> str | None:
+    """Why a package cannot be written at ``output``, or None: checked before any work, so that a missing directory
+    is not created on the way and an unwritable one is named (not the staging directory beside it)."""
+    if output.exists() and not output.is_dir():
+        return "it exists and is not a directory"
+    parent = output.absolute().parent
+    if not parent.exists():
+        return f"no directory {parent} (create it first)"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:  # the test that holds for read-only mounts, /proc and root alike: make a directory there
+        probe = tempfile.mkdtemp(dir=parent, prefix=f".{output.name}.", suffix=".probe")
+    except OSError as e:
+        return f"cannot create directories in {parent} ({e.strerror})"
+    os.rmdir(probe)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from converters.base import ConversionError
     from converters.convert import ParityError, convert
     from serving.cli import UsageError
 
+    if problem := output_problem(args.output):
+        raise UsageError(f"cannot write the package {args.output}: {problem}; give another -o")
     started = time.perf_counter()
     quality = None
     if args.quality is not None:

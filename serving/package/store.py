@@ -204,8 +204,11 @@ def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
         FileExistsError: ``output_dir`` exists and ``overwrite`` is False (checked when committing).
     """
     output_dir = output_dir.absolute()
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    except OSError as e:  # name what was asked for, not the staging directory beside it
+        raise OSError(e.errno, f"cannot create it ({e.strerror})", str(output_dir)) from e
     try:
         yield tmp
         if output_dir.exists() and not overwrite:

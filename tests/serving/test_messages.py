@@ -76,3 +76,36 @@ def test_a_mistyped_local_path_gets_no_hub_hint(tmp_path: Path, capsys: pytest.C
     (tmp_path / "models").mkdir()  # models/en-dee is a typo of a local path, not an owner/name on the hub
     assert main(["translate", "-m", "models/en-dee", "Hi."]) == 2
     assert _error(capsys) == "mtgate translate: error: model package not found: models/en-dee"
+
+
+def test_export_triton_refuses_to_replace_a_model_unless_asked(tiny_onnx_package: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(tiny_onnx_package), "-o", str(repo), "--model-name", "m"]) == 0
+    (repo / "m" / "2").mkdir()  # a version of the model exported before: the export would take it away
+    capsys.readouterr()
+    assert main(["export-triton", str(tiny_onnx_package), "-o", str(repo), "--model-name", "m"]) == 2
+    assert _error(capsys) == (f"mtgate export-triton: error: {repo / 'm'}: already exists (pass --overwrite to "
+                              "replace the model, every version of it)")
+    assert (repo / "m" / "2").is_dir()
+    assert main(["export-triton", str(tiny_onnx_package), "-o", str(repo), "--model-name", "m", "--overwrite"]) == 0
+    assert not (repo / "m" / "2").exists() and (repo / "m" / "1" / "model.py").is_file()
+
+
+@pytest.mark.parametrize(("output", "problem"), [
+    ("missing/dir/pkg", "no directory {tmp}/missing/dir (create it first)"),
+    ("/proc/pkg", "cannot create directories in /proc ("),
+    ("file", "it exists and is not a directory"),
+])
+def test_convert_refuses_an_output_it_cannot_write_before_any_work(output: str, problem: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    (tmp_path / "src").mkdir()  # never read: the output is checked first
+    assert main(["convert", "src", "-o", output]) == 2
+    line = _error(capsys)
+    assert line.startswith(f"mtgate convert: error: cannot write the package {output}: "), line
+    assert problem.format(tmp=tmp_path) in line and line.endswith("; give another -o"), line
+    assert not (tmp_path / "missing").exists()  # no directory made on the way
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]  # no staging directory left
