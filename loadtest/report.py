@@ -39,7 +39,11 @@ th,td.l{text-align:left}.pass{color:#11772d;font-weight:600}
 figure.chart{display:inline-block;margin:.5em 1em .5em 0;vertical-align:top}figure.chart svg{max-width:100%;height:auto}
 code{background:#f4f4f4;padding:0 .2em}td.text{text-align:left;max-width:28em;white-space:normal}
 """
-_PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4"), "95%": ("p95", "#ff7f0e"), "99%": ("p99", "#d62728")}
+# label, colour, line style, marker: Locust rounds response times (to 10 ms from 100 ms, to 100 ms from 1 s), so p95
+# and p99 (or p50 and p95) are often the same number; each percentile has its own pattern so that none hides another.
+_PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4", "-", "o"), "95%": ("p95", "#ff7f0e", "-.", "s"),
+                     "99%": ("p99", "#d62728", ":", "x")}
+LOCUST_WINDOW_S = 10  # Locust's history rows give the percentiles of the last 10 s (its "current" response times)
 
 
 @dataclass(frozen=True)
@@ -81,17 +85,23 @@ def _latency_series(run: RunStats, first_event: bool) -> list[Series]:
     rows = [h for h in run.history if h.name != AGGREGATED and (h.type == TTFE) == first_event]
     names = sorted({(h.type, h.name) for h in rows})
     origin = _origin(run)
-    shown = _PERCENTILE_STYLE if len(names) == 1 else {"95%": ("p95", "")}
+    shown = _PERCENTILE_STYLE if len(names) == 1 else {"95%": ("p95", "", "-", "o")}
     series = []
     for i, (kind, name) in enumerate(names):
         points = [h for h in rows if (h.type, h.name) == (kind, name) and h.total_requests > 0]
-        for p, (short, color) in shown.items():
+        for p, (short, color, style, marker) in shown.items():
             xy = [(h.timestamp - origin, v) for h in points if (v := h.percentiles.get(p)) is not None and v > 0]
             if xy:
                 label = short if len(names) == 1 else f"{short} {kind} {name}"
-                series.append(Series(label, [x for x, _ in xy], [y for _, y in xy], "-",
-                                     color or COLORS[i % len(COLORS)]))
+                series.append(Series(label, [x for x, _ in xy], [y for _, y in xy], style,
+                                     color or COLORS[i % len(COLORS)], marker))
     return series
+
+
+def window_text(duration_s: float) -> str:
+    """What each point of a latency-over-time chart covers: Locust's last 10 s, or the run so far when shorter."""
+    return (f"each point: the last {LOCUST_WINDOW_S} s" if duration_s > LOCUST_WINDOW_S
+            else "each point: the run so far")
 
 
 def _target_lines(targets: Targets, prefix: str) -> list[Line]:
@@ -101,13 +111,14 @@ def _target_lines(targets: Targets, prefix: str) -> list[Line]:
 
 
 def latency_chart(result: ScenarioResult) -> str:
-    """Latency percentiles over time (Locust's 10 s window) per request entry, with the latency targets."""
+    """Latency percentiles over time (Locust's last 10 s at each point) per request entry, with the targets."""
     run, targets = result.run, result.scenario.targets
     several = len({e.label for e in run.request_entries}) > 1
     title = "p95 latency per entry over time" if several else "Latency over time"
-    axes = [Axes(f"{title} (10 s window)", "ms", _latency_series(run, False), _target_lines(targets, ""))]
+    window = window_text(result.scenario.duration)
+    axes = [Axes(f"{title} ({window})", "ms", _latency_series(run, False), _target_lines(targets, ""))]
     if run.first_event_entries:
-        axes.append(Axes("Time to first event over time", "ms", _latency_series(run, True),
+        axes.append(Axes(f"Time to first event over time ({window})", "ms", _latency_series(run, True),
                          _target_lines(targets, "ttfe_")))
     return panels(axes)
 
