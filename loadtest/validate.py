@@ -228,7 +228,7 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
         significant = c.p_value < rules.alpha
         ok = not (drop > allowed and significant)
         detail = (f"candidate {c.candidate:.2f} vs baseline {c.baseline:.2f} (delta {c.delta:+.2f}, "
-                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha)}; a drop over {allowed:g} with "
+                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha, with_p=False)}; a drop over {allowed:g} with "
                   f"p < {rules.alpha:g} rejects)")
         checks.append(Check(f"{c.metric} not worse than baseline", ok, detail))
     return checks
