@@ -74,3 +74,23 @@ def test_an_empty_line_of_bulk_gets_an_empty_translation(client: TestClient) -> 
     assert lines[1] == {"index": 1, **EMPTY} and lines[2] == {"index": 2, "id": 7, **EMPTY}
     assert lines[0]["text"] and lines[0]["input_tokens"] > 0
     assert client.post("/v1/translate/stream", json={"text": ""}).status_code == 400  # as the README says
+
+
+def test_v2_statistics_are_the_model_s_whatever_the_route(client: TestClient) -> None:
+    """Documented (README, serving/statistics.py): every translation request of the model counts once in /v2's
+    statistics, whichever route sent it, as Triton counts a model's requests from all its frontends."""
+
+    def successes() -> int:
+        [model] = client.get("/v2/models/tiny-marian/stats").json()["model_stats"]
+        return int(model["inference_stats"]["success"]["count"])
+
+    before = successes()
+    assert client.post("/v1/translate", json={"text": ["A dog runs.", "A cat."], "max_length": 4}).status_code == 200
+    assert client.post("/v1/translate/stream", json={"text": "A dog runs.", "max_length": 4}).status_code == 200
+    bulk = client.post("/v1/translate/bulk?max_length=4", content=b'"A dog runs."\n"A cat."\n',
+                       headers={"Content-Type": "application/x-ndjson"})
+    assert bulk.status_code == 200 and len(bulk.text.splitlines()) == 2
+    body = {"inputs": [{"name": "INPUT_TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["A dog runs."]}],
+            "parameters": {"max_length": 4}}
+    assert client.post("/v2/models/tiny-marian/infer", content=json.dumps(body)).status_code == 200
+    assert successes() - before == 1 + 1 + 2 + 1  # the /v1 request, the stream, each bulk line, the /v2 infer
