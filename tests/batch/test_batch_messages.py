@@ -109,6 +109,6 @@ def test_an_over_long_record_s_reason_names_truncate(tmp_path: Path) -> None:
     write_input(tmp_path / "in.tfrecord", 7)  # record i: 1 + i % 7 words, its index and EOS (records 2-6 > 4)
     job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=7)
     result = _run(job, Short(), progress=False)
-    reasons = [line for line in job.rejects.read_text().splitlines()]
+    reasons = job.rejects.read_text().splitlines()
     assert result.rejects == 5 and all("the model accepts at most 4 (--truncate cuts it to them)" in r
                                        for r in reasons), reasons
