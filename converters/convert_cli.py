@@ -14,6 +14,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,22 +91,54 @@ def shortlist_request(args: argparse.Namespace) -> Any:
                             evaluation=None if args.shortlist_eval is None else tuple(args.shortlist_eval))
 
 
+def missing_directory(output: Path) -> Path | None:
+    """The outermost directory of ``output``'s path that does not exist yet, as the user spelled it (None: the
+    package's directory exists). The conversion creates it, and says so."""
+    missing = None
+    for parent in output.parents:
+        if parent.absolute().exists():
+            break
+        missing = parent
+    return missing
+
+
 def output_problem(output: Path) -> str | None:
-    """Why a package cannot be written at ``output``, or None: checked before any work, so that a missing directory
-    is not created on the way and an unwritable one is named (not the staging directory beside it)."""
+    """Why a package cannot be written at ``output``, or None: checked before any work, so that an unwritable place
+    is named (not the staging directory beside it) before anything is read or created."""
     if output.exists() and not output.is_dir():
         return "it exists and is not a directory"
-    parent = output.absolute().parent
-    if not parent.exists():
-        return f"no directory {parent} (create it first)"
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
+    existing = next(p for p in output.absolute().parents if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
     try:  # the test that holds for read-only mounts, /proc and root alike: make a directory there
-        probe = tempfile.mkdtemp(dir=parent, prefix=f".{output.name}.", suffix=".probe")
+        probe = tempfile.mkdtemp(dir=existing, prefix=f".{output.name}.", suffix=".probe")
     except OSError as e:
-        return f"cannot create directories in {parent} ({e.strerror})"
+        return f"cannot create directories in {existing} ({e.strerror})"
     os.rmdir(probe)
     return None
+
+
+def _remove_created(output: Path, created: Path | None) -> None:
+    """After a failure, remove the directories this run created for ``output`` (they are empty: the package is
+    written in a staging directory that is removed on failure)."""
+    if created is None:
+        return
+    for directory in [output.parent, *output.parent.parents]:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        if directory == created:
+            return
+
+
+@contextmanager
+def _cleaned_up_on_failure(output: Path, created: Path | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        _remove_created(output, created)
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     if problem := output_problem(args.output):
         raise UsageError(f"cannot write the package {args.output}: {problem}; give another -o")
+    created = missing_directory(args.output)
     started = time.perf_counter()
     quality = None
     if args.quality is not None:
@@ -130,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         stages(message)
 
     try:
-        with stages:
+        with stages, _cleaned_up_on_failure(args.output, created):
             manifest = convert(
                 args.source,
                 args.output,
@@ -154,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # e.g. the output's parent is not writable
         raise UsageError(f"{e.filename or args.output}: {e.strerror or e}") from e
     sys.stdout.write(f"wrote {args.output} ({manifest.name} {manifest.version}) in "
-                     f"{time.perf_counter() - started:.1f}s\n")
+                     f"{time.perf_counter() - started:.1f}s{f'; created the directory {created}' if created else ''}\n")
     evaluation = (manifest.shortlist or {}).get("evaluation")
     if evaluation is not None:
         sys.stdout.write(f"  shortlist ({evaluation['artifact']}, {evaluation['sentences']} sentences): BLEU "

@@ -93,9 +93,9 @@ def test_export_triton_refuses_to_replace_a_model_unless_asked(tiny_onnx_package
 
 
 @pytest.mark.parametrize(("output", "problem"), [
-    ("missing/dir/pkg", "no directory {tmp}/missing/dir (create it first)"),
     ("/proc/pkg", "cannot create directories in /proc ("),
     ("file", "it exists and is not a directory"),
+    ("file/pkg", "{tmp}/file is not a directory"),
 ])
 def test_convert_refuses_an_output_it_cannot_write_before_any_work(output: str, problem: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str],
@@ -107,5 +107,27 @@ def test_convert_refuses_an_output_it_cannot_write_before_any_work(output: str, 
     line = _error(capsys)
     assert line.startswith(f"mtgate convert: error: cannot write the package {output}: "), line
     assert problem.format(tmp=tmp_path) in line and line.endswith("; give another -o"), line
-    assert not (tmp_path / "missing").exists()  # no directory made on the way
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]  # no staging directory left
+
+
+def test_convert_says_which_directory_it_created_and_removes_it_on_failure(
+        tiny_marian_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import converters.convert
+    from converters.base import ConversionError
+
+    monkeypatch.chdir(tmp_path)
+
+    def fails_after_making_its_directory(source: Path, output: Path, **_: object) -> None:
+        output.parent.mkdir(parents=True)  # as the package's staging directory does before anything is written
+        raise ConversionError("no good")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(converters.convert, "convert", fails_after_making_its_directory)
+        assert main(["convert", str(tiny_marian_dir), "-o", "new/models/pkg"]) == 2
+    assert _error(capsys) == "mtgate convert: error: no good"
+    assert not (tmp_path / "new").exists()  # the directories made for the failed package are gone
+    assert main(["convert", str(tiny_marian_dir), "-o", "new/models/pkg", "--runtimes", "onnxruntime",
+                 "--precisions", "fp32", "--no-verify"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("wrote new/models/pkg (") and first.endswith("; created the directory new"), first
