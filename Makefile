@@ -11,13 +11,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The native decoding core (C++, serving/engine/_native): every install below builds it into the checkout
+# (pyproject.toml's [tool.scikit-build]), again when its sources change.
+NATIVE_SRC := CMakeLists.txt $(wildcard serving/engine/_native/*)
+
 # The plain install: what `mtgate serve` needs (no torch, no tensorflow); `make serve` adds the convert extra below.
-$(VENV)/.installed-runtime: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-runtime: pyproject.toml $(NATIVE_SRC) | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
 # The converter without torch (onnx, nncf): builds the bundled demo package from its committed source.
-$(VENV)/.installed-convert: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-convert: pyproject.toml $(NATIVE_SRC) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[convert]'
 	touch $@
 
@@ -28,12 +32,12 @@ $(DEMO)/manifest.json: $(wildcard $(DEMO_SRC)/*) $(wildcard serving/package/*.py
 		$(if $(wildcard $(DEMO_SRC)/quality.json),--quality $(DEMO_SRC)/quality.json)
 
 # Everything the suite needs: every extra (conversion with torch, batch, loadtest), transformers for parity, test tools.
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml $(NATIVE_SRC) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }
 	touch $@
 
-# Triton's perf_analyzer, for its test (tests/serving/api/test_perf_analyzer.py), in a venv of its own: the binary the
+# Triton's perf_analyzer, for its test (tests/serving/server/test_perf_analyzer.py), in a venv of its own: the binary the
 # tritonclient 2.45.0 wheel ships, which needs libb64 (Debian's libb64-0d) and libcudart (the nvidia-cuda-runtime-cu12
 # wheel; no GPU is used). Where it cannot be installed the suite goes on and that test skips, saying why.
 PERF_VENV := .venv-perf
@@ -45,7 +49,7 @@ $(PERF_VENV)/.installed:
 				|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }; }; }; } \
 		&& touch $@; } || echo "perf_analyzer not installed: its test will be skipped"
 
-# The KServe Python SDK, for its test (tests/serving/api/test_kserve_sdk.py), in a venv of its own (its pins are not
+# The KServe Python SDK, for its test (tests/serving/server/test_kserve_sdk.py), in a venv of its own (its pins are not
 # the server's); the test skips, saying why, where it could not be installed.
 KSERVE_VENV := .venv-kserve
 $(KSERVE_VENV)/.installed:
@@ -72,3 +76,5 @@ test: lint unit
 
 clean:
 	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf serving/engine/_native_core.*.so .cmake .ninja_deps .ninja_log .skbuild-info.json CMakeCache.txt CMakeFiles \
+		CMakeInit.txt build.ninja cmake_install.cmake libnanobind-static.a

@@ -17,7 +17,7 @@ from batch.errors import JobError
 from batch.job import Job
 from batch.outputs import concatenate, write_file
 from batch.state import ChunkMeta, StateDir
-from serving.request import perplexity
+from serving.engine.request import perplexity
 
 
 @dataclass

@@ -5,8 +5,9 @@
     batch-score input.jsonl --server http://127.0.0.1:8000              # through a running mtgate serve / Triton
 
 Writes the output (by default each input Example plus ``outputs`` and ``score``), ``<output>.rejects.jsonl`` and
-``<output>.summary.json``; prints one summary line. Exit codes: 0 done, 1 some records were rejected (unless
-``--allow-rejects``) or the run failed, 2 bad arguments or input.
+``<output>.summary.json``; prints one summary line. Exit codes (the README's): 0 done, 1 some records were rejected
+(unless ``--allow-rejects``) or the run failed on the way (a full disk, an I/O error, a server or Ray cluster lost:
+one line, and the committed chunks stay for the rerun), 2 bad arguments or input.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from batch.report import dry_run_report, empty_warning, summary_line, tensorboar
 from batch.runner import ChunkRunner, run_job
 from batch.schema import detect_schema
 from batch.workers import Executor
-from serving.cli import UsageError, missing_extra
-from serving.cli_options import (
+from serving.commands.options import (
     OneLineParser,
+    UsageError,
     add_decoding,
     add_decoding_features,
     add_log_level,
@@ -43,8 +44,9 @@ from serving.cli_options import (
     non_negative_int,
     positive_int,
 )
+from serving.commands.registry import missing_extra
 from serving.package import choose_precision
-from serving.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
+from serving.server.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ _SHARD_ENV = "JOB_COMPLETION_INDEX"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register batch-score's arguments (shared by ``batch-score`` and ``mtgate batch-score``).
 
-    Names follow ``serving.cli_options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
+    Names follow ``serving.commands.options``; the old ``--backend`` and ``--max-tokens`` are hidden aliases.
     """
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="input files or globs (data-*.tfrecord); TFRecord of tf.train.Example, JSONL or text")
@@ -253,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
     from serving.package import PackageError
 
     try:
+        if chunk_runner is not None:  # before any work: Ray's read node holds the inputs (ray:// reads elsewhere)
+            from batch.ray_runner import check_read_node
+
+            check_read_node(job)
         result = run_job(job, engine, make_executor=make_executor, chunk_runner=chunk_runner,
                          progress=not args.no_progress, restart=args.restart, engine_info=engine_info)
     except (JobError, PackageError) as e:  # PackageError: a worker could not load the package (a corrupt graph)
@@ -265,11 +271,13 @@ def run(args: argparse.Namespace) -> int:
         if not _is_run_failure(e):
             raise
         logger.debug("run failed", exc_info=True)
-        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; rerun the same command to resume{_kept(job)}\n")
+        then = ("rerun the same command to resume" if getattr(e, "resumable", True)
+                else "a rerun fails the same way until that is fixed (--log-level DEBUG shows the task's traceback)")
+        sys.stderr.write(f"batch-score: failed: {_one_line(e)}; {then}{_kept(job)}\n")
         return 1
     finally:
         if chunk_runner is not None:
-            from batch.ray_runner import shutdown
+            from batch.ray_session import shutdown
 
             shutdown()
     sys.stdout.write(summary_line(result.summary, job) + "\n")
@@ -288,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
 def quiet_tensorflow(log_level: str) -> None:
     """Keep TensorFlow's start-up log off stderr unless ``log_level`` is DEBUG (set before tensorflow is imported).
 
-    tensorflow (imported only by ``--tensorboard``'s writer; TFRecords are read and written without it) logs through absl's C++ logging: "All log messages before
+    tensorflow (batch-score imports none: TFRecords and TensorBoard events are written without it; a library that
+    finds it installed may) logs through absl's C++ logging: "All log messages before
     absl::InitializeLog() ...", cpu_feature_guard's instruction list and, whatever ``TF_CPP_MIN_LOG_LEVEL`` says,
     "oneDNN custom operations are on". batch-score runs no TensorFlow math, so turning oneDNN off changes nothing
     else. A value already in the environment wins; spawned workers inherit these.
@@ -309,7 +318,7 @@ def _is_run_failure(e: Exception) -> bool:
     from concurrent.futures.process import BrokenProcessPool
 
     from batch.remote import RemoteError
-    from serving.errors import ServingError
+    from serving.engine.errors import ServingError
 
     if isinstance(e, BrokenProcessPool | RemoteError | ServingError | OSError):
         return True
@@ -330,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
                                      "files with a model package or a server.")
     add_log_level(parser, default="WARNING", help="logging level (default WARNING; DEBUG also shows TensorFlow's "
-                  "own start-up log with --tensorboard)")
+                  "own start-up log, should a library import it)")
     add_arguments(parser)
     return parser
 

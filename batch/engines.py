@@ -17,7 +17,8 @@ from batch.job import EngineConfig
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
 from batch.runner import ChunkRunner
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
-from serving.cli import UsageError, missing_extra
+from serving.commands.options import UsageError
+from serving.commands.registry import missing_extra
 
 _REMOTE_WORKERS = 4
 
@@ -31,7 +32,7 @@ def model_dir_of(args: argparse.Namespace) -> Path:
 
             raise UsageError(f"{model}: no such model package directory{hub_hint(model)}")
         return model
-    from serving.settings import demo_missing, demo_model
+    from serving.server.settings import demo_missing, demo_model
 
     demo = demo_model()
     if demo is None:
@@ -71,9 +72,9 @@ def decoding_of(args: argparse.Namespace) -> Decoding:
         UsageError: a bad value or options that do not go together (named by their flags), or
             ``--num-hypotheses`` above 1 (batch-score writes one translation per record).
     """
-    from serving.cli_options import decoding_values, flag_name
-    from serving.errors import InvalidInput
-    from serving.request import DecodeOptions
+    from serving.commands.options import decoding_values, flag_name
+    from serving.engine.errors import InvalidInput
+    from serving.engine.request import DecodeOptions
 
     try:
         options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
@@ -126,7 +127,8 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
                decoding: Decoding = ()) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
     """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
     the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
-    from batch.ray_runner import RayChunks, RayUnavailable, connect, plan_actors
+    from batch.ray_runner import RayChunks
+    from batch.ray_session import RayUnavailable, connect, plan_actors
 
     cores = available_cores()
     debug = str(args.log_level).upper() == "DEBUG"
@@ -147,7 +149,7 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
     dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
     sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
                      f"{dashboard}\n")
-    return engine, RayChunks(engine, actors, threads, debug), session.describe()
+    return engine, RayChunks(engine, actors, threads, debug, session.started), session.describe()
 
 
 def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],

@@ -41,6 +41,12 @@ class IOFailure(Exception):
         else:
             advice = "check the disk"
         super().__init__(f"cannot {action} {path} ({reason}); {advice}")
+        self.action = action
+
+    def __reduce__(self) -> tuple[type[IOFailure], tuple[Path, OSError, str]]:
+        # Pickled by its arguments (a Ray read task raises it on the driver; pickle's default would call
+        # IOFailure(message) and fail, and Ray would report an UnserializableException instead).
+        return IOFailure, (self.path, self.error, self.action)
 
 
 @contextlib.contextmanager

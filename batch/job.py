@@ -15,8 +15,8 @@ from typing import Any
 from batch.framing import Format
 from batch.inputs import InputFile
 from batch.schema import Schema
-from serving.options import OPTION_NAMES, DecodeOptions
-from serving.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
+from serving.engine.options import OPTION_NAMES, DecodeOptions
+from serving.server.settings import OFFLINE_MAX_BATCH_SIZE, OFFLINE_MAX_BATCH_TOKENS
 
 STATE_SUFFIX = ".partial"
 
@@ -37,7 +37,7 @@ class EngineConfig:
         threads: runtime threads per worker.
         server: Open Inference Protocol server URL; when set, ``model_dir`` is not used.
         model_name: model name on the server.
-        decoding: the other decoding options given (``serving.request.OPTION_NAMES`` beyond ``beam_size`` and
+        decoding: the other decoding options given (``serving.engine.request.OPTION_NAMES`` beyond ``beam_size`` and
             ``max_length``, and ``target_prefix``, the start of every translation), as sorted ``(name, value)``
             pairs, only those that differ from the default (hashable and picklable: every worker, process and Ray
             actor builds the same :meth:`options` from it; :meth:`parameters` are what a server gets).
@@ -72,7 +72,7 @@ class EngineConfig:
         return dict(self.decoding).get("target_prefix")
 
     def options(self) -> DecodeOptions:
-        """The :class:`~serving.request.DecodeOptions` every local worker translates with."""
+        """The :class:`~serving.engine.request.DecodeOptions` every local worker translates with."""
         given = {name: value for name, value in self.decoding if name != "target_prefix"}
         return DecodeOptions(beam_size=self.beam_size, max_length=self.max_length, **given)
 

@@ -1,5 +1,5 @@
 """batch-score's output files: what an output item is (:class:`OutputEncoder`), how a file is written
-(:func:`write_file`, :func:`concatenate`: atomic, through ``serving.files``, one-line :class:`IOFailure` on error),
+(:func:`write_file`, :func:`concatenate`: atomic, through ``serving.package.files``, one-line :class:`IOFailure` on error),
 checking the paths before any work (:func:`check_outputs`), and their default names.
 """
 
@@ -20,8 +20,8 @@ from batch.framing import Format
 from batch.inputs import InputFile
 from batch.job import Job
 from batch.records import Record, Translated
-from serving.files import atomic_write_bytes, atomic_writer
-from serving.request import perplexity
+from serving.engine.request import perplexity
+from serving.package.files import atomic_write_bytes, atomic_writer
 
 OUTPUT_KEY = "outputs"
 SCORE_KEY = "score"

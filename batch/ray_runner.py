@@ -17,13 +17,20 @@ byte):
 
 Ray's own readers (``read_tfrecords``, ``read_text``, ``read_json``) do not fit: they stop at a corrupt record
 instead of rejecting it, number no record positions, and decode Examples into columns, whereas the output carries
-each input Example as it was. Reads run on the driver's node (only it needs the inputs); the actors need the model
-package at the same path on every node.
+each input Example as it was. Reads run on the driver's node (only it needs the inputs): a datasource without
+distributed reads is pinned there by Ray Data (a ``ray.io/node-id`` label selector; before Ray 2.60, node affinity).
+The read tasks get the inputs by absolute path (a Ray worker's working directory is not the command's), and the
+entries keep the names the command was given, so rejects read as the local runner's. Before any work,
+:func:`check_read_node` has a task on that node look at the inputs: with Ray Client (``ray://``) the driver runs on
+the cluster's head, not where the command runs, and inputs that are not there at the same path are a one-line usage
+error rather than a failed read task. The actors need the model package at the same path on every node.
 
 Resuming is the local runner's: committed chunks are not read again. A killed actor is restarted by Ray and its
 chunks are retried (``max_restarts``/``max_task_retries`` of Ray Data's actor pool); a chunk that arrives twice is
 committed once. A killed driver takes a Ray it started with it (Ray's fate sharing), or has its actors stopped by
-the cluster; the rerun resumes.
+the cluster; the rerun resumes. A failure in a task's own code (not Ray's: a lost actor or node) is reported as
+such, since a rerun would repeat it: :class:`RayFailure` says which. Starting or joining Ray is the run's startup
+(``startup_seconds``, as a local run's is its worker's set-up) and part of its ``wall_seconds``.
 """
 
 from __future__ import annotations
@@ -35,151 +42,45 @@ import math
 import os
 import pickle
 import re
-import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from batch.errors import IOFailure, JobError
 from batch.job import EngineConfig, Job
+from batch.ray_session import first_line
 from batch.runner import Bar, Committer, ParsedChunk, parse_chunk, parser_for, read_chunks
 from batch.state import ChunkMeta
 from batch.workers import LocalChunkWorker, Outcome, Source
 
 logger = logging.getLogger(__name__)
 
-# Ray binds to the node's address, not loopback, unless it runs single-node as on macOS: a Ray started by batch-score
-# is for this machine only, so it listens on 127.0.0.1 (set before ray is imported).
-_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _READ_TASKS_PER_ACTOR = 2
 
-
-class RayUnavailable(Exception):
-    """Ray cannot be started or reached (the message says which address and why)."""
-
-
 class RayFailure(Exception):
-    """The Ray run failed (an actor kept dying, the cluster went away): committed chunks stay for the rerun."""
+    """The Ray run failed; committed chunks stay. ``resumable``: Ray's own failure (an actor kept dying, the cluster
+    went away), which a rerun resumes past; else the code of a task failed, and a rerun would fail the same way."""
 
-
-@dataclass(frozen=True)
-class RaySession:
-    """The Ray this run uses."""
-
-    address: str
-    dashboard_url: str | None
-    cpus: int
-    started_here: bool
-
-    def describe(self) -> dict[str, Any]:
-        return {"address": self.address, "dashboard": self.dashboard_url, "cluster_cpus": self.cpus,
-                "started_here": self.started_here}
-
-
-def connect(address: str | None, cores: int, debug: bool = False) -> RaySession:
-    """Start a local Ray (``address`` None or ``local``, unless ``$RAY_ADDRESS`` names one: inside a Ray job) or
-    connect to one (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``).
-
-    Raises:
-        RayUnavailable: it cannot be started or reached.
-    """
-    address = address or os.environ.get("RAY_ADDRESS") or "local"
-    local = address == "local"
-    if local or _is_loopback(address):
-        os.environ.setdefault(_LOOPBACK_ENV, "0")  # else Ray would look for a loopback cluster at the node's address
-    if not local and address != "auto":
-        _check_reachable(address)
-    import ray
-
-    kwargs: dict[str, Any] = {"address": address, "log_to_driver": debug, "namespace": "mtgate-batch-score",
-                              "logging_level": logging.DEBUG if debug else logging.ERROR}
-    if local:
-        kwargs["num_cpus"] = cores
-    try:
-        context = ray.init(**kwargs)
-    except Exception as e:  # ConnectionError, RuntimeError, ValueError: Ray's own words, on one line
-        raise RayUnavailable(f"cannot {'start Ray' if local else f'connect to Ray at {address}'}: "
-                             f"{_first_line(e)}") from e
-    _quiet_ray_data(debug)
-    dashboard = getattr(context, "dashboard_url", "") or None
-    if dashboard and "://" not in dashboard:
-        dashboard = f"http://{dashboard}"
-    resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
-    cpus = int(resources.get("CPU", 0))
-    gcs = getattr(context, "address_info", {}).get("gcs_address") or address
-    return RaySession(str(gcs), dashboard, cpus, local)
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    rest = address.split("://", 1)[-1]
-    host, _, port = rest.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _is_loopback(address: str) -> bool:
-    if address in ("local", "auto"):
-        return False
-    host = _host_port(address)[0]
-    return host == "localhost" or host == "::1" or host.startswith("127.")
-
-
-def _check_reachable(address: str, timeout: float = 10.0) -> None:
-    """Fail in seconds on an address nothing listens at (Ray itself retries for minutes)."""
-    try:
-        host, port = _host_port(address)
-        socket.create_connection((host, port), timeout=timeout).close()
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        raise RayUnavailable(f"cannot connect to Ray at {address}: {reason}") from e
-
-
-def shutdown() -> None:
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
-def plan_actors(workers: int | None, threads: int | None, cpus: int) -> tuple[int, int]:
-    """(actors, threads per actor): by default every CPU of the cluster, one runtime thread per actor."""
-    threads = threads or 1
-    actors = workers or max(1, cpus // threads)
-    if actors * threads > cpus:
-        logger.warning("%d actor(s) x %d thread(s) need %d CPUs and the Ray cluster has %d: the others wait for "
-                       "CPUs (an autoscaling cluster adds nodes)", actors, threads, actors * threads, cpus)
-    return actors, threads
-
-
-def _quiet_ray_data(debug: bool) -> None:
-    """Ray Data's own progress bars and INFO log stay off the console: batch-score shows its own progress."""
-    from ray.data import DataContext
-
-    context = DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
-    if not debug:
-        for name in ("ray", "ray.data"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
-
+    def __init__(self, message: str, resumable: bool = True) -> None:
+        super().__init__(message)
+        self.resumable = resumable
 
 # ---------------------------------------------------------------------------------------------------------------
 # Read: one row per chunk
 
 
-def _read(job: Job, chunks: list[int]) -> Iterator[Any]:
-    """Read task body: the chunks of ``chunks`` (consecutive chunk numbers of the job), one pyarrow row each."""
+def _read(job: Job, chunks: list[int], names: dict[str, str]) -> Iterator[Any]:
+    """Read task body: the chunks of ``chunks`` (consecutive chunk numbers of the job), one pyarrow row each; each
+    entry named by the input's name as the command was given it (``names``: :func:`for_read_tasks`)."""
     import pyarrow as pa
 
     parser = parser_for(job)
     wanted = set(chunks)
-    for chunk, entries in read_chunks(job, wanted.__contains__, last=max(chunks)):
+    for chunk, read in read_chunks(job, wanted.__contains__, last=max(chunks)):
+        entries = [replace(entry, file=names.get(entry.file, entry.file)) for entry in read]
         item = parse_chunk(parser, chunk, entries)
         yield pa.table({"chunk": pa.array([chunk], pa.int64()),
                         "sources": pa.array([_pickled(item.sources(job))], pa.large_binary()),
@@ -196,7 +97,59 @@ def _groups(todo: list[int], tasks: int) -> list[list[int]]:
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
 
-def _datasource(job: Job, todo: list[int], tasks: int) -> Any:
+def for_read_tasks(job: Job) -> tuple[Job, dict[str, str]]:
+    """``job`` with absolute input, reference and vocabulary paths, as a Ray worker must open them (its working
+    directory is not the command's), and each input's name as given, by its absolute one."""
+    inputs = [replace(item, path=item.path.absolute(),
+                      references=item.references.absolute() if item.references is not None else None)
+              for item in job.inputs]
+    names = {str(new.path): str(old.path) for new, old in zip(inputs, job.inputs, strict=True)}
+    return replace(job, inputs=inputs, vocab=job.vocab.absolute() if job.vocab is not None else None), names
+
+
+def _input_files(job: Job) -> list[str]:
+    files = [str(path) for item in job.inputs for path in (item.path, item.references) if path is not None]
+    return files + ([str(job.vocab)] if job.vocab is not None else [])
+
+
+def _sizes(paths: list[str]) -> dict[str, int | None]:
+    """(On the read node) each file's size, None for one that is not there or not readable."""
+    sizes: dict[str, int | None] = {}
+    for path in paths:
+        sizes[path] = os.stat(path).st_size if os.access(path, os.R_OK) and os.path.isfile(path) else None
+    return sizes
+
+
+def check_read_node(job: Job) -> None:
+    """Before any work: the node the read tasks run on (the driver's) holds the inputs as this command sees them.
+
+    Raises:
+        JobError: an input is not there (with Ray Client, ``ray://``, reads run on the cluster's head), or differs.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    absolute, _ = for_read_tasks(job)
+    here = {path: os.stat(path).st_size for path in _input_files(absolute)}
+    node = ray.get_runtime_context().get_node_id()
+    pinned = NodeAffinitySchedulingStrategy(node, soft=False)  # where Ray Data pins reads (see the docstring)
+    look = ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=pinned)(_sizes)  # type: ignore[call-overload]
+    try:
+        there = ray.get(look.remote(list(here)))
+    except Exception as e:
+        if type(e).__module__.split(".")[0] != "ray":
+            raise
+        _raise_ray_failure(e)
+    wrong = [path for path, size in here.items() if there.get(path) != size]
+    if wrong:
+        state = "is not there" if there.get(wrong[0]) is None else "differs (another size)"
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise JobError(f"{wrong[0]}{more}: Ray reads the inputs on node {node[:12]}, where it {state}; with "
+                       "ray://HOST:PORT the reads run on the cluster: put the inputs at the same path on a volume it "
+                       "shares, or run batch-score on a node of the cluster (--ray auto)")
+
+
+def _datasource(job: Job, todo: list[int], tasks: int, names: dict[str, str]) -> Any:
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
@@ -214,7 +167,7 @@ def _datasource(job: Job, todo: list[int], tasks: int) -> Any:
             out = []
             for group in _groups(todo, tasks):
                 meta = BlockMetadata(num_rows=len(group), size_bytes=None, input_files=None, exec_stats=None)
-                out.append(ReadTask(functools.partial(_read, job, group), meta))
+                out.append(ReadTask(functools.partial(_read, job, group, names), meta))
             return out
 
         @property
@@ -315,17 +268,25 @@ def _without_benign_native_log(enabled: bool) -> Iterator[None]:
 class RayChunks:
     """``batch.runner.ChunkRunner`` on Ray Data: read tasks, an actor pool, commits on the driver."""
 
-    def __init__(self, engine: EngineConfig, actors: int, threads: int, debug: bool = False) -> None:
+    def __init__(self, engine: EngineConfig, actors: int, threads: int, debug: bool = False,
+                 started: float | None = None) -> None:
         self.engine = replace(engine, workers=actors, threads=threads)
         self.actors = actors
         self.threads = threads
         self.debug = debug  # Ray's own log on the console too
+        self.started = started  # when Ray was started or joined (RaySession.started)
 
     def __call__(self, job: Job, done: dict[int, ChunkMeta], committer: Committer, bar: Bar,
                  owned: int | None) -> int:
         import ray.data
 
         assert owned is not None
+        # The run began when Ray was being started or joined: that is its startup (as a local run's is the worker's
+        # set-up), and part of its wall time. The actors' start and the package's load count as the local workers'.
+        stats = committer.stats
+        if self.started is not None and self.started < stats.started:
+            stats.startup += stats.started - self.started
+            stats.started = self.started
         n_chunks = math.ceil(owned / job.chunk_size)
         todo = [c for c in range(n_chunks) if c not in done]
         if not todo:
@@ -333,26 +294,26 @@ class RayChunks:
         tasks = min(len(todo), _READ_TASKS_PER_ACTOR * self.actors)
         # Reads take no CPU of their own (the actors hold them all; a read is a small part of a chunk's work) and
         # run one at a time, in input order.
-        dataset = ray.data.read_datasource(_datasource(job, todo, tasks), num_cpus=0, concurrency=1)
+        read_job, names = for_read_tasks(job)
+        dataset = ray.data.read_datasource(_datasource(read_job, todo, tasks, names), num_cpus=0, concurrency=1)
         dataset = dataset.map_batches(ChunkTranslator, fn_constructor_kwargs={"config": self.engine}, batch_size=1,
                                       batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=self.actors),
                                       num_cpus=self.threads)
         committed: set[int] = set()
-        t0 = time.monotonic()
         try:
             with _without_benign_native_log(not self.debug):
-                self._commit_rows(dataset, committed, committer, bar, t0)
+                self._commit_rows(dataset, committed, committer, bar)
         except Exception as e:
             if type(e).__module__.split(".")[0] != "ray":
                 raise
-            raise RayFailure(_ray_reason(e)) from e
+            _raise_ray_failure(e)
         missing = sorted(set(todo) - committed)
         if missing:
             raise RayFailure(f"Ray Data delivered no result for chunk(s) {missing[:5]}")
         return n_chunks
 
     @staticmethod
-    def _commit_rows(dataset: Any, committed: set[int], committer: Committer, bar: Bar, t0: float) -> None:
+    def _commit_rows(dataset: Any, committed: set[int], committer: Committer, bar: Bar) -> None:
         """Commit every chunk the dataset delivers, once each, as it arrives."""
         for row in dataset.iter_rows():
             chunk = int(row["chunk"])
@@ -365,14 +326,27 @@ class RayChunks:
             item: ParsedChunk = pickle.loads(row["payload"])
             outcomes: list[Outcome] = pickle.loads(row["outcomes"])
             if not committed:
-                logger.info("first chunk after %.1f s (actors started, package loaded)", time.monotonic() - t0)
+                logger.info("first chunk after %.1f s (Ray, actors started, package loaded)",
+                            time.monotonic() - committer.stats.started)
             committer.commit(item, outcomes)
             committed.add(chunk)
             bar.update(len(item.entries))
 
 
-def _ray_reason(e: BaseException) -> str:
-    """The innermost cause of a Ray error, on one line (Ray's own messages hold whole tracebacks)."""
+def _raise_ray_failure(e: BaseException) -> None:
+    """Raise what a Ray error stands for: the error of our own that a task raised when batch-score knows it (an
+    input that cannot be read, a package that cannot be loaded), else :class:`RayFailure`, resumable unless the
+    code of a task failed (a rerun would repeat it)."""
+    from serving.package import PackageError
+
+    inner = _innermost(e)
+    if isinstance(inner, IOFailure | PackageError | JobError):
+        raise inner from e
+    own_code = not type(inner).__module__.startswith("ray") or type(e).__name__ == "UnserializableException"
+    raise RayFailure(_ray_reason(e), resumable=not own_code) from e
+
+
+def _innermost(e: BaseException) -> BaseException:
     seen: set[int] = set()
     inner: BaseException = e
     while id(inner) not in seen:
@@ -381,6 +355,12 @@ def _ray_reason(e: BaseException) -> str:
         if not isinstance(cause, BaseException):
             break
         inner = cause
+    return inner
+
+
+def _ray_reason(e: BaseException) -> str:
+    """The innermost cause of a Ray error, on one line (Ray's own messages hold whole tracebacks)."""
+    inner = _innermost(e)
     if inner is e:
-        return f"{type(e).__name__}: {_first_line(e)}"
-    return f"{type(e).__name__} ({type(inner).__name__}: {_first_line(inner)})"
+        return f"{type(e).__name__}: {first_line(e)}"
+    return f"{type(e).__name__} ({type(inner).__name__}: {first_line(inner)})"

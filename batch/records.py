@@ -29,7 +29,7 @@ PAD_ID = 0
 
 
 class IdDecoder(Protocol):
-    """What decoding int64 ids needs from a vocabulary (``serving.tokenizers.subword.SubwordTextEncoder``)."""
+    """What decoding int64 ids needs from a vocabulary (``serving.engine.tokenizers.subword.SubwordTextEncoder``)."""
 
     @property
     def vocab_size(self) -> int: ...
@@ -43,7 +43,7 @@ def load_vocab(path: Path) -> IdDecoder:
     Raises:
         InputError: missing or unreadable file.
     """
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     try:
         return SubwordTextEncoder(path)

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 from batch.job import EngineConfig
 from batch.records import Translated
-from serving.decoding.rules import sentence_seeds
-from serving.errors import InputTooLong, ServingError
-from serving.request import DecodeOptions, Engine, Prepared, ReferenceScore, Translation
+from serving.engine.decoding.rules import sentence_seeds
+from serving.engine.errors import InputTooLong, ServingError
+from serving.engine.request import DecodeOptions, Engine, Prepared, ReferenceScore, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +78,11 @@ class ChunkWorker(Protocol):
 
 
 class LocalChunkWorker:
-    """Runs a chunk through an in-process engine (``serving.request.Engine``: a Translator) in length-bucketed
+    """Runs a chunk through an in-process engine (``serving.engine.request.Engine``: a Translator) in length-bucketed
     batches. Each source is prepared once (tokenized, length-checked); the batches run the prepared ids.
 
     A source given as ids (:data:`Source`) goes to the engine as they are (``prepare_ids``). A source the engine
-    refuses (``serving.errors.ServingError``: too long, invalid) becomes a reject; any other exception aborts the run
+    refuses (``serving.engine.errors.ServingError``: too long, invalid) becomes a reject; any other exception aborts the run
     (the chunk is not committed, so a rerun retries it). With ``references``, the references of the translated
     records are scored (``Engine.score``; ``score_ids`` for id sources); a reference the engine refuses (too long)
     makes its record a reject too.
@@ -99,7 +99,7 @@ class LocalChunkWorker:
     @classmethod
     def load(cls, config: EngineConfig) -> LocalChunkWorker:
         """Load the package's Translator with ``config.threads`` runtime threads."""
-        from serving.engine import Translator
+        from serving.engine.translator import Translator
 
         assert config.model_dir is not None
         translator = Translator.load(config.model_dir, runtime=config.runtime, precision=config.precision,
@@ -112,7 +112,7 @@ class LocalChunkWorker:
         prepared: dict[int, Prepared] = {}
         prefix = {} if self.target_prefix is None else {"target_prefix": [self.target_prefix]}
         # Sampling with a seed: the chunk is one engine call, so sentence i gets the i-th stream of the seed
-        # (serving.decoding.rules.sentence_seeds), as in Engine.prepare(chunk): a rerun or a resumed run, which cut the
+        # (serving.engine.decoding.rules.sentence_seeds), as in Engine.prepare(chunk): a rerun or a resumed run, which cut the
         # same chunks (--chunk-size), samples the same translations, whatever the batches.
         seed = self.options.seed if self.options is not None and self.options.sampling else None
         seeds = None if seed is None else sentence_seeds(seed, len(sources))

@@ -1,7 +1,7 @@
 """Print the import graph of the project's packages, from the source (``ast``; nothing is imported or run).
 
     .venv/bin/python benchmarks/import_graph.py                  # arrows between the top-level packages
-    .venv/bin/python benchmarks/import_graph.py --depth 2        # ... between serving.api, serving.engine, ...
+    .venv/bin/python benchmarks/import_graph.py --depth 2        # ... between serving.server.http, serving.engine.translator, ...
     .venv/bin/python benchmarks/import_graph.py --depth 2 --within serving   # only arrows inside serving/
 
 One line per arrow, ``a -> b  (n names: m imported at module level, k inside functions)``, sorted; then every cycle (a

@@ -85,7 +85,7 @@ class TimedBackend:
 
 
 def run_pass(translator: Any, texts: list[str], beam: int, batch: int) -> float:
-    from serving.engine import DecodeOptions
+    from serving.engine.translator import DecodeOptions
 
     start = time.perf_counter()
     for i in range(0, len(texts), batch):
@@ -123,7 +123,7 @@ def ort_decoder_profile(package: Path, precision: str, threads: int, sources: li
     growing one), with a profiling session on the same graph in place of the backend's decoder session."""
     import onnxruntime as ort
 
-    from serving.backends.onnxruntime import OnnxRuntimeBackend, session_options
+    from serving.engine.backends.onnxruntime import OnnxRuntimeBackend, session_options
 
     artifact = open_package(package).artifact("onnxruntime", precision)
     backend = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads)

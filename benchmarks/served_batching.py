@@ -51,7 +51,7 @@ from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, 
 from loadtest.corpus import default_corpus  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
-from serving.files import atomic_write_text  # noqa: E402
+from serving.package.files import atomic_write_text  # noqa: E402
 
 MODES = ("request", "step")
 DEFAULT_RATES = "2,4,6,8,10,12,14,16,20,24"
@@ -199,7 +199,7 @@ def parse_server_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.startswith("MTGATE_"):
-            raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/settings.py)")
+            raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/server/settings.py)")
         if name in _OWN_SETTINGS:
             raise UsageError(f"--server-env {name}: set by this script (use --modes, --threads, --precision, "
                              "--backend; host, port and model are chosen per server)")
@@ -211,7 +211,7 @@ def read_package(path: Path | None) -> tuple[Path, dict[str, Any]]:
     """The package to serve (``path``, else the bundled demo) and what the report says of it: name, version and
     beam size from its manifest (UsageError: none given and no demo, or not a package)."""
     from serving.package import PackageError, read_manifest
-    from serving.settings import demo_missing, demo_model
+    from serving.server.settings import demo_missing, demo_model
 
     package = path or demo_model()
     if package is None:

@@ -344,8 +344,8 @@ def run_offline(result: OfflineResult, config: Config, texts: list[str], slot: s
     """Load the package here, warm up, and time ``config.passes`` passes over ``texts`` in batches of
     ``config.batch_size`` into ``result``; an engine error goes into ``result.error``. The engine is released at
     the end, so that its threads take nothing from the server that runs next."""
-    from serving.engine import DecodeOptions, Translator
-    from serving.errors import ServingError
+    from serving.engine.errors import ServingError
+    from serving.engine.translator import DecodeOptions, Translator
     from serving.package import PackageError
 
     batches = [texts[i:i + config.batch_size] for i in range(0, len(texts), config.batch_size)]

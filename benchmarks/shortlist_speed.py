@@ -1,4 +1,4 @@
-"""Decoding speed with and without a vocabulary shortlist, paired round by round (serving/shortlist.py).
+"""Decoding speed with and without a vocabulary shortlist, paired round by round (serving/engine/shortlist.py).
 
     .venv/bin/python benchmarks/shortlist_speed.py --package PKG --precision int8 --beam 4 --batch 16
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench.mtgate_worker import forced_length_translator  # noqa: E402
 from benchmarks.bench.workload import DEFAULT_SENTENCES, random_ids_like, read_sentences, special_ids  # noqa: E402
-from serving.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from serving.engine import DecodeOptions  # noqa: E402
+from serving.engine.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from serving.engine.shortlist import Shortlist  # noqa: E402
+from serving.engine.translator import DecodeOptions  # noqa: E402
 from serving.package import open_package  # noqa: E402
-from serving.shortlist import Shortlist  # noqa: E402
 
 
 def main() -> int:

@@ -25,11 +25,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from loadtest.corpus import default_corpus, read_lines  # noqa: E402
-from serving.continuous import ContinuousDecoder  # noqa: E402
-from serving.engine import DecodeOptions, Translation, Translator  # noqa: E402
-from serving.errors import ServingError  # noqa: E402
-from serving.rows import SlotRows  # noqa: E402
-from serving.settings import demo_model  # noqa: E402
+from serving.engine.continuous import ContinuousDecoder  # noqa: E402
+from serving.engine.errors import ServingError  # noqa: E402
+from serving.engine.rows import SlotRows  # noqa: E402
+from serving.engine.translator import DecodeOptions, Translation, Translator  # noqa: E402
+from serving.server.settings import demo_model  # noqa: E402
 
 
 def rss_mib() -> float:

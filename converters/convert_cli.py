@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from serving.cli_options import add_alias, comma_list, non_negative_int, positive_int
+from serving.commands.options import add_alias, comma_list, non_negative_int, positive_int
 from serving.package import PRECISIONS, RUNTIMES, PackageError
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def shortlist_request(args: argparse.Namespace) -> Any:
     """The shortlist the options ask for (a ``converters.shortlist.ShortlistRequest``), or None."""
     from converters.shortlist import ShortlistRequest
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     if args.shortlist_corpus is None:
         if args.shortlist_eval is not None:
@@ -144,7 +144,7 @@ def _cleaned_up_on_failure(output: Path, created: Path | None) -> Iterator[None]
 def run(args: argparse.Namespace) -> int:
     from converters.base import ConversionError
     from converters.convert import ParityError, convert
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     if problem := output_problem(args.output):
         raise UsageError(f"cannot write the package {args.output}: {problem}; give another -o")
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             quality = json.loads(args.quality.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UsageError(f"--quality {args.quality}: {e}") from None
-    from serving.progress import Stages
+    from serving.commands.progress import Stages
 
     stages = Stages("convert")
 

@@ -11,7 +11,7 @@ per-stack depth, heads, FFN width and norm placement (``{encoder,decoder}_normal
 after a pre-norm stack unless ``no_decoder_final_norm``), ``layernorm_embedding``, ``no_scale_embedding``,
 sinusoidal or learned positions per stack (numbered from ``pad + 1``), ``share_all_embeddings``,
 ``share_decoder_input_output_embed``, the activation. Layer tensors carry fairseq's names
-(``converters/fairseq_layers.py``). The tokenizer is FSMT's (Moses + BPE, ``serving.tokenizers.fsmt_bpe``) over the
+(``converters/fairseq_layers.py``). The tokenizer is FSMT's (Moses + BPE, ``serving.engine.tokenizers.fsmt_bpe``) over the
 dictionaries and codes rewritten in FSMT's layout; decoding defaults are fairseq-generate's (beam 5, length
 penalty 1, at most 200 tokens with EOS forced at the end, never padding, a sentence done at ``beam`` finished
 hypotheses).

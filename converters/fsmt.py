@@ -9,7 +9,7 @@ width; separate source and target vocabularies and embeddings (one shared matrix
 output projection is the decoder's input embedding; token embedding times ``sqrt(d_model)`` when
 ``scale_embedding``; fairseq's sinusoidal positions, numbered from ``pad + 1``; layer norms with epsilon 1e-5; no
 final norms. Decoding defaults come from the generation config, as ``generate`` reads it. The tokenizer is
-``serving.tokenizers.fsmt_bpe`` (Moses + BPE, as ``FSMTTokenizer``).
+``serving.engine.tokenizers.fsmt_bpe`` (Moses + BPE, as ``FSMTTokenizer``).
 """
 
 from __future__ import annotations

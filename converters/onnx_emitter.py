@@ -16,7 +16,7 @@ docs/architecture.md:
     ``present_k.{i}``/``present_v.{i}`` ``[B,H,M,Dh]``: the past caches with each row's new key/value written at its
     position. Self-attention is ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (one kv head per head), which
     attends over each row's own slots only and, when the caller binds each present cache to its past one, writes
-    in place: nothing is copied per step (``serving.rows.SlotRows``).
+    in place: nothing is copied per step (``serving.engine.rows.SlotRows``).
   - ``growing`` (OpenVINO IR is derived from it): standard ops only; the caches are ``[B,H,T,Dh]`` with a
     ``self_bias [B,1,1,T]`` input masking slots a row has not filled, and the present caches ``[B,H,T+1,Dh]``.
 
@@ -289,7 +289,7 @@ def emit_decoder(spec: TransformerSpec, path: Path, cache: DecoderCache, *, shor
     GroupQueryAttention needs a head size that is a multiple of 8 (every published translation model's is: 64); a
     decoder whose head size is not gets the growing contract instead, which the ONNX Runtime backend also runs.
 
-    ``shortlist``: the vocabulary-shortlist variant (``serving.shortlist``): two more inputs, ``vocab_ids [K]``
+    ``shortlist``: the vocabulary-shortlist variant (``serving.engine.shortlist``): two more inputs, ``vocab_ids [K]``
     (int64: the step's union of candidates) and ``vocab_bias [B, K]`` (0 where the output row may produce the id,
     -inf elsewhere), and ``log_probs [B, K]``, each row's log-softmax over its own candidates. Stationary cache only.
 

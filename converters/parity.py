@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends import Backend, create_backend, empty_past
+from serving.engine.backends import Backend, create_backend, empty_past
+from serving.engine.tokenizers import Tokenizer, load_tokenizer
 from serving.package import Architecture, Manifest, PackageError, SpecialIds, parse_manifest
-from serving.tokenizers import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,8 @@ def decode_rules(manifest: Manifest) -> DecodeRules:
 
 
 def greedy(backend: Backend, source_ids: np.ndarray, rules: DecodeRules) -> list[list[int]]:
-    """Greedy search exactly as serving runs it (``serving.decoding.search``, beam 1), capped at ``max_steps``."""
-    from serving.decoding import SearchOptions, search
+    """Greedy search exactly as serving runs it (``serving.engine.decoding.search``, beam 1), capped at ``max_steps``."""
+    from serving.engine.decoding import SearchOptions, search
 
     enc = backend.encode(source_ids)
     options = SearchOptions(eos_id=rules.eos, decoder_start_id=rules.decoder_start, beam_size=1,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from converters.spec import MASK_VALUE, Stack, TransformerSpec
-from serving.backends.base import EncoderOutput
+from serving.engine.backends.base import EncoderOutput
 
 
 def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Building a package's vocabulary shortlist (``serving.shortlist``) from parallel data, at conversion.
+"""Building a package's vocabulary shortlist (``serving.engine.shortlist``) from parallel data, at conversion.
 
 For each source token, the candidates are the target tokens that most often occur in the translations of sentences
 holding it: ``count(s, t) / count(s)`` over sentence pairs (each token counted once per sentence), best first, at
@@ -26,10 +26,10 @@ import numpy as np
 
 from converters.base import ConversionError
 from converters.spec import TransformerSpec
-from loadtest.corpus import CorpusError, read_lines
+from serving.engine.shortlist import Shortlist
+from serving.engine.tokenizers import load_tokenizer
 from serving.package import Artifact, Manifest, SpecialIds, write_manifest
-from serving.shortlist import Shortlist
-from serving.tokenizers import load_tokenizer
+from serving.package.text_files import CorpusError, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class ShortlistRequest:
 
 
 def read_pairs(source: Path, target: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Parallel lines of two files, plain text or gzip (``loadtest.corpus.read_lines``, blank lines kept so that the
+    """Parallel lines of two files, plain text or gzip (``serving.package.text_files.read_lines``, blank lines kept so that the
     files stay aligned; the first ``limit``).
 
     Raises:
@@ -197,8 +197,8 @@ def decoder_parity(package: Path, artifact: Artifact, table: Shortlist, ids: Spe
     Raises:
         ConversionError: a float32 shortlist decoder that computes something else than the decoder.
     """
-    from serving.backends.base import empty_past
-    from serving.backends.onnxruntime import OnnxRuntimeBackend
+    from serving.engine.backends.base import empty_past
+    from serving.engine.backends.onnxruntime import OnnxRuntimeBackend
 
     assert artifact.shortlist_decoder is not None
     full = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads=1)
@@ -238,7 +238,7 @@ def evaluate(package: Path, manifest: Manifest, table: Shortlist, data: tuple[Pa
         import sacrebleu
     except ImportError as e:  # pragma: no cover - sacrebleu comes with the convert extra
         raise ConversionError("measuring a shortlist needs sacrebleu (pip install 'mtgate[convert]')") from e
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     sources, references = read_pairs(*data)
     artifact = next(a for a in sorted(manifest.artifacts, key=lambda a: a.precision != "int8")

@@ -316,7 +316,7 @@ class T2TConverter(Converter):
 
 
 def _vocab_size(path: Path, problems: list[str]) -> int | None:
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     try:
         return SubwordTextEncoder(path).vocab_size

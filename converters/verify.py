@@ -1,8 +1,13 @@
 """``mtgate verify DIR`` (or ``-m PKG``): checksums of every file, then the parity of every artifact (``converters/parity.py``).
 
-Exit codes: 0 every check passes; 1 a file is modified or missing (each named), or an artifact fails its parity
-check; 2 bad input (not a package, an invalid manifest, a path outside the package, a graph the runtime cannot load:
-one line).
+Files the checksum list does not name are reported too: a symlink out of the package fails the check (a copy that
+follows links, or ``mtgate export-triton``, would carry another file's contents: export refuses it); any other
+unlisted file is a warning (nothing opens it, nothing checks it, export leaves it out) and does not change the exit
+code.
+
+Exit codes: 0 every check passes; 1 a file is modified or missing (each named), a symlink leads out of the package,
+or an artifact fails its parity check; 2 bad input (not a package, an invalid manifest, a listed path outside the
+package, a graph the runtime cannot load: one line).
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from converters.parity import INT8_AGREEMENT_FLOOR, run_parity
-from serving.backends import Backend
-from serving.cli_options import add_alias, add_package, non_negative_int, package_of, positive_int
-from serving.package import PackageError, open_package, verify_checksums
+from serving.commands.options import add_alias, add_package, non_negative_int, package_of, positive_int
+from serving.engine.backends import Backend
+from serving.package import PackageError, escaping_links, open_package, unlisted_files, verify_checksums
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +67,7 @@ def _source_backend(args: argparse.Namespace, framework: str) -> Backend:
     from converters.base import ConversionError
     from converters.readers import FORMATS, load_source
     from converters.reference import ReferenceModel
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     options = {k: v for k, v in (("hparams_set", args.hparams_set), ("vocab", args.vocab),
                                  ("target_space_id", args.target_space_id)) if v is not None}
@@ -74,7 +79,7 @@ def _source_backend(args: argparse.Namespace, framework: str) -> Backend:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     try:
         package_dir = package_of(args, "mtgate verify DIR (or -m PKG)")
@@ -91,21 +96,41 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"mtgate verify: FAIL checksum {problem}\n")
         sys.stdout.write(f"checksums: FAIL ({len(problems)} file(s) missing or modified)\n")
         return 1
+    escaping = escaping_links(package_dir)
+    unlisted = [rel for rel in unlisted_files(package_dir, manifest) if rel not in escaping]
+    for rel, target in escaping.items():
+        sys.stderr.write(f"mtgate verify: FAIL {rel} -> {target}: a symlink out of the package (export-triton "
+                         "refuses the package; a copy that follows links carries that file)\n")
+    for rel in unlisted:
+        sys.stderr.write(f"mtgate verify: WARN {rel}: not in the checksum list (not verified, never opened, left "
+                         "out by export-triton)\n")
     source = _source_backend(args, manifest.source_framework) if args.checkpoint is not None else None
     try:
         rows = run_parity(package_dir, manifest, threads=args.threads, source_backend=source,
                           int8_floor=args.int8_floor)
     except PackageError as e:  # a graph the runtime cannot load
         raise UsageError(str(e)) from e
-    passed = all(row["passed"] for row in rows)
+    passed = all(row["passed"] for row in rows) and not escaping
     if args.json:
-        report: dict[str, Any] = {"checksums": {"files": len(manifest.files), "passed": True}, "parity": rows,
-                                  "passed": passed}
+        checksums = {"files": len(manifest.files), "passed": not escaping, "unlisted": unlisted,
+                     "links_out_of_package": escaping}
+        report: dict[str, Any] = {"checksums": checksums, "parity": rows, "passed": passed}
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        sys.stdout.write(f"checksums: OK ({len(manifest.files)} files)\n")
+        sys.stdout.write(f"checksums: {_checksums_line(len(manifest.files), unlisted, escaping)}\n")
         sys.stdout.write(f"reference: onnx fp32 = the package's fp32 ONNX graphs ({manifest.reference['encoder']}, "
                          f"...) on onnxruntime{'; source = ' + str(args.checkpoint) if args.checkpoint else ''}\n")
         sys.stdout.write(_format_table(rows))
         sys.stdout.write(f"{'PASS' if passed else 'FAIL'} ({time.perf_counter() - started:.1f}s)\n")
     return 0 if passed else 1
+
+
+def _checksums_line(files: int, unlisted: list[str], escaping: dict[str, str]) -> str:
+    """``OK (12 files)``, with what the list does not cover: unlisted files (a warning), links out (a failure)."""
+    notes = []
+    if escaping:
+        notes.append(f"{len(escaping)} symlink(s) out of the package: {', '.join(escaping)}")
+    if unlisted:
+        notes.append(f"{len(unlisted)} unlisted file(s), not verified: {', '.join(unlisted[:5])}"
+                     + (" ..." if len(unlisted) > 5 else ""))
+    return f"{'FAIL' if escaping else 'OK'} ({files} files{''.join('; ' + note for note in notes)})"

@@ -25,13 +25,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from loadtest.corpus import CorpusError
+from loadtest.errors import LoadTestError
 from loadtest.gate import format_table
 from loadtest.report import ScenarioResult, write_report
 from loadtest.runner import (
     GRACE_S,
     LOCUSTFILE,
     STOP_TIMEOUT_S,
-    LoadTestError,
     LocustOutputs,
     resolve_corpus,
     run_all,
@@ -49,14 +49,21 @@ logger = logging.getLogger(__name__)
 
 
 def _usage_error(message: str) -> Exception:
-    # serving.cli owns UsageError; imported lazily so this module has no import-time dependency on serving.
-    from serving.cli import UsageError
+    # serving.commands.main owns UsageError; imported lazily so this module has no import-time dependency on serving.
+    from serving.commands.options import UsageError
 
     return UsageError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import add_alias, add_decoding, add_model, add_model_name, positive_float, positive_int
+    from serving.commands.options import (
+        add_alias,
+        add_decoding,
+        add_model,
+        add_model_name,
+        positive_float,
+        positive_int,
+    )
 
     # One of the two; Locust's own name for the URL, --host, is accepted too (serve's --host is an address).
     target = parser.add_mutually_exclusive_group(required=True)
@@ -138,12 +145,12 @@ ADHOC = "adhoc"
 
 
 def check_tensorboard(root: Path) -> None:
-    """``--tensorboard DIR`` is writable and tensorflow is installed, before any work.
+    """``--tensorboard DIR`` is writable and tensorboardX is installed, before any work.
 
     Raises:
         UsageError: either is not the case.
     """
-    from loadtest.tensorboard import TensorBoardUnavailable, check_available
+    from batch.tensorboard import TensorBoardUnavailable, check_available
 
     check_writable(root, "--tensorboard", directory=True)
     try:
@@ -198,7 +205,7 @@ def write_scenarios(writer: Any, results: list[ScenarioResult], prefix: str = "l
 
 def write_tensorboard(root: Path, host: str, results: list[ScenarioResult], ok: bool) -> Path:
     """One TensorBoard run directory for this load test; returns it."""
-    from loadtest.tensorboard import markdown_table, open_run
+    from batch.tensorboard import markdown_table, open_run
 
     with open_run(root, "loadtest") as writer:
         write_scenarios(writer, results)
@@ -268,7 +275,7 @@ def _model_under_test(args: argparse.Namespace) -> tuple[str | None, str | None]
         if args.model_name is not None:
             raise _usage_error("--model-name is for --server: --start-server serves -m PKG under its own name")
         if args.model is None:
-            from serving.settings import demo_missing, demo_model
+            from serving.server.settings import demo_missing, demo_model
 
             args.model = demo_model()
             if args.model is None:

@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batch.tensorboard import markdown_table
 from loadtest.charts import COLORS, Axes, Line, Series, panels
 from loadtest.gate import Check
 from loadtest.scrape import ServerMetrics
 from loadtest.stats import AGGREGATED, TTFE, Entry, RunStats
 from loadtest.targets import Scenario, Targets
-from loadtest.tensorboard import markdown_table
 
 if TYPE_CHECKING:
     from loadtest.server import ServedModel
@@ -63,8 +63,8 @@ class ScenarioResult:
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, creating its directory (``serving.files.atomic_write_text``)."""
-    from serving.files import atomic_write_text
+    """Write ``text`` to ``path`` atomically, creating its directory (``serving.package.files.atomic_write_text``)."""
+    from serving.package.files import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)

@@ -26,18 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from loadtest.corpus import default_corpus, read_lines
+from loadtest.errors import LoadTestError, log_tail
 from loadtest.gate import evaluate
 from loadtest.report import ScenarioResult
 from loadtest.scrape import scraping
 from loadtest.scrape import write as write_metrics
+from loadtest.server import ServedModel, served_model
 from loadtest.stats import AGGREGATED, RunStats, StatsError, read_entries, read_run
 from loadtest.targets import Scenario
-
-if TYPE_CHECKING:
-    from loadtest.server import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -46,19 +45,6 @@ STOP_TIMEOUT_S = 5  # lets in-flight requests finish after --run-time, so they a
 GRACE_S = 60  # beyond run time + stop timeout, a Locust process that has not exited is killed
 LOAD_TIMEOUT_S = 120  # longest wait for the Locust processes started ahead to be loaded
 LIVE_INTERVAL_S = 5.0  # a line of live numbers this often when stderr is not a terminal (every second when it is)
-
-
-class LoadTestError(Exception):
-    """A run could not be carried out (server did not start, Locust failed): exit code 2."""
-
-
-def log_tail(path: Path, lines: int = 5) -> str:
-    """The last ``lines`` lines of a log file on one line (for error messages)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
 
 
 def locust_command(host: str, scenario: Scenario, prefix: Path, corpus: Path, model_name: str | None) -> list[str]:
@@ -255,7 +241,7 @@ _CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptio
 
 def copy_csv(prefix: Path, target: Path) -> None:
     """Copy the CSV files Locust wrote with ``--csv prefix`` to ``--csv target`` (atomically, each file)."""
-    from serving.files import atomic_write_bytes
+    from serving.package.files import atomic_write_bytes
 
     for suffix in _CSV_SUFFIXES:
         source = Path(f"{prefix}{suffix}")
@@ -325,7 +311,6 @@ def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path
             unusable.
     """
     from loadtest.charts import preload  # every caller draws the results' charts: import matplotlib meanwhile
-    from loadtest.server import served_model  # loadtest.server imports this module
 
     results = []
     with ExitStack() as stack:

@@ -1,6 +1,6 @@
 """The server's own view of a load test: ``/metrics`` scraped once a second while Locust runs.
 
-From mtgate's Prometheus metrics (``serving/metrics.py``) each sample keeps the cumulative queue-wait histogram
+From mtgate's Prometheus metrics (``serving/server/metrics.py``) each sample keeps the cumulative queue-wait histogram
 (``mtgate_queue_wait_seconds``), the batch-size histogram (``mtgate_batch_size``, sentences per engine batch), the
 sentences in flight per decoder step (``mtgate_step_sentences``, step-level batching) and the queue depth gauge,
 summed over models. Differences between consecutive samples give, per interval, the mean and p95 queue wait and the
@@ -195,7 +195,7 @@ def scraping(host: str, interval_s: float = INTERVAL_S) -> Iterator[ServerMetric
 
 
 def write(path: Path, metrics: ServerMetrics) -> None:
-    from serving.files import atomic_write_text
+    from serving.package.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(metrics.to_json()) + "\n")
 

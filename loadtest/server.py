@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from loadtest.runner import LoadTestError, log_tail
+from loadtest.errors import LoadTestError, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "serving.commands.main", "serve", "-m", str(package), "--host", "127.0.0.1",
                "--port", str(port), *extra_args]
     logger.info("starting server: %s", " ".join(command))
     with log_path.open("wb") as log:

@@ -29,8 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from loadtest.errors import LoadTestError
 from loadtest.gate import Check, evaluate
-from loadtest.runner import LoadTestError, resolve_corpus, run_scenario
+from loadtest.runner import resolve_corpus, run_scenario
 from loadtest.scrape import ServerMetrics
 from loadtest.server import package_model_name, start_server
 from loadtest.stats import RunStats, merge_runs
@@ -44,13 +45,13 @@ LATENCY_KEYS = frozenset({"p50_ms", "p95_ms", "p99_ms", "ttfe_p50_ms", "ttfe_p95
 
 
 def _usage_error(message: str) -> Exception:
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     return UsageError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import positive_float, positive_int
+    from serving.commands.options import positive_float, positive_int
 
     parser.add_argument("sweep", type=Path, metavar="SWEEP.yaml", help="sweep file: models, search space, targets, "
                                                                          "load and prices (see loadtest/sweeps/)")
@@ -160,7 +161,7 @@ def prune_reason(point: Point, earlier: list[PointResult]) -> str | None:
 def run_sweep(sweep: Sweep, report_dir: Path, max_points: int, max_minutes: float,
               server_timeout: float) -> list[PointResult]:
     """Every point in order: reused when already measured, else pruned, skipped, measured or left for the budget."""
-    from serving.files import atomic_write_text
+    from serving.package.files import atomic_write_text
 
     points, skipped = sweep.points()
     keep = report_dir / "points"

@@ -34,7 +34,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from loadtest.capacity import CapacityConfig
 from loadtest.targets import Scenario, TargetsError, _location, load_targets
-from serving.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
+from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 
 class _Strict(BaseModel):

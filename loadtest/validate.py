@@ -2,7 +2,7 @@
 
 Steps, each adding checks to one verdict:
 1. package: every file's checksum, and the parity of every artifact (``converters.parity``, when installed);
-2. quality: translate the test set in process (``serving.engine.Translator``), BLEU and chrF with sacrebleu; with
+2. quality: translate the test set in process (``serving.engine.translator.Translator``), BLEU and chrF with sacrebleu; with
    ``--baseline``, sacrebleu's paired bootstrap test (1000 resamples) decides whether a drop is significant;
 3. load: with ``--targets``, start ``mtgate serve`` with the candidate on 127.0.0.1 and run every scenario;
 4. cost: price per core-hour x cores / measured output tokens per second, per million output tokens
@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
+from loadtest.errors import LoadTestError
 from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
 from loadtest.report import ScenarioResult, write_text_atomically
-from loadtest.runner import LoadTestError, run_all
+from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate_cost import (
@@ -41,7 +42,7 @@ from loadtest.validate_report import describe_package, write_outcome, write_vali
 from loadtest.validate_speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
 if TYPE_CHECKING:
-    from serving.engine import DecodeOptions, Translator
+    from serving.engine.translator import DecodeOptions, Translator
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +50,13 @@ __all__ = ["Comparison", "SystemScore", "add_arguments", "compare", "estimate_co
 
 
 def _usage_error(message: str) -> Exception:
-    from serving.cli import UsageError
+    from serving.commands.options import UsageError
 
     return UsageError(message)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from serving.cli_options import (
+    from serving.commands.options import (
         RUNTIMES,
         add_alias,
         add_decoding,
@@ -66,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         positive_int,
     )
     from serving.package.precision import PRECISION_CHOICES
-    from serving.settings import DEFAULT_MAX_BATCH_SIZE
+    from serving.server.settings import DEFAULT_MAX_BATCH_SIZE
 
     add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])
     parser.add_argument("--baseline", type=Path, metavar="PKG",
@@ -206,13 +207,13 @@ def check_package(path: Path, role: str, parity: bool, threads: int | None = Non
 
 def load_system(package: Path, args: argparse.Namespace, runtime: str, precision: str) -> Translator:
     """A Translator of ``package``'s ``runtime``/``precision`` artifact (PackageError: it cannot be loaded)."""
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     return Translator.load(package, runtime=runtime, precision=precision, threads=args.threads)
 
 
 def decode_options(args: argparse.Namespace) -> DecodeOptions:
-    from serving.engine import DecodeOptions
+    from serving.engine.translator import DecodeOptions
 
     return DecodeOptions(beam_size=args.beam_size, max_length=args.max_length)
 
@@ -330,8 +331,8 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
 
 def _quality_pass(role: str, translator: Translator, sources: list[str], options: DecodeOptions,
                   batch_size: int) -> Pass:
-    """The test set translated by one system, with a progress bar on a terminal (``serving.progress``)."""
-    from serving.progress import bar
+    """The test set translated by one system, with a progress bar on a terminal (``serving.commands.progress``)."""
+    from serving.commands.progress import bar
 
     with bar(f"translating ({role})", "sentences", len(sources)) as done:
         return translate_pass(translator, sources, options, batch_size, done.update)

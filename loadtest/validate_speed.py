@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from serving.engine import DecodeOptions, Translator
+    from serving.engine.translator import DecodeOptions, Translator
 
 DEFAULT_REPEATS = 3
 

@@ -1,6 +1,6 @@
 """Fakes shared by unit tests of one layer.
 
-``EchoTranslator`` implements the engine protocol (``serving.request.Engine``: ``info``, ``prepare``,
+``EchoTranslator`` implements the engine protocol (``serving.engine.request.Engine``: ``info``, ``prepare``,
 ``prepare_ids``, ``run``, ``translate``, ``score``, ``score_ids``) without a model: a sentence's translation is its words reversed and upper-cased, one "token" per word,
 so tests can predict every answer. Like the real engine, ``prepare`` turns words into ids (a vocabulary that grows as
 it meets new words) and checks (or, with ``truncate``, cuts) the lengths with the engine's own check, and ``run`` sees
@@ -19,9 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from serving.decoding import SearchOptions
-from serving.errors import InvalidInput
-from serving.request import DecodeOptions, OnPartial, Prepared, ReferenceScore, Translation, check_lengths, fit_sources
+from serving.engine.decoding import SearchOptions
+from serving.engine.errors import InvalidInput
+from serving.engine.request import (
+    DecodeOptions,
+    OnPartial,
+    Prepared,
+    ReferenceScore,
+    Translation,
+    check_lengths,
+    fit_sources,
+)
 
 EOS = 0
 

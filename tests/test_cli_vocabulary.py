@@ -1,4 +1,4 @@
-"""One vocabulary of options, read from every command's parser: README.md's table is serving/cli_options.VOCABULARY,
+"""One vocabulary of options, read from every command's parser: README.md's table is serving/commands/vocabulary.VOCABULARY,
 no ``--help`` shows an old spelling, every old spelling is still accepted (a deprecated one with one warning line),
 one name and one kind of value per concept across commands (plural where a command takes several), the same
 default for the same option (unless this file says why not), every package-reading command takes ``-m PKG``, no
@@ -15,8 +15,8 @@ from typing import Any, get_args
 
 import pytest
 
-from serving.cli import build_parser, main
-from serving.cli_options import VOCABULARY, vocabulary_table
+from serving.commands.main import build_parser, main
+from serving.commands.vocabulary import VOCABULARY, vocabulary_table
 from serving.package.precision import INT8_MAX_BLEU_DROP, PRECISION_CHOICES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -31,9 +31,9 @@ READS_NO_PACKAGE = {"convert": "writes a package (-o DIR) from a checkpoint SRC"
 DEFAULTS_DIFFER = {
     ("--max-queue-size", "export-triton"): "Triton's own default, 0 (unbounded): Triton's queue counts requests where "
                                            "serve's counts sentences",
-    ("--max-batch-size", "batch-score"): "offline (serving.settings.OFFLINE_MAX_BATCH_SIZE): no record waits for a "
+    ("--max-batch-size", "batch-score"): "offline (serving.server.settings.OFFLINE_MAX_BATCH_SIZE): no record waits for a "
                                          "batch, and bigger ones give more tokens/s",
-    ("--max-batch-tokens", "batch-score"): "offline (serving.settings.OFFLINE_MAX_BATCH_TOKENS): every worker (one per "
+    ("--max-batch-tokens", "batch-score"): "offline (serving.server.settings.OFFLINE_MAX_BATCH_TOKENS): every worker (one per "
                                            "core) holds a batch",
     ("--threads", "batch-score"): "batch-score splits the cores between its workers",
     ("--workers", "serve"): "serve runs one process (scale it with replicas), batch-score one per core",
@@ -78,8 +78,8 @@ def _subparser(command: str) -> argparse.ArgumentParser:
 
 def _serve_default(dest: str, default: Any) -> Any:
     """serve's options default to None and its settings decide: the settings' default is the option's."""
-    from serving import serve_cli
-    from serving.settings import ServingSettings
+    from serving.commands import serve as serve_cli
+    from serving.server.settings import ServingSettings
 
     field = serve_cli._SETTINGS_FLAGS.get(dest)
     return ServingSettings.model_fields[field].default if default is None and field else default
@@ -227,7 +227,7 @@ def test_same_option_same_default(every_option: list[Option]) -> None:
             defaults[option.name][repr(option.default)].append(option.command)
     differ = {flag: dict(found) for flag, found in defaults.items() if len(found) > 1}
     assert differ == {}, f"the same option defaults differently in different commands: {differ}"
-    from serving.settings import (
+    from serving.server.settings import (
         DEFAULT_MAX_BATCH_SIZE,
         DEFAULT_MAX_BATCH_TOKENS,
         OFFLINE_MAX_BATCH_SIZE,
@@ -244,7 +244,7 @@ def test_same_option_same_default(every_option: list[Option]) -> None:
 
 def test_precision_defaults_to_auto(every_option: list[Option]) -> None:
     from loadtest.sweep_config import Space
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     precision = [o for o in every_option if o.name == "--precision" and o.command != "convert"]
     assert {o.command for o in precision} == {"translate", "score", "serve", "batch-score", "validate",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine import Translator
+from serving.engine.translator import Translator
 from serving.package import read_manifest, verify_checksums
-from serving.settings import DEFAULT_MODEL_DIR
+from serving.server.settings import DEFAULT_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 QUALITY = ROOT / "models" / "demo-en-de-src" / "quality.json"
@@ -56,7 +56,7 @@ def test_translates_the_fixed_sentences(package: Path, runtime: str) -> None:
 def test_is_the_default_of_mtgate_translate(package: Path) -> None:
     sentence = "A man is riding a bike."
     # EXPECTED are the fp32 translations; the default precision (auto) is int8 for the demo
-    proc = subprocess.run([sys.executable, "-m", "serving.cli", "translate", "--threads", "1", "--precision", "fp32",
+    proc = subprocess.run([sys.executable, "-m", "serving.commands.main", "translate", "--threads", "1", "--precision", "fp32",
                            sentence],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

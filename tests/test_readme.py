@@ -35,7 +35,7 @@ Substitutions (the only differences from what a user types):
    snippets point at it, and ``localhost:8001`` at its gRPC port.
 
 The table between ``<!-- settings-table ... -->`` and ``<!-- /settings-table -->`` is generated from
-serving/settings.py; after changing the settings, rewrite it with
+serving/server/settings.py; after changing the settings, rewrite it with
 ``.venv/bin/python -m tests.test_readme --write-settings-table``.
 """
 
@@ -75,12 +75,12 @@ SKIPPED: dict[str, str] = {
     "make test": "runs the whole suite, this test included",
     "make perf-analyzer": "installs perf_analyzer into .venv-perf (`make test` runs it before the suite)",
     "mtgate serve --model-repository models/repository --repository-poll-secs 5":
-        "needs a repository of versions; tests/serving/api/test_repository.py serves one and switches versions under load",
+        "needs a repository of versions; tests/serving/server/test_repository.py serves one and switches versions under load",
     "cp -r models/en-de models/repository/en-de/.incoming && mv models/repository/en-de/.incoming "
-    "models/repository/en-de/2": "goes with the repository server above; tests/serving/api/test_repository.py does it",
+    "models/repository/en-de/2": "goes with the repository server above; tests/serving/server/test_repository.py does it",
     "LD_LIBRARY_PATH=$(echo .venv-perf/lib/python3*/site-packages/nvidia/cuda_runtime/lib) .venv-perf/bin/perf_analyzer "
     "-m demo-en-de -u localhost:8000 -i http --input-data /tmp/input.json --shape INPUT_TEXT:1 --concurrency-range 1:4":
-        "drives the demo model for minutes; tests/serving/api/test_perf_analyzer.py runs it, bounded, on a tiny model",
+        "drives the demo model for minutes; tests/serving/server/test_perf_analyzer.py runs it, bounded, on a tiny model",
     "mtgate convert models/demo-en-de-src -o build/demo-shortlist --runtimes onnxruntime --shortlist-corpus "
     "MULTI30K/train.en.gz MULTI30K/train.de.gz --shortlist-eval models/data/multi30k/test_2016_flickr.en.gz "
     "models/data/multi30k/test_2016_flickr.de.gz":
@@ -297,7 +297,7 @@ def _default_text(field: Any) -> str:
 
 
 def _meanings() -> dict[str, str]:
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     doc = inspect.cleandoc(ServingSettings.__doc__ or "")
     section = doc.split("Attributes:", 1)[1]
@@ -315,7 +315,7 @@ def _meanings() -> dict[str, str]:
 
 def _serve_flags() -> dict[str, str]:
     """Setting -> the ``mtgate serve`` option that overrides it."""
-    from serving import serve_cli
+    from serving.commands import serve as serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -330,7 +330,7 @@ def _serve_flags() -> dict[str, str]:
 
 def settings_table() -> str:
     """The Markdown table of every ServingSettings field: env var, serve flag, default, meaning."""
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     meanings = _meanings()
     flags = _serve_flags()
@@ -557,7 +557,7 @@ def test_parsing_the_readme() -> None:
 
 
 def test_settings_table_lists_every_setting() -> None:
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     text = README.read_text(encoding="utf-8")
     match = _TABLE.search(text)

@@ -11,18 +11,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.bench.engines import PEER_ENGINES, mtgate_engines
 from benchmarks.bench.measure import Case
+from benchmarks.bench.plan import NAME, Plan
 from benchmarks.bench.workload import DEFAULT_SENTENCES, ROOT
-from serving.cli import UsageError
-from serving.cli_options import add_alias, add_log_level
+from serving.commands.options import UsageError, add_alias, add_log_level
 
 PROG = "python -m benchmarks.bench"
-NAME = "mtgate bench"  # how the reports and the error lines name the benchmark
 DEFAULT_PEER_PYTHON = ROOT / "build" / "bench-venv" / "bin" / "python"
 DEFAULT_OUTPUT_DIR = ROOT / "benchmarks" / "results"
 PRESETS = ("opus-mt-en-de", "tiny")
@@ -88,34 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: tiny model, 4 sentences, 8 tokens, 1 pass, mtgate engines only")
     add_log_level(parser, default="WARNING", help="logging level (default WARNING)")
-
-
-@dataclass
-class Plan:
-    """Resolved arguments."""
-
-    checkpoint: Path | None  # None: a random-weight model of ``preset``'s shape
-    preset: str
-    seed: int
-    sentences_file: Path
-    num_sentences: int
-    new_tokens: int
-    cases: list[Case]
-    engine_ids: list[str] | None  # None: every available engine of the selected families
-    families: set[str]
-    rounds: int
-    interleave: str
-    repeats: int
-    warmup_sentences: int | None
-    threads: int
-    peer_python: Path
-    cache_dir: Path
-    output_dir: Path
-    name: str
-    verify: bool
-    timeout: float
-    precisions: list[str]
-    check_targets: bool
 
 
 def make_plan(args: argparse.Namespace) -> Plan:

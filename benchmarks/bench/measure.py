@@ -1,6 +1,6 @@
 """The measuring loop every engine process runs: mtgate's (``mtgate_worker``) and the peers' (``benchmarks/peers.py``).
 
-This module imports only the standard library, numpy and ``serving.files`` (standard library only), so the peers'
+This module imports only the standard library, numpy and ``serving.package.files`` (standard library only), so the peers'
 interpreter, which has none of mtgate's dependencies, imports it too.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.files import atomic_write_text
+from serving.package.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

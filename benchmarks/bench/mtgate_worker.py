@@ -40,7 +40,7 @@ class IdsTokenizer:
 def forced_length_translator(package: Path | str, runtime: str, precision: str, threads: int,
                              new_tokens: int) -> Any:
     """A ``Translator`` on ``package`` that reads ids (:class:`IdsTokenizer`) and generates exactly ``new_tokens``."""
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     translator = Translator.load(package, runtime=runtime, precision=precision, threads=threads)
     decoding = translator.info.decoding
@@ -59,7 +59,7 @@ def forced_length_translator(package: Path | str, runtime: str, precision: str, 
 
 def load_mtgate(config: dict[str, Any]) -> tuple[GenerateFn, dict[str, Any]]:
     """The engine of one worker config (``package``, ``runtime``, ``precision``, ``threads``, ``new_tokens``)."""
-    from serving.engine import DecodeOptions
+    from serving.engine.translator import DecodeOptions
 
     translator = forced_length_translator(config["package"], config["runtime"], config["precision"],
                                           int(config["threads"]), int(config["new_tokens"]))

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
-from benchmarks.bench.cli import NAME, Plan
 from benchmarks.bench.engines import PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
+from benchmarks.bench.plan import NAME, Plan
 from benchmarks.bench.report import render_markdown
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
-from serving.cli import UsageError
-from serving.files import atomic_write_text
+from serving.commands.options import UsageError
 from serving.package import Manifest, open_package
+from serving.package.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[s
     except PackageError:
         pass  # not converted yet, or by an mtgate that wrote another format
     progress(f"converting {model} with mtgate convert into {package}")
-    cmd = [sys.executable, "-m", "serving.cli", "convert", str(model), "-o", str(package), "--overwrite",
+    cmd = [sys.executable, "-m", "serving.commands.main", "convert", str(model), "-o", str(package), "--overwrite",
            "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]
     if not plan.verify:
         cmd.append("--no-verify")

@@ -71,8 +71,8 @@ def build_workload(sentences_file: Path, count: int, package: Path, *, random: b
     Raises:
         WorkloadError: the file has no sentences.
     """
+    from serving.engine.tokenizers import load_tokenizer
     from serving.package import open_package
-    from serving.tokenizers import load_tokenizer
 
     texts = read_sentences(sentences_file, count)
     if not texts:

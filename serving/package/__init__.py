@@ -7,7 +7,8 @@ This package owns the format; ``converters`` writes packages through it and ``se
 - :mod:`serving.package.parse`: :func:`parse_manifest`, which validates a manifest once and raises one error
   listing every problem.
 - :mod:`serving.package.store`: :func:`open_package` (manifest validated, every path inside the package, every
-  opened file in the checksum list, checksums verified), :func:`write_package_atomically`.
+  opened file in the checksum list, checksums verified), :func:`write_package_atomically`; what the checksums do not
+  cover (:func:`unlisted_files`, :func:`escaping_links`) and a copy of what they do (:func:`copy_listed`).
 - :mod:`serving.package.graph`: the two graphs' input/output names and ``MASK_VALUE``.
 - :mod:`serving.package.missing`: :func:`hub_hint`, what a not-found message adds for a path that looks like a
   Hugging Face hub id (mtgate downloads nothing; how to make a package of it).
@@ -35,12 +36,15 @@ from serving.package.parse import find_artifact, parse_manifest
 from serving.package.precision import AUTO, PRECISION_CHOICES, PrecisionChoice, choose_precision
 from serving.package.store import (
     Package,
+    copy_listed,
+    escaping_links,
     file_checksums,
     load_manifest,
     open_package,
     read_manifest,
     sha256_of,
     staging_dir,
+    unlisted_files,
     verify_checksums,
     write_manifest,
     write_package_atomically,
@@ -49,7 +53,7 @@ from serving.package.store import (
 __all__ = [
     "AUTO", "PRECISION_CHOICES", "PrecisionChoice", "choose_precision",
     "DEFAULT_REFERENCE", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
-    "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "cross_names", "file_checksums",
+    "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "copy_listed", "cross_names", "escaping_links", "file_checksums",
     "find_artifact", "hub_hint", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",
-    "sha256_of", "stacked", "staging_dir", "verify_checksums", "write_manifest", "write_package_atomically",
+    "sha256_of", "stacked", "staging_dir", "unlisted_files", "verify_checksums", "write_manifest", "write_package_atomically",
 ]

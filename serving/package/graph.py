@@ -1,7 +1,7 @@
 """The graph contract of a package: the input and output names of the two graphs, and the padding mask value.
 
 Both runtimes run the same two graphs (docs/architecture.md, "ONNX graph contract"). ``converters`` emits them with
-these names; ``serving.backends`` feeds and reads them by these names.
+these names; ``serving.engine.backends`` feeds and reads them by these names.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class DecodingDefaults:
 @dataclass(frozen=True)
 class TokenizerEntry:
     """Which tokenizer, and its files (role -> package-relative path); ``settings``: the entry's other keys
-    (``unk_id`` for sentencepiece), as ``serving.tokenizers.load_tokenizer`` reads them."""
+    (``unk_id`` for sentencepiece), as ``serving.engine.tokenizers.load_tokenizer`` reads them."""
 
     kind: str
     files: dict[str, str]
@@ -177,7 +177,7 @@ class TokenizerEntry:
 @dataclass(frozen=True)
 class Artifact:
     """One runtime/precision variant: its encoder and decoder-step graphs (package-relative paths), and the decoder
-    that scores a vocabulary shortlist only (``serving.shortlist``; None: the package has no shortlist)."""
+    that scores a vocabulary shortlist only (``serving.engine.shortlist``; None: the package has no shortlist)."""
 
     runtime: str
     precision: str
@@ -211,7 +211,7 @@ class Manifest:
         artifacts: every runtime/precision variant.
         files: package-relative path -> sha256 of every file but the manifest.
         source, parity, quality, conversion: what conversion recorded (free-form JSON objects).
-        shortlist: the vocabulary shortlist (``serving.shortlist``): ``table``, the package-relative path of its
+        shortlist: the vocabulary shortlist (``serving.engine.shortlist``): ``table``, the package-relative path of its
             table, and what conversion recorded of how it was built and what it costs in BLEU; None: no shortlist.
     """
 

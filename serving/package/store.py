@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.files import atomic_write_text, fsync_dir
+from serving.package.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
 from serving.package.missing import hub_hint
 from serving.package.parse import parse_manifest
@@ -174,6 +174,49 @@ def verify_checksums(package_dir: Path, manifest: Manifest | Mapping[str, Any],
         elif _verified_sha256(path) != expected:
             problems.append(f"{rel}: sha256 mismatch (file modified or corrupt)")
     return problems
+
+
+def _entries(package_dir: Path) -> Iterator[tuple[str, Path]]:
+    """Every file and symlink under ``package_dir`` as (POSIX relative path, path), sorted; a symlinked directory
+    is an entry, not a tree to enter."""
+    for folder, dirs, files in os.walk(package_dir):  # followlinks=False
+        dirs.sort()
+        base = Path(folder)
+        for name in sorted([*files, *(d for d in dirs if (base / d).is_symlink())]):
+            yield (base / name).relative_to(package_dir).as_posix(), base / name
+
+
+def unlisted_files(package_dir: Path, manifest: Manifest) -> list[str]:
+    """The files and symlinks under the package that its checksum list does not name (the manifest aside): what
+    its checksums do not cover. Nothing opens them (:func:`open_package` refuses an opened file that is unlisted),
+    and ``mtgate export-triton`` leaves them out."""
+    return [rel for rel, _ in _entries(package_dir) if rel != MANIFEST and rel not in manifest.files]
+
+
+def escaping_links(package_dir: Path) -> dict[str, str]:
+    """The symlinks under the package that lead outside it (or nowhere: a loop), listed or not, with their targets:
+    a copy that follows links would carry another file's contents."""
+    root = package_dir.resolve()
+    found: dict[str, str] = {}
+    for rel, path in _entries(package_dir):
+        if path.is_symlink():
+            try:
+                inside = path.resolve().is_relative_to(root)
+            except (OSError, RuntimeError):  # a loop (RuntimeError before Python 3.13)
+                inside = False
+            if not inside:
+                found[rel] = os.readlink(path)
+    return found
+
+
+def copy_listed(package_dir: Path, target: Path, manifest: Manifest) -> list[str]:
+    """Copy the manifest and the files of its checksum list to ``target`` (a symlink inside the package as the file
+    it names; :func:`escaping_links` first, for links out of it). Returns what was left out: :func:`unlisted_files`.
+    """
+    for rel in [MANIFEST, *sorted(manifest.files)]:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(package_dir / rel, target / rel)
+    return unlisted_files(package_dir, manifest)
 
 
 def write_manifest(package_dir: Path, manifest: Manifest | Mapping[str, Any]) -> Manifest:

@@ -3,7 +3,7 @@ the latter encoded with the real wmt8k vocabulary), in process and through a rea
 resume; malformed records including a truncated last record.
 
 The model is the tiny random Marian package of tests/utils/marian_factory.py (its translations are meaningless but
-deterministic); expected translations come from ``serving.engine.Translator`` directly and expected scores from
+deterministic); expected translations come from ``serving.engine.translator.Translator`` directly and expected scores from
 sacrebleu directly.
 """
 
@@ -47,7 +47,7 @@ def package(tiny_onnx_package: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def translator(package: Path) -> Any:
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     return Translator.load(package, runtime="onnxruntime", precision="fp32", threads=1)
 
@@ -55,7 +55,7 @@ def translator(package: Path) -> Any:
 @pytest.fixture(scope="module")
 def expected(translator: Any) -> list[Any]:
     """What the Translator itself answers for SOURCES."""
-    from serving.engine import DecodeOptions
+    from serving.engine.translator import DecodeOptions
 
     return list(translator.translate(SOURCES, DecodeOptions()))
 
@@ -121,8 +121,8 @@ def test_text_schema_in_process(tmp_path: Path, package: Path, expected: list[An
 
 
 def test_t2t_int64_schema_with_the_wmt8k_vocab(tmp_path: Path, package: Path, translator: Any) -> None:
-    from serving.engine import DecodeOptions
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.translator import DecodeOptions
 
     encoder = SubwordTextEncoder(VOCAB_8K)
     records = []
@@ -166,8 +166,8 @@ def t2t_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_t2t_datagen_records_with_a_t2t_package_use_its_vocab(tmp_path: Path, t2t_package: Path) -> None:
     """T2T datagen records scored with a converted T2T model: ids decoded with the package's own vocabulary."""
-    from serving.engine import DecodeOptions, Translator
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.translator import DecodeOptions, Translator
 
     encoder = SubwordTextEncoder(VOCAB_8K)
     sources, references = SOURCES[:8], REFERENCES[:8]
@@ -196,8 +196,8 @@ def test_t2t_ids_written_with_the_packages_vocab_reach_the_engine_as_ids(
 ) -> None:
     """The records' ids are the package's own: they are decoded for the output's text fields, but the engine gets
     the ids themselves (``Translator.prepare_ids``): the tokenizer never encodes a source."""
-    from serving.engine import DecodeOptions, Translator
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.translator import DecodeOptions, Translator
 
     encoder = SubwordTextEncoder(VOCAB_8K)
     ids = [encoder.encode(s) for s in SOURCES[:6]]
@@ -368,7 +368,7 @@ def server(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     log = tmp_path_factory.mktemp("server") / "serve.log"
     with log.open("wb") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "serve", "-m", str(package), "--port", str(port), "--threads", "1"],
+            [sys.executable, "-m", "serving.commands.main", "serve", "-m", str(package), "--port", str(port), "--threads", "1"],
             stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "MTGATE_API_KEY": API_KEY},
         )
     url = f"http://127.0.0.1:{port}"
@@ -415,7 +415,7 @@ def test_console_script_usage_errors_are_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no file matches" in proc.stderr
     mtgate = Path(sys.executable).with_name("mtgate")
-    cmd = [str(mtgate)] if mtgate.exists() else [sys.executable, "-c", "import sys; from serving.cli import main; "
+    cmd = [str(mtgate)] if mtgate.exists() else [sys.executable, "-c", "import sys; from serving.commands.main import main; "
                                                  "sys.exit(main())"]
     proc = subprocess.run([*cmd, "batch-score", "x.tfrecord", "--num-shards", "2", "--shard-index", "2"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)

@@ -152,7 +152,7 @@ def test_console_line_carries_the_sacrebleu_signatures(tmp_path: Path, inputs: P
 
 def _corrupt_graph_copy(package: Path, into: Path) -> Path:
     """A copy of ``package`` whose decoder graph is truncated, with its checksum updated to match (as
-    tests/serving/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
+    tests/serving/package/test_package.py's truncated-onnx tampering): only loading the graph can tell."""
     from serving.package import sha256_of
 
     copy = shutil.copytree(package, into)
@@ -223,7 +223,7 @@ def test_tensorboard_dir_is_checked_first_and_imported_only_when_asked(tmp_path:
     assert_one_line_error(proc, 2, "--tensorboard", str(a_file), "not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
     script = ("import sys; from batch.cli import main; rc = main(sys.argv[1:]); "
-              "print('loadtest.tensorboard' in sys.modules); sys.exit(rc)")
+              "print('batch.tensorboard' in sys.modules or 'tensorboardX' in sys.modules); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", script, str(inputs / "in.txt"), "-m", str(tiny_onnx_package), "-o",
                            str(tmp_path / "out.txt"), *FAST], capture_output=True, text=True, cwd=ROOT,
                           env=clean_env(), timeout=240, check=False)

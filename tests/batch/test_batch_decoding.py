@@ -1,5 +1,5 @@
 """batch-score's decoding options (``mtgate translate``'s, n-best excepted): they reach the engine in process and
-through ``--server`` (the output is what ``serving.engine.Translator`` itself answers with the same options), bad
+through ``--server`` (the output is what ``serving.engine.translator.Translator`` itself answers with the same options), bad
 combinations are one line and exit 2 before any work, a seeded sampled run is byte-identical on rerun and after a
 resume, and a run without them keeps the engine fingerprint it always had (old unfinished runs still resume)."""
 
@@ -19,9 +19,9 @@ pytest.importorskip("sacrebleu")
 from batch.cli import build_parser, main  # noqa: E402
 from batch.engines import decoding_of  # noqa: E402
 from batch.job import EngineConfig  # noqa: E402
-from serving.request import DecodeOptions  # noqa: E402
+from serving.engine.request import DecodeOptions  # noqa: E402
 from tests.batch.helpers import assert_one_line_error, run_cli  # noqa: E402
-from tests.serving.api.servers import start_server  # noqa: E402
+from tests.serving.server.servers import start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 12
@@ -38,7 +38,7 @@ SAMPLE_OPTIONS = DecodeOptions(temperature=0.9, top_k=8, top_p=0.95, seed=11, ma
 
 @pytest.fixture(scope="module")
 def translator(tiny_onnx_package: Path) -> Any:
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     return Translator.load(tiny_onnx_package, runtime="onnxruntime", precision="fp32", threads=1)
 
@@ -114,7 +114,7 @@ def test_seeded_sampling_is_byte_identical_on_rerun_and_after_resume(tmp_path: P
     assert want != _texts(translator.translate(SOURCES, DecodeOptions(max_length=10)))  # it did sample
 
     from batch import workers
-    from serving.errors import InferenceFailed
+    from serving.engine.errors import InferenceFailed
 
     original = workers.LocalChunkWorker.translate_chunk
     calls: list[int] = []

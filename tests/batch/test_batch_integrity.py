@@ -47,7 +47,7 @@ def outputs_of(path: Path) -> list[str]:
 
 
 def test_lone_surrogates_are_rejected_records_and_a_rerun_finishes(tmp_path: Path, tiny_onnx_package: Path) -> None:
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("\n".join([

@@ -91,7 +91,7 @@ def cluster(ray_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
 
 def examples(n: int, ids: bool = False) -> list[bytes]:
     """``n`` Examples {inputs, targets, id}: text, or T2T subword ids of the wmt8k vocabulary ending in EOS."""
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     encoder = SubwordTextEncoder(VOCAB_8K) if ids else None
     out = []
@@ -281,6 +281,50 @@ def test_driver_killed_at_a_random_point_then_rerun_gives_identical_output(
     summary = assert_same_as_local(out, local)
     assert summary["resumed"]["chunks"] == killed_at >= kill_after, (kill_after, killed_at)
     assert summary["resumed"]["records"] == 5 * killed_at  # full chunks: none lost, none translated twice
+
+
+def test_relative_paths_from_another_directory_give_the_local_bytes(
+        tmp_path: Path, tiny_onnx_package: Path, cluster: tuple[str, int], ray_env: dict[str, str]) -> None:
+    # Ray's workers do not run in the command's directory: relative inputs are resolved here, and the rejects keep
+    # the names as given (the local run's). Joining Ray counts in startup and in wall time.
+    work = tmp_path / "work"
+    work.mkdir()
+    write_tfrecord(work / "in.tfrecord", with_rejects(examples(12)))
+    args = ["in.tfrecord", "-m", tiny_onnx_package, "--allow-rejects", *CHUNKS]
+    local = run_cli(*args, "-o", "local.tfrecord", "--workers", "1", cwd=work)
+    assert local.returncode == 0, local.stderr
+    ray = run_cli(*args, "-o", "ray.tfrecord", "--ray", cluster[0], "--workers", "1", cwd=work, env=ray_env)
+    assert ray.returncode == 0, ray.stderr
+    assert ray.stderr.startswith("batch-score: Ray at ") and "Traceback" not in ray.stderr, ray.stderr
+    summary = assert_same_as_local(work / "ray.tfrecord", work / "local.tfrecord")
+    assert summary["inputs"] == ["in.tfrecord"] and summary["rejects"] == 2
+    assert '"file": "in.tfrecord"' in side(work / "ray.tfrecord", ".rejects.jsonl").read_text()
+    assert 0 < summary["startup_seconds"] < summary["wall_seconds"], summary  # joining Ray (was 0.0 and not in wall)
+
+
+def test_ray_errors_say_whether_a_rerun_resumes(tmp_path: Path) -> None:
+    import errno
+    import pickle
+
+    from ray import exceptions as ray_errors
+
+    from batch.errors import IOFailure
+    from batch.ray_runner import RayFailure, _raise_ray_failure
+    from serving.package import PackageError
+
+    failure = IOFailure(tmp_path / "in.txt", FileNotFoundError(errno.ENOENT, "No such file or directory"), "read")
+    assert str(pickle.loads(pickle.dumps(failure))) == str(failure)  # it crosses from a read task intact
+    for cause in (failure, PackageError("onnx/decoder.onnx: cannot load this graph")):
+        with pytest.raises(type(cause)) as raised:  # batch-score's own errors, as locally
+            _raise_ray_failure(ray_errors.RayTaskError("read", "traceback", cause).as_instanceof_cause())
+        assert raised.value is cause
+    cases = [(ray_errors.RayTaskError("read", "traceback", KeyError("x")).as_instanceof_cause(), False),
+             (ray_errors.UnserializableException("a traceback"), False),
+             (ray_errors.ActorDiedError(), True), (ray_errors.NodeDiedError("node gone"), True)]
+    for error, resumable in cases:
+        with pytest.raises(RayFailure) as raised:
+            _raise_ray_failure(error)
+        assert raised.value.resumable is resumable, error
 
 
 def test_a_package_the_actors_cannot_load_is_one_line(tmp_path: Path, tiny_onnx_package: Path,

@@ -76,7 +76,7 @@ def test_text_schema_detected_and_parsed(tmp_path: Path) -> None:
 
 
 def test_t2t_int64_schema_decoded_with_the_real_wmt8k_vocab(tmp_path: Path) -> None:
-    from serving.tokenizers.subword import SubwordTextEncoder
+    from serving.engine.tokenizers.subword import SubwordTextEncoder
 
     encoder = SubwordTextEncoder(VOCAB_8K)
     assert encoder.encode("Hello world.") == [4928, 4071, 220, 4]  # reference section 4, worked example 1

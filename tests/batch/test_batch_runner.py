@@ -22,9 +22,9 @@ from batch.runner import run_job  # noqa: E402
 from batch.schema import detect_schema  # noqa: E402
 from batch.state import StateDir  # noqa: E402
 from batch.workers import LocalChunkWorker, ThreadExecutor, make_batches  # noqa: E402
-from serving.decoding import SearchOptions  # noqa: E402
-from serving.errors import InputTooLong  # noqa: E402
-from serving.request import Prepared, Translation, check_lengths  # noqa: E402
+from serving.engine.decoding import SearchOptions  # noqa: E402
+from serving.engine.errors import InputTooLong  # noqa: E402
+from serving.engine.request import Prepared, Translation, check_lengths  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import pytest
 from batch.cli import main
 from batch.example import example_class
 from batch.framing import encode_items, scan_tfrecord
-from serving.engine import Translator
-from serving.errors import InputTooLong
+from serving.engine.errors import InputTooLong
+from serving.engine.translator import Translator
 from tests.utils.marian_factory import corpus
 
 SOURCES = corpus("en")[:5]

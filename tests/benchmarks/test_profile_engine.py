@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import profile_engine
-from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.engine.backends.onnxruntime import OnnxRuntimeBackend
 from serving.package import open_package
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving.cli import main
+from serving.commands.main import main
 from serving.package import PackageError, load_manifest
 from tests.utils.marian_factory import make_marian_dir
 
@@ -75,6 +75,28 @@ def test_tampered_artifact_fails_verify_and_load(package: Path, tmp_path: Path,
     assert "openvino/decoder.bin" in err and "sha256 mismatch" in err
     with pytest.raises(PackageError, match="openvino/decoder.bin"):
         load_manifest(tampered)
+
+
+def test_verify_reports_files_outside_the_checksum_list(package: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    copy = shutil.copytree(package, tmp_path / "pkg")
+    (copy / "tokenizer").mkdir(exist_ok=True)
+    (copy / "tokenizer" / "notes.txt").write_text("added after conversion")
+    assert main(["verify", str(copy)]) == 0  # a warning: nothing opens it, nothing checks it
+    captured = capsys.readouterr()
+    assert "mtgate verify: WARN tokenizer/notes.txt: not in the checksum list" in captured.err
+    assert "checksums: OK (" in captured.out and "1 unlisted file(s), not verified: tokenizer/notes.txt" in captured.out
+    secret = tmp_path / "secret.txt"  # as /etc/passwd would be
+    secret.write_text("root:x:0:0")
+    (copy / "tokenizer" / "extra.txt").symlink_to(secret)
+    assert main(["verify", str(copy), "--json"]) == 1  # a failed check: export-triton refuses such a package
+    captured = capsys.readouterr()
+    assert f"mtgate verify: FAIL tokenizer/extra.txt -> {secret}: a symlink out of the package" in captured.err
+    report = json.loads(captured.out)
+    assert not report["passed"] and not report["checksums"]["passed"]
+    assert report["checksums"]["unlisted"] == ["tokenizer/notes.txt"]
+    assert report["checksums"]["links_out_of_package"] == {"tokenizer/extra.txt": str(secret)}
+    assert all(row["passed"] for row in report["parity"])  # parity was still checked
 
 
 def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

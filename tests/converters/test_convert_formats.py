@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from converters.readers import FORMATS, READERS, detect_reader
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
 from tests.utils.fairseq_factory import make_fairseq_dir
 from tests.utils.fsmt_factory import make_fsmt_dir
 from tests.utils.marian_factory import make_marian_dir

@@ -27,9 +27,9 @@ import pytest
 from converters.base import ConversionError
 from converters.convert import convert, load_source
 from converters.torch_checkpoint import Stub, load_checkpoint
-from serving.backends import create_backend, empty_past
+from serving.engine.backends import create_backend, empty_past
+from serving.engine.tokenizers import load_tokenizer
 from serving.package import open_package
-from serving.tokenizers import load_tokenizer
 from tests.utils.decoding_parity import CASES, search_tokens
 from tests.utils.fairseq_factory import PAD, dictionaries, fairseq_model, make_fairseq_dir
 from tests.utils.fairseq_reference import FairseqReference, fairseq_sinusoids

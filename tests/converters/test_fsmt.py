@@ -26,12 +26,12 @@ import pytest
 
 from converters.base import ConversionError
 from converters.convert import convert, load_source
-from serving.backends import create_backend, empty_past
-from serving.decoding import search
-from serving.engine import Translator
+from serving.engine.backends import create_backend, empty_past
+from serving.engine.decoding import search
+from serving.engine.tokenizers import InvalidText, load_tokenizer
+from serving.engine.tokenizers.fsmt_bpe import FsmtBpeTokenizer
+from serving.engine.translator import Translator
 from serving.package import open_package
-from serving.tokenizers import InvalidText, load_tokenizer
-from serving.tokenizers.fsmt_bpe import FsmtBpeTokenizer
 from tests.utils.decoding_parity import CASES, search_tokens
 from tests.utils.fsmt_factory import EOS_ID, PAD_ID, make_fsmt_dir
 from tests.utils.marian_factory import corpus

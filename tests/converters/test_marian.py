@@ -20,7 +20,7 @@ import pytest
 from converters.base import ConversionError
 from converters.convert import convert, load_source
 from converters.marian import MarianConverter, sinusoidal_positions
-from serving.backends import create_backend, empty_past
+from serving.engine.backends import create_backend, empty_past
 from serving.package import find_artifact, load_manifest
 from tests.utils.marian_factory import corpus, make_en_de_shaped_dir, make_marian_dir
 

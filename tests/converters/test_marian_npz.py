@@ -23,9 +23,9 @@ import yaml
 
 from converters.base import ConversionError
 from converters.convert import convert, load_source
-from serving.backends import create_backend, empty_past
+from serving.engine.backends import create_backend, empty_past
+from serving.engine.tokenizers import load_tokenizer
 from serving.package import open_package
-from serving.tokenizers import load_tokenizer
 from tests.utils.decoding_parity import CASES, search_tokens
 from tests.utils.marian_npz_factory import TRICKY_PIECES, make_marian_npz_dir, marian_npz_model
 from tests.utils.marian_npz_reference import MarianNpzReference

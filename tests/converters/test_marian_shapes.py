@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from converters.convert import convert
-from serving.backends import create_backend, empty_past
-from serving.engine import Translator
+from serving.engine.backends import create_backend, empty_past
+from serving.engine.translator import Translator
 from serving.package import open_package
 from tests.utils.decoding_parity import CASES, generate_tokens, search_tokens
 from tests.utils.marian_factory import corpus, make_marian_dir

@@ -16,7 +16,7 @@ import pytest
 from converters.onnx_emitter import emit_onnx
 from converters.reference import ReferenceModel
 from converters.spec import MASK_VALUE
-from serving.backends import create_backend, empty_past
+from serving.engine.backends import create_backend, empty_past
 from tests.utils.random_spec import EOS, PAD, START, padded_batch, random_spec
 
 TOL = 1e-4

@@ -21,9 +21,9 @@ import pytest
 
 from converters.base import ConversionError
 from converters.convert import convert, load_source
-from serving.backends import create_backend, empty_past
+from serving.engine.backends import create_backend, empty_past
+from serving.engine.tokenizers import load_tokenizer
 from serving.package import open_package
-from serving.tokenizers import load_tokenizer
 from tests.utils.decoding_parity import CASES, search_tokens
 from tests.utils.onmt_factory import make_onmt_dir, onmt_model
 from tests.utils.onmt_reference import OnmtReference

@@ -17,8 +17,8 @@ import pytest
 
 from converters.convert import convert
 from converters.parity import INT8_AGREEMENT_FLOOR
-from serving.backends import create_backend
-from serving.cli import main
+from serving.commands.main import main
+from serving.engine.backends import create_backend
 from serving.package import find_artifact, load_manifest
 from tests.utils.marian_factory import corpus, make_marian_dir
 
@@ -47,7 +47,7 @@ def test_int8_agrees_with_fp32(package: Path, runtime: str) -> None:
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_int8_translates(package: Path, runtime: str) -> None:
-    from serving.engine import DecodeOptions, Translator
+    from serving.engine.translator import DecodeOptions, Translator
 
     translator = Translator.load(package, runtime=runtime, precision="int8", threads=1)
     results = translator.translate(corpus("en")[:4], DecodeOptions(beam_size=2, max_length=12))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from converters.shortlist import build_table
-from serving.cli import main
+from serving.commands.main import main
+from serving.engine.shortlist import Shortlist
 from serving.package import PackageError, open_package
-from serving.shortlist import Shortlist
 
 
 def test_candidates_are_the_targets_seen_most_often_with_a_source_token() -> None:
@@ -93,7 +93,7 @@ def test_convert_refuses_shortlist_options_it_cannot_use(tmp_path: Path, tiny_ma
 
 
 def test_a_damaged_table_is_refused_at_load(tiny_shortlist_package: Path, tmp_path: Path) -> None:
-    from serving.engine import Translator
+    from serving.engine.translator import Translator
 
     copy = tmp_path / "pkg"
     shutil.copytree(tiny_shortlist_package, copy)

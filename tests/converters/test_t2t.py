@@ -17,7 +17,7 @@ import pytest
 from converters.base import ConversionError, LoadedModel
 from converters.t2t import T2TConverter
 from converters.t2t_checkpoint import timing_signal
-from serving.tokenizers.subword import SubwordTextEncoder
+from serving.engine.tokenizers.subword import SubwordTextEncoder
 from tests.utils import t2t_reference as ref_lib
 from tests.utils.t2t_reference import T2TReference
 
@@ -108,7 +108,7 @@ class _OrtGraphs:
     def __init__(self, loaded: LoadedModel, out_dir: Path, cache: str = "stationary") -> None:
         emitter = pytest.importorskip("converters.onnx_emitter")
         pytest.importorskip("onnxruntime")
-        from serving.backends import create_backend
+        from serving.engine.backends import create_backend
 
         self.paths = emitter.emit_onnx(loaded.spec, out_dir, cache=cache)
         self.backend = create_backend("onnxruntime", *self.paths, threads=1)
@@ -184,7 +184,7 @@ def test_onnx_matches_numpy_reference(loaded: LoadedModel, reference: T2TReferen
 def test_openvino_ir_matches_numpy_reference(loaded: LoadedModel, reference: T2TReference, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     from converters.openvino import onnx_to_openvino
-    from serving.backends.openvino import OpenVinoBackend
+    from serving.engine.backends.openvino import OpenVinoBackend
 
     encoder_onnx, decoder_onnx = _OrtGraphs(loaded, tmp_path / "onnx", cache="growing").paths
     backend = OpenVinoBackend(onnx_to_openvino(encoder_onnx, tmp_path / "ov" / "encoder.xml"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.settings import DEFAULT_MODEL_DIR, ServingSettings
+from serving.server.settings import DEFAULT_MODEL_DIR, ServingSettings
 from tests.deploy.dockerfile import (
     BATCH,
     DOCKERFILE,
@@ -109,7 +109,7 @@ def test_configured_through_mtgate_env_and_serves_on_the_exposed_port() -> None:
 
 
 def test_demo_model_lands_where_the_server_looks_by_default() -> None:
-    # serving/settings.py: DEFAULT_MODEL_DIR is models/demo-en-de beside the source tree (the serving package's parent)
+    # serving/server/settings.py: DEFAULT_MODEL_DIR is models/demo-en-de beside the source tree (the serving package's parent)
     [serving_dest] = [dest for source, dest in copies("builder") if source == "serving"]
     source_root = serving_dest.parent
     relative = DEFAULT_MODEL_DIR.relative_to(ROOT).as_posix()

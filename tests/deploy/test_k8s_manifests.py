@@ -16,9 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from serving.repository import served_versions
-from serving.settings import ServingSettings
-from serving.versions import VersionPolicy
+from serving.server.settings import ServingSettings
+from serving.server.versions import VersionPolicy, served_versions
 from tests.deploy.k8s_schemas import CRDS, crd_schema, schema_name, validate
 from tests.deploy.kustomize import build, kustomization, load
 
@@ -32,7 +31,7 @@ ONE_OFF = ("batch-score-job.yaml", "batch-score-rayjob.yaml")  # applied on thei
 # Oldest Kubernetes the manifests target: PodDisruptionBudget.unhealthyPodEvictionPolicy is GA in 1.31.
 MIN_VERSION = "1.31"
 LATEST = kubernetes_validate.latest_version()
-# serving/serve_cli.py gives uvicorn this long to close connections once the drain is over.
+# serving/commands/serve.py gives uvicorn this long to close connections once the drain is over.
 UVICORN_SHUTDOWN_S = 5
 SERVER = {"app.kubernetes.io/name": "mtgate", "app.kubernetes.io/component": "server"}
 BASE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
@@ -235,8 +234,8 @@ def test_init_container_seeds_a_repository_the_server_accepts(tmp_path: Path, mo
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The init container's script, run on an empty directory, lays out the demo as a repository that
     `mtgate serve` with the container's environment starts on; a repository that holds a model is left alone."""
-    from serving.cli import build_parser
-    from serving.serve_cli import build_settings
+    from serving.commands.main import build_parser
+    from serving.commands.serve import build_settings
 
     [init] = pod_spec()["initContainers"]
     repository = tmp_path / "models"

@@ -47,8 +47,8 @@ def is_grpc(port: dict[str, Any]) -> bool:
 def served_settings(tmp_path: Path, model_package: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The ServingSettings `mtgate serve` builds from the runtime container's command, arguments and environment,
     with /mnt/models a repository holding the demo as demo-en-de/1 (as a pvc:// storageUri would)."""
-    from serving.cli import build_parser
-    from serving.serve_cli import build_settings
+    from serving.commands.main import build_parser
+    from serving.commands.serve import build_settings
 
     repository = tmp_path / "models"
     (repository / "demo-en-de").mkdir(parents=True)
@@ -113,7 +113,7 @@ def test_inference_service_uses_the_runtime(monkeypatch: pytest.MonkeyPatch) -> 
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] in {"RawDeployment", "Standard"}
     assert 2 <= predictor["minReplicas"] <= predictor["maxReplicas"]
     # the drain: --drain-delay, then the grace period for admitted requests, then uvicorn's close
-    from serving.settings import ServingSettings
+    from serving.server.settings import ServingSettings
 
     args = dict(a.removeprefix("--").split("=", 1) for a in runtime_container()["args"])
     monkeypatch.delenv("MTGATE_GRACE_PERIOD_S", raising=False)

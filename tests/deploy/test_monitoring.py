@@ -18,8 +18,8 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.api import create_app
-from serving.settings import ServingSettings
+from serving.server.http import create_app
+from serving.server.settings import ServingSettings
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 K8S = MONITORING.parent / "k8s"

@@ -8,6 +8,7 @@ stand-in of triton_python_backend_utils (tests/deploy/triton_stub), and must ans
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
-from serving.oip import INPUT_NAME, OUTPUT_DATATYPES
+from serving.commands.export_triton import PACKAGE_DIR
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
 from serving.package import choose_precision, read_manifest
+from serving.server.oip import INPUT_NAME, OUTPUT_DATATYPES
 
 DRIVER = Path(__file__).resolve().parent / "triton_driver.py"
 SENTENCES = ["A man is walking down the street.", "Two dogs play in the snow.", "Hello!"]
@@ -48,7 +50,7 @@ def test_repository_layout(exported: Path, model_package: Path) -> None:
     version = exported / "1"
     assert {p.name for p in version.iterdir()} == {"model.py", "package", "mtgate", "requirements.txt"}
     assert (version / "package" / "manifest.json").read_bytes() == (model_package / "manifest.json").read_bytes()
-    assert (version / "mtgate" / "serving" / "engine.py").is_file()
+    assert (version / "mtgate" / "serving" / "engine" / "translator.py").is_file()
     assert [p.name for p in (version / "mtgate").iterdir()] == ["serving"]  # the engine needs nothing else
     assert not list((version / "mtgate").rglob("__pycache__"))
     requirements = (version / "requirements.txt").read_text(encoding="utf-8")
@@ -212,3 +214,32 @@ def test_one_package_is_given(model_package: Path, tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("mtgate export-triton: error: ")
     assert not (tmp_path / "repo").exists()
+
+
+def test_only_listed_files_are_exported(model_package: Path, tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    package = tmp_path / "package"
+    shutil.copytree(model_package, package)
+    (package / "tokenizer").mkdir(exist_ok=True)
+    (package / "tokenizer" / "notes.txt").write_text("added after conversion, not in the checksum list")
+    assert main(["export-triton", str(package), "-o", str(tmp_path / "repo"), "--model-name", "m"]) == 0
+    exported = tmp_path / "repo" / "m" / "1" / PACKAGE_DIR
+    listed = set(json.loads((package / "manifest.json").read_text(encoding="utf-8"))["files"])
+    assert {p.relative_to(exported).as_posix() for p in exported.rglob("*") if p.is_file()} == {"manifest.json",
+                                                                                                *listed}
+    assert "left out 1 file(s) not in the checksum list: tokenizer/notes.txt" in caplog.text
+
+
+def test_a_symlink_out_of_the_package_is_refused(model_package: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    package = tmp_path / "package"
+    shutil.copytree(model_package, package)
+    (package / "tokenizer").mkdir(exist_ok=True)
+    secret = tmp_path / "secret.txt"  # as /etc/passwd would be
+    secret.write_text("root:x:0:0")
+    (package / "tokenizer" / "extra.txt").symlink_to(secret)  # not listed: the export used to copy its target
+    assert main(["export-triton", str(package), "-o", str(tmp_path / "repo2"), "--model-name", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mtgate export-triton: error: "), err
+    assert f"tokenizer/extra.txt is a symlink to {secret}, outside the package" in err, err
+    assert not (tmp_path / "repo2").exists()

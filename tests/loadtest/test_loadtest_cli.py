@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.server import check_host, free_port
-from serving.cli import main
+from serving.commands.main import main
 
 TARGETS = Path(__file__).resolve().parents[2] / "loadtest" / "targets" / "smoke.yaml"
 
@@ -32,9 +32,9 @@ def test_only_loopback_hosts_unless_allowed() -> None:
 
 def test_start_server_defaults_to_the_demo_model(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import serving.settings
+    import serving.server.settings
 
-    monkeypatch.setattr(serving.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
+    monkeypatch.setattr(serving.server.settings, "DEFAULT_MODEL_DIR", tmp_path / "models" / "demo-en-de")
     err = _error(capsys, ["loadtest", "--start-server", "--targets", str(TARGETS)])
     assert "the bundled demo model is not built" in err and "make demo" in err
 
@@ -82,7 +82,7 @@ def test_validate_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 
 def _argparse_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    """argparse's own refusals (serving.cli prints them): exit 2, the error on the last line, no traceback."""
+    """argparse's own refusals (serving.commands.main prints them): exit 2, the error on the last line, no traceback."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -110,7 +110,7 @@ def test_adhoc_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 def _options(command: str) -> list[tuple[list[str], str | None]]:
     import argparse
 
-    from serving.cli import build_parser
+    from serving.commands.main import build_parser
 
     parser = build_parser(only=command)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]

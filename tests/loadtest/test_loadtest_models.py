@@ -14,7 +14,7 @@ import pytest
 
 from loadtest.server import start_server
 from loadtest.stats import read_run
-from serving.cli import main
+from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
 USERS = ["--user-class", "TranslateUser", "--user-class", "BulkUser", "--user-class", "StreamUser",

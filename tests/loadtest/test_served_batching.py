@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.served_batching import main
-from serving.settings import demo_model
+from serving.server.settings import demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

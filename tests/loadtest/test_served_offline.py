@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.served_batching import BenchmarkError
 from benchmarks.served_offline import ModeResult, main, parse_metrics, server_threads
-from serving.settings import demo_model
+from serving.server.settings import demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

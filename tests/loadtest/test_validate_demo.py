@@ -12,7 +12,7 @@ import pytest
 from loadtest.capacity import CapacityConfig, plan
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, read_lines
 from loadtest.stats import read_run
-from serving.cli import main
+from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo-en-de"
@@ -32,7 +32,7 @@ def testset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
 
 
 def _translate(precision: str, sources: list[str]) -> list[str]:
-    from serving.engine import DecodeOptions, Translator
+    from serving.engine.translator import DecodeOptions, Translator
 
     translator = Translator.load(DEMO, precision=precision, threads=1)
     return [t.text for t in translator.translate(sources, DecodeOptions(beam_size=1))]
@@ -83,7 +83,7 @@ def test_int8_candidate_against_the_fp32_baseline(testset: tuple[Path, Path, lis
         i = example["index"]
         assert (example["candidate"], example["baseline"], example["source"]) == (candidate[i], baseline[i],
                                                                                  sources[i])
-    from loadtest.tensorboard import read_events
+    from batch.tensorboard import read_events
 
     [run] = list((tmp_path / "tb").iterdir())
     events = read_events(run)

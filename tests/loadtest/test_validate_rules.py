@@ -118,7 +118,7 @@ def test_report(tmp_path: Path) -> None:
 
 def test_report_header_names_each_package_with_its_artifact(tmp_path: Path) -> None:
     summary = {"path": "models/en-de", "name": "opus-mt-en-de", "version": "1", "source": "marian",
-               "backend": "onnxruntime"}
+               "runtime": "onnxruntime"}
     outcome = Outcome(candidate={**summary, "precision": "int8"}, baseline={**summary, "precision": "fp32"},
                       testset={"source": "s", "reference": "r", "sentences": 30})
     outcome.checks = [Check("candidate checksums", True, "ok")]

@@ -14,7 +14,7 @@ import pytest
 
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
 from loadtest.validate_speed import Speed, measure_speed
-from serving.cli import main
+from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,6 +1,6 @@
 """The serving path never imports torch or transformers.
 
-A fresh interpreter imports ``serving.engine`` and ``serving.translate_cli``, loads a converted package on both
+A fresh interpreter imports ``serving.engine.translator`` and ``serving.commands.translate``, loads a converted package on both
 runtimes, translates (greedy, beam, streaming), scores a reference and runs ``mtgate translate``; then no module of torch or transformers
 may be in ``sys.modules``. (The package is converted in this test process, which does use torch.)
 """
@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys
 package = sys.argv[1]
-import serving.engine, serving.translate_cli, serving.scoring, serving.score_cli
-from serving.cli import main
-from serving.engine import DecodeOptions, Translator
+import serving.engine.translator, serving.commands.translate, serving.engine.reference_scoring, serving.commands.score
+from serving.commands.main import main
+from serving.engine.translator import DecodeOptions, Translator
 
 partials = []
 for runtime in ("onnxruntime", "openvino"):

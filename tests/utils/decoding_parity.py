@@ -2,7 +2,7 @@
 
 ``CASES`` are the decoding settings the converter tests check (greedy, beam 4, a length penalty, forced EOS and bad
 words as opus-mt sets them); ``generate_tokens`` runs ``model.generate`` with them, ``search_tokens`` runs
-``serving.decoding.search`` with the same settings over any backend (ONNX Runtime, OpenVINO, the source framework's
+``serving.engine.decoding.search`` with the same settings over any backend (ONNX Runtime, OpenVINO, the source framework's
 forward pass or an independent numpy one through tests/utils/prefix_backend.py).
 Both return each hypothesis' generated ids up to and including EOS.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.decoding import SearchOptions, search
+from serving.engine.decoding import SearchOptions, search
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from transformers import MarianMTModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from serving.backends import EncoderOutput
+from serving.engine.backends import EncoderOutput
 
 _MASK = -1.0e9
 
@@ -49,7 +49,7 @@ class HFMarianBackend:
         self, input_ids: np.ndarray, step: int | np.ndarray, past_kv: np.ndarray, cross_kv: np.ndarray,
         src_bias: np.ndarray, self_bias: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The ``serving.backends.Backend`` step, for rows that are all at one step (what ``search`` runs)."""
+        """The ``serving.engine.backends.Backend`` step, for rows that are all at one step (what ``search`` runs)."""
         self.steps += 1
         assert np.ndim(step) == 0 or np.all(np.asarray(step) == past_kv.shape[4]), "rows at different steps"
         assert self_bias is None or not self_bias.any(), "masked cache slots"

@@ -31,10 +31,10 @@ import importlib, json, os, sys
 spec = json.loads(sys.argv[1])
 for name in spec["imports"]:
     importlib.import_module(name)
-import serving.settings
+import serving.server.settings
 if spec["demo"] is not None:
-    serving.settings.DEFAULT_MODEL_DIR = __import__("pathlib").Path(spec["demo"])
-from serving.cli import main
+    serving.server.settings.DEFAULT_MODEL_DIR = __import__("pathlib").Path(spec["demo"])
+from serving.commands.main import main
 if spec["warm"] is not None:
     main(spec["warm"])
 import serving.package.store
@@ -83,13 +83,13 @@ def shared_workspace() -> Iterator[Path]:
 
 def run_as_nobody(argv: Sequence[str] | None, *, warm: Sequence[str] | None = None, imports: Sequence[str] = (),
                   demo: Path | None = None, read: Sequence[Path] = (), cwd: Path | None = None) -> Result:
-    """Run ``mtgate ARGV`` (``serving.cli.main``) as uid 65534 and, after it, read each of ``read``.
+    """Run ``mtgate ARGV`` (``serving.commands.main.main``) as uid 65534 and, after it, read each of ``read``.
 
     Arguments:
         argv: the command (None: only read the files).
         warm: a command run as root first, so that every module it imports is loaded before the switch.
         imports: modules to import as root first (those the command imports lazily and ``warm`` does not).
-        demo: the bundled demo model's path for the command (``serving.settings.DEFAULT_MODEL_DIR``).
+        demo: the bundled demo model's path for the command (``serving.server.settings.DEFAULT_MODEL_DIR``).
         read: files to read as the other user; a PermissionError is a traceback and exit 1.
         cwd: the working directory (must be searchable by everyone).
     """

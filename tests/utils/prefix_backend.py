@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from serving.backends import EncoderOutput
+from serving.engine.backends import EncoderOutput
 from serving.package import MASK_VALUE
 
 Encode = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -1,0 +1,39 @@
+"""What one run of ``python -m benchmarks.bench`` does: its :class:`Plan` (the options resolved by
+``benchmarks.bench.cli``, carried out by ``benchmarks.bench.runner``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.bench.measure import Case
+
+NAME = "mtgate bench"  # how the reports and the error lines name the benchmark
+
+
+@dataclass
+class Plan:
+    """Resolved arguments."""
+
+    checkpoint: Path | None  # None: a random-weight model of ``preset``'s shape
+    preset: str
+    seed: int
+    sentences_file: Path
+    num_sentences: int
+    new_tokens: int
+    cases: list[Case]
+    engine_ids: list[str] | None  # None: every available engine of the selected families
+    families: set[str]
+    rounds: int
+    interleave: str
+    repeats: int
+    warmup_sentences: int | None
+    threads: int
+    peer_python: Path
+    cache_dir: Path
+    output_dir: Path
+    name: str
+    verify: bool
+    timeout: float
+    precisions: list[str]
+    check_targets: bool

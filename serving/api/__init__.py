@@ -1,5 +1,0 @@
-"""The HTTP layer of ``mtgate serve``: FastAPI routes over the batcher and the engine."""
-
-from serving.api.app import create_app
-
-__all__ = ["create_app"]

@@ -1,0 +1,185 @@
+"""What a search is: its options, its results, the plan of each step and the ``Search`` protocol (the logits rules
+greedy and beam search both apply are ``serving.engine.decoding.rules``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+LengthPenaltyKind = Literal["hf", "gnmt"]
+
+NEG_INF = np.float32(-np.inf)
+
+OnTokens = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""``on_tokens(rows, tokens, lengths)``: sentence ``rows[i]`` (an index into the decoded batch) now has the output
+``tokens[i, :lengths[i]]``. Greedy search calls it after every step for the sentences still decoding (including the
+step that emits their EOS); beam search calls it once per sentence, with its final hypothesis, when it is done."""
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, resolved for one batch (see ````serving.package.DecodingDefaults```` for the meaning of each).
+
+    Attributes:
+        eos_id: end-of-sentence id.
+        decoder_start_id: the first decoder input.
+        beam_size: 1 for greedy search.
+        length_penalty: HF exponent, or T2T's alpha.
+        length_penalty_kind: ``"hf"`` or ``"gnmt"``; also selects the beam rules (module docstring).
+        bad_word_ids: ids that are never generated.
+        forced_eos: at each sentence's last allowed step, only EOS may be chosen.
+        early_stopping: HF ``early_stopping=True``: a sentence stops once it has ``beam_size`` finished hypotheses.
+        renormalize_logits: log-softmax again after the rules above (HF ``renormalize_logits``).
+        num_hypotheses: hypotheses returned per sentence, best first (at most ``beam_size``; greedy search: 1).
+        min_length: EOS is not chosen before this many tokens after the target prefix (HF ``min_new_tokens``).
+        repetition_penalty: HF ``repetition_penalty`` (1: none), on log-probs (``serving.engine.decoding.rules``).
+        no_repeat_ngram_size: no n-gram of this size occurs twice in a hypothesis (0: no rule).
+        sampling: draw each token from the distribution after the rules (``beam_size`` 1) instead of the arg-max.
+        temperature: sampling temperature.
+        top_k: sample among the ``top_k`` most likely tokens (0: all).
+        top_p: sample among the most likely tokens whose probability reaches ``top_p`` (1: all).
+        return_scores: the engine also scores each output token (``Translation.token_scores``); the search is the
+            same.
+    """
+
+    eos_id: int
+    decoder_start_id: int
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    length_penalty_kind: LengthPenaltyKind = "hf"
+    bad_word_ids: tuple[int, ...] = ()
+    forced_eos: bool = False
+    early_stopping: bool = False
+    renormalize_logits: bool = False
+    num_hypotheses: int = 1
+    min_length: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    return_scores: bool = False
+
+
+@dataclass
+class Hypothesis:
+    """One decoded sentence.
+
+    Attributes:
+        token_ids: generated ids (no start token); ends with EOS unless the length cap cut it.
+        score: length-normalized log-probability (HF: ``/ len ** lp``; gnmt: ``/ ((5 + len) / 6) ** alpha``), or, for
+            a T2T beam that never finished, its raw log-probability.
+        alternatives: the next best hypotheses, best first (``num_hypotheses - 1`` of them; none by default).
+    """
+
+    token_ids: list[int]
+    score: float
+    alternatives: list[Hypothesis] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the next decoder step runs on, as decided by one search step.
+
+    Attributes:
+        tokens: ``[M, 1]`` the next step's inputs, one per row.
+        rows: ``[M]`` for each next row, the row of this step whose cache it continues (beam reorder, finished
+            sentences dropped).
+        encoder_rows: ``[M]`` for each next row, the row of this step's encoder outputs (``cross_kv``, ``src_bias``)
+            it attends to; None when they stay as they are.
+    """
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    encoder_rows: np.ndarray | None
+
+
+class Search(Protocol):
+    """A search over encoded sentences, driven one decoder step at a time: feed ``tokens`` (an empty cache) to the
+    decoder, pass its log-probs to :meth:`advance`, and continue with the plan it returns until it returns None.
+    With a vocabulary shortlist the log-probs have a column per id of the sorted ``columns`` only (the others are
+    -inf for every row); None: a column per id of the vocabulary.
+    ``results`` collects each finished sentence's hypothesis under its id as soon as it is done.
+
+    Sentences may join a running search (:meth:`join`, for step-level batching): their rows come after the running
+    ones, and each sentence counts its own steps."""
+
+    tokens: np.ndarray
+    results: dict[int, Hypothesis]
+
+    def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None: ...
+
+    def join(self, other: Search) -> None: ...
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None: ...
+
+
+def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """Length-normalize summed log-probs the way ``options.length_penalty_kind`` does."""
+    return np.asarray(log_prob / length_divisor(length, options))
+
+
+def length_divisor(length: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """What :func:`normalize_score` divides the summed log-probs of ``length`` tokens by (float64)."""
+    length = np.maximum(length, 1).astype(np.float64)
+    if options.length_penalty_kind == "gnmt":
+        return np.asarray(((5.0 + length) / 6.0) ** options.length_penalty)
+    return np.asarray(length**options.length_penalty)
+
+
+def bad_word_index(options: SearchOptions, vocab: int, columns: np.ndarray | None = None) -> np.ndarray:
+    """The log-prob columns of ``options.bad_word_ids`` (those in the vocabulary of ``vocab`` ids, or, when a
+    shortlist narrowed the step to the sorted ids ``columns``, those among them)."""
+    ids = np.asarray(options.bad_word_ids, dtype=np.int64)
+    index = ids[(ids >= 0) & (ids < vocab)] if columns is None else column_index(columns, ids)
+    return index[index >= 0]
+
+
+def column_index(columns: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
+    """The log-prob column of each id: the id itself (``columns`` None: the whole vocabulary), or its position in the
+    sorted ids ``columns`` of a shortlisted step, -1 where it is not among them."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if columns is None:
+        return ids
+    at = np.minimum(np.searchsorted(columns, ids), max(columns.size - 1, 0))
+    return np.where((columns.size > 0) & (columns[at] == ids), at, -1)
+
+
+def token_ids(columns: np.ndarray | None, index: np.ndarray) -> np.ndarray:
+    """The token ids of log-prob columns (:func:`column_index`'s inverse)."""
+    return np.asarray(index if columns is None else columns[index], dtype=np.int64)
+
+
+def writable(log_probs: np.ndarray) -> np.ndarray:
+    """The backend's float32 log-probs, modified in place when its buffer allows (it is ours until the next step)."""
+    if log_probs.dtype == np.float32 and log_probs.flags.writeable and log_probs.flags.c_contiguous:
+        return log_probs
+    return np.array(log_probs, dtype=np.float32)
+
+
+def pad_width(seqs: np.ndarray, width: int, fill: int) -> np.ndarray:
+    """``seqs [n, ..., w]`` padded with ``fill`` to ``width`` on the last axis."""
+    pad = width - seqs.shape[-1]
+    if pad == 0:
+        return seqs
+    return np.pad(seqs, [(0, 0)] * (seqs.ndim - 1) + [(0, pad)], constant_values=fill)
+
+
+def join_seeds(parts: Sequence[tuple[int, np.ndarray | None]]) -> np.ndarray | None:
+    """The sampling seeds of sentence groups joined in order (``parts``: each group's size and seeds, None for none;
+    a group without seeds gets 0s), or None when no group has any."""
+    if all(seeds is None for _, seeds in parts):
+        return None
+    return np.concatenate([np.zeros(n, np.uint64) if seeds is None else seeds for n, seeds in parts])
+
+
+def join_prefixes(parts: Sequence[tuple[int, list[list[int]] | None]]) -> list[list[int]] | None:
+    """The target prefixes of sentence groups joined in order (``parts``: each group's size and prefixes, None for
+    none; a group without prefixes gets empty ones), or None when no group has any."""
+    if all(prefixes is None for _, prefixes in parts):
+        return None
+    return [prefix for n, prefixes in parts for prefix in (prefixes or [[] for _ in range(n)])]

@@ -1,0 +1,334 @@
+"""Step-level batching (``mtgate serve --batching step``): queued sentences join the running decode batch at the next
+decoder step instead of waiting for the running batch to finish.
+
+:class:`StepBatcher` admits requests through the shared queue (``serving.server.batching.queue``: limits, deadlines,
+cancellation) and replaces how they run. One *drive* loop on the worker thread calls ``runner.step()`` while anything
+is in flight; at every step boundary it first adds the chunks the collector handed over. The collector (on the event
+loop) hands queued items over, oldest first, while fewer than ``max_items`` sentences are in flight; items of
+different keys (decoding options) share the batch, each chunk keeping its own options. A request whose client went
+away or whose deadline passed leaves the batch at the next step. Work for the worker thread that is not a
+translation (``call_in_worker``: reference scoring) runs at the next step boundary while the loop runs, after the
+runner detached its state from the engine's reused buffers.
+
+The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
+over the engine's ``serving.engine.continuous.ContinuousDecoder``, whose payloads are prepared sentences
+(``serving.engine.request.Prepared``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from serving.engine.errors import InferenceFailed, ModelNotReady, ServingError
+from serving.engine.request import OnPartial, Prepared
+from serving.server.batching.queue import (
+    Batcher,
+    BatchLimits,
+    BatchObserver,
+    BatchStats,
+    Item,
+    as_serving_error,
+    relay_partials,
+)
+
+if TYPE_CHECKING:  # the service builds the decoder; this module only drives it
+    from serving.engine.continuous import ContinuousDecoder
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+W = TypeVar("W")
+
+OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
+"""``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
+
+
+class StepRunner(Protocol):
+    """Decodes chunks of payloads together, one step at a time; used from the worker thread only."""
+
+    def add(
+        self,
+        key: Hashable,
+        payloads: list[Any],
+        on_result: OnChunkResult,
+        on_partial: OnPartial | None,
+        alive: Callable[[], bool],
+    ) -> None:
+        """Let a chunk join at the next step (``on_partial(i, partial)`` for payload ``i``; ``alive()`` False: drop
+        it). Raises for a chunk it refuses (nothing joins)."""
+        ...
+
+    def step(self) -> None:
+        """One step for every chunk in flight; finished chunks get their ``on_result``."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """Fail every chunk in flight with ``error``."""
+        ...
+
+    def detach(self) -> None:
+        """Let other work use the engine between two steps (``StepBatcher.call_in_worker``)."""
+        ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight."""
+        ...
+
+    @property
+    def sentences(self) -> int:
+        """Sentences in flight."""
+        ...
+
+
+class DecoderRunner:
+    """The step runner over the engine's continuous decoder: a chunk's payloads are prepared sentences, joined into
+    one group (they share their search options when they share a key)."""
+
+    def __init__(self, decoder: ContinuousDecoder) -> None:
+        self.decoder = decoder
+
+    @property
+    def idle(self) -> bool:
+        return self.decoder.idle
+
+    @property
+    def sentences(self) -> int:
+        return self.decoder.sentences
+
+    def add(self, key: Hashable, payloads: list[Any], on_result: OnChunkResult, on_partial: OnPartial | None,
+            alive: Callable[[], bool]) -> None:
+        self.decoder.add(Prepared.join(payloads), on_result, on_partial=on_partial, alive=alive)
+
+    def step(self) -> None:
+        self.decoder.step()
+
+    def fail(self, error: BaseException) -> None:
+        self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
+
+    def detach(self) -> None:
+        self.decoder.detach()
+
+
+@dataclass(eq=False)
+class _Call:
+    """A ``call_in_worker`` made while the drive loop runs; it runs at the next step boundary."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on the worker thread; the outcome goes to the event loop."""
+        try:
+            result = self.fn(*self.args)
+        except BaseException as error:  # the caller gets it, as from an executor
+            self.settle(loop, None, error)
+        else:
+            self.settle(loop, result, None)
+
+    def settle(self, loop: asyncio.AbstractEventLoop, result: Any, error: BaseException | None) -> None:
+        def deliver() -> None:
+            if self.future.done():  # the caller stopped waiting
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        loop.call_soon_threadsafe(deliver)
+
+
+@dataclass(eq=False)
+class _Chunk:
+    key: Hashable
+    items: list[Item[Any]]
+    handed_at: float
+
+
+class StepBatcher(Batcher[P, R]):
+    """A batcher whose batches are decoded step by step, joined and left at step boundaries.
+
+    Arguments:
+        make_runner: builds the step runner, called once on the worker thread when the first chunk arrives (after
+            the model is loaded).
+        limits: ``max_items`` bounds the sentences in flight; the queue limits are as in DynamicBatcher.
+            ``max_delay_s`` and ``max_cost`` are not used: a sentence joins at the next step.
+        observer: gets one :class:`BatchStats` per chunk, when it is done (``compute_s``: from joining to done), and,
+            if it has ``on_step(sentences)``, the sentences in flight at every decoder step (from the worker thread).
+        name: used in the worker thread's name and in log lines.
+    """
+
+    def __init__(
+        self,
+        make_runner: Callable[[], StepRunner],
+        limits: BatchLimits,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+    ) -> None:
+        super().__init__(limits, observer, name)
+        self._make_runner = make_runner
+        self._runner: StepRunner | None = None
+        self._lock = threading.Lock()
+        self._joining: list[_Chunk] = []  # handed over, not yet added by the drive loop (guarded by _lock)
+        self._driving = False  # a drive loop is running or scheduled (guarded by _lock)
+        self._stopping = False
+        self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
+        self._calls: list[_Call] = []  # call_in_worker while the drive loop runs: run between steps (guarded by _lock)
+
+    @property
+    def in_flight(self) -> int:
+        """Sentences handed to the decode batch and not finished."""
+        return sum(len(chunk.items) for chunk in self._chunks)
+
+    async def call_in_worker(self, fn: Callable[..., W], *args: Any) -> W:
+        """Run ``fn(*args)`` on the worker thread. While the drive loop runs, between two of its steps, so that
+        work such as reference scoring does not wait for the decode batch to drain (under steady load it never
+        does); otherwise as every batcher runs it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            call = _Call(fn, args, loop.create_future()) if self._driving else None
+            if call is not None:
+                self._calls.append(call)
+        if call is None:
+            return await super().call_in_worker(fn, *args)
+        return await call.future  # type: ignore[no-any-return]
+
+    def abort_running(self, error: ServingError) -> None:
+        self._stopping = True
+        for chunk in list(self._chunks):
+            for item in chunk.items:
+                item.request.set_error(error)
+
+    # -- the collector (event loop) ----------------------------------------------------------------------------------
+
+    async def collect(self) -> None:
+        while True:
+            if self.groups:
+                self.drop_expired()
+                self._hand_over()
+            await self.wait_for_arrival()
+
+    def _hand_over(self) -> None:
+        """Move queued items, oldest first, into the decode batch while it has room."""
+        room = self.limits.max_items - self.in_flight
+        if room <= 0 or not self.groups:
+            return
+        queued = sorted((item for group in self.groups.values() for item in group), key=lambda i: i.enqueued_at)
+        chosen = queued[:room]
+        self.take(chosen)
+        now = time.monotonic()
+        chunks: list[_Chunk] = []
+        for item in chosen:  # consecutive items of one request form one chunk
+            if chunks and chunks[-1].items[-1].request is item.request:
+                chunks[-1].items.append(item)
+            else:
+                chunks.append(_Chunk(item.request.key, [item], now))
+        self._chunks.update(chunks)
+        with self._lock:
+            self._joining.extend(chunks)
+            start = not self._driving
+            self._driving = True
+        if start:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self.executor, self._drive, loop)
+            future.add_done_callback(_log_drive_failure)
+
+    def _finish(self, chunk: _Chunk, outcome: Sequence[Any] | BaseException) -> None:
+        """A chunk's results (or error) arrived from the worker thread; deliver them and make room."""
+        if chunk not in self._chunks:
+            return
+        self._chunks.discard(chunk)
+        ok = not isinstance(outcome, BaseException)
+        if isinstance(outcome, BaseException) and all(item.request.done for item in chunk.items):
+            if self.observer is not None:  # cancelled or expired while decoding: its rows left the batch
+                self.observer.on_dropped("abandoned", len(chunk.items))
+            self.notify()
+            return
+        if isinstance(outcome, BaseException):
+            error = as_serving_error(outcome)
+            for request in {id(item.request): item.request for item in chunk.items}.values():
+                self.fail(request, error, "failed")
+        elif len(outcome) != len(chunk.items):
+            ok = False
+            error = InferenceFailed(f"engine returned {len(outcome)} results for {len(chunk.items)} inputs")
+            self.fail(chunk.items[0].request, error, "failed")
+        else:
+            for item, result in zip(chunk.items, outcome, strict=True):
+                item.request.set_result(item.index, result)
+        if self.observer is not None:
+            waits = [chunk.handed_at - item.enqueued_at for item in chunk.items]
+            self.observer.on_batch(BatchStats.of(chunk.items, waits, time.monotonic() - chunk.handed_at, ok))
+        self.notify()  # room for more
+
+    # -- the drive loop (worker thread) ------------------------------------------------------------------------------
+
+    def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._runner is None:
+            try:
+                self._runner = self._make_runner()
+            except Exception as error:
+                with self._lock:
+                    joining, self._joining, self._driving = self._joining, [], False
+                    calls, self._calls = self._calls, []
+                for chunk in joining:
+                    loop.call_soon_threadsafe(self._finish, chunk, error)
+                for call in calls:
+                    call.settle(loop, None, error)
+                return
+        runner = self._runner
+        # Prometheus metrics are thread-safe: the step count goes to the observer without a hop to the event loop.
+        observe_step = getattr(self.observer, "on_step", None)
+        while True:
+            with self._lock:
+                joining, self._joining = self._joining, []
+                calls, self._calls = self._calls, []
+                if self._stopping or (not joining and not calls and runner.idle):
+                    self._driving = False
+                    if self._stopping and not runner.idle:
+                        runner.fail(ModelNotReady("server is shutting down"))
+                    for call in calls:
+                        call.settle(loop, None, ModelNotReady("server is shutting down"))
+                    return
+            if calls:
+                runner.detach()
+                for call in calls:
+                    call.run(loop)
+            for chunk in joining:
+                self._add(runner, chunk, loop)
+            if not runner.idle:
+                sentences = runner.sentences
+                try:
+                    runner.step()
+                except Exception as error:  # the runner reports its own failures; this is a bug
+                    logger.exception("batcher %s: step failed", self.name)
+                    runner.fail(error)
+                if observe_step is not None:
+                    observe_step(sentences)
+
+    def _add(self, runner: StepRunner, chunk: _Chunk, loop: asyncio.AbstractEventLoop) -> None:
+        requests = {id(item.request): item.request for item in chunk.items}
+
+        def on_result(outcome: Sequence[Any] | BaseException) -> None:  # worker thread
+            loop.call_soon_threadsafe(self._finish, chunk, outcome)
+
+        def alive() -> bool:  # worker thread: a plain read of the futures' state
+            return not all(request.done for request in requests.values())
+
+        try:
+            runner.add(chunk.key, [item.payload for item in chunk.items], on_result, relay_partials(loop, chunk.items),
+                       alive)
+        except Exception as error:  # refused (e.g. too long): only this chunk fails
+            on_result(error)
+
+
+def _log_drive_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("step batcher: the drive loop died", exc_info=future.exception())

@@ -1,0 +1,414 @@
+"""The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
+
+A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
+:meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
+texts (``serving.engine.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
+the model's batcher (``serving.server.batching``) and returns the engine's translations. :meth:`TranslationService.score`
+(reference scoring) checks the same limits and runs ``Engine.score`` on the model's worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from serving.engine.decoding import SearchOptions
+from serving.engine.documents import (
+    Document,
+    DocumentTranslation,
+    assemble,
+    sentences_of,
+    source_language,
+    split_documents,
+    too_long,
+)
+from serving.engine.errors import InputTooLong, InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.engine.request import (
+    EMPTY_TRANSLATION,
+    DecodeOptions,
+    Engine,
+    OnPartial,
+    Prepared,
+    ReferenceScore,
+    Translation,
+)
+from serving.engine.tokenizers.base import InvalidText
+from serving.package import PackageError
+from serving.server.batching import Pending
+from serving.server.limits import RequestLimits
+from serving.server.metrics import ServingMetrics
+from serving.server.model_runner import ModelRunner
+from serving.server.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+
+def _at(indexes: Sequence[int] | None, index: int) -> int:
+    """A text's index in the request (``indexes``: of the texts sent to the engine, when some were left out)."""
+    return index if indexes is None else indexes[index]
+
+
+
+@dataclass(frozen=True)
+class _Key:
+    search: SearchOptions  # what the engine decodes with: requests whose options resolve alike share batches
+    streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
+
+
+class TranslationService:
+    """Every served model plus the server's state (loading -> ready -> draining)."""
+
+    def __init__(
+        self,
+        settings: ServingSettings,
+        metrics: ServingMetrics,
+        translators: Sequence[Engine] = (),
+        runners: Sequence[ModelRunner] = (),
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.limits = RequestLimits(settings)
+        if translators:
+            runners = [ModelRunner(settings, metrics, translator=t) for t in translators]
+        elif not runners:
+            runners = [ModelRunner(settings, metrics, package_dir=p) for p in settings.model_dirs]
+        self.models: dict[str, ModelRunner] = {}
+        for runner in runners:
+            if runner.name in self.models:
+                raise ValueError(f"two packages serve the model name {runner.name!r}")
+            self.models[runner.name] = runner
+        # Versions served besides each model's newest (a repository's version policy: latest N, all, specific);
+        # reached by naming their version (/v2, gRPC).
+        self.older: dict[str, dict[str, ModelRunner]] = {}
+        self.default_model = next(iter(self.models))
+        self.draining = False
+        self.failed: str | None = None
+        self.inflight = 0
+        # Set when the server is about to close its connections: requests still sending their body get 408 then.
+        self.closing = asyncio.Event()
+        self.on_fatal: Callable[[str, Exception], None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and self.failed is None and all(r.ready for r in self.runners())
+
+    def runners(self) -> list[ModelRunner]:
+        """Every runner served: each model's newest version, then its older ones."""
+        return [*self.models.values(), *(r for versions in self.older.values() for r in versions.values())]
+
+    def start(self) -> None:
+        for runner in self.runners():
+            runner.start()
+
+    async def load(self) -> None:
+        """Load and warm every model (one after the other: they share the CPU); ready once all are done."""
+        for runner in self.runners():
+            try:
+                await runner.load()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                where = f" from {runner.package_dir}" if runner.package_dir is not None else ""
+                self.failed = f"loading model {runner.name!r}{where} failed: {e}"
+                runner.load_error = str(e)
+                logger.error("%s", self.failed, exc_info=not isinstance(e, ServingError | PackageError))
+                if self.on_fatal is not None:
+                    self.on_fatal(self.failed, e)
+                return
+        self.metrics.ready.set(1 if self.ready else 0)
+
+    def begin_drain(self) -> None:
+        """Stop taking new work (new requests get 503); requests already admitted run to completion."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.ready.set(0)
+            logger.info("draining: refusing new requests, %d in flight", self.inflight)
+
+    async def stop(self) -> None:
+        for runner in self.runners():
+            await runner.stop()
+
+    def versions_of(self, name: str) -> dict[str, ModelRunner]:
+        """The served versions of ``name`` (none when it is not served), by version."""
+        if name not in self.models:
+            return {}
+        newest = self.models[name]
+        return {**self.older.get(name, {}), newest.version_name: newest}
+
+    def serve_versions(self, name: str, runners: dict[str, ModelRunner]) -> list[ModelRunner]:
+        """Serve exactly ``runners`` (loaded and warm, by version; the highest is what requests without a version
+        get) as ``name``. Returns the runners no longer served, which new requests do not reach: the caller stops
+        each once its admitted requests are done."""
+        before = self.versions_of(name)
+        ordered = sorted(runners, key=int)
+        self.models[name] = runners[ordered[-1]]
+        self.older[name] = {v: runners[v] for v in ordered[:-1]}
+        kept = {id(r) for r in runners.values()}
+        return [r for r in before.values() if id(r) not in kept]
+
+    def remove(self, name: str) -> list[ModelRunner]:
+        """Stop routing requests to ``name``; returns its runners (the caller stops each once its requests are
+        done)."""
+        runners = list(self.versions_of(name).values())
+        del self.models[name]
+        self.older.pop(name, None)
+        if self.default_model == name and self.models:
+            self.default_model = next(iter(self.models))
+        return runners
+
+    # -- requests ------------------------------------------------------------------------------------------------
+
+    def get(self, name: str | None) -> ModelRunner:
+        """The model called ``name`` (the default model when None).
+
+        Raises:
+            ModelNotFound: no such model.
+        """
+        runner = self.models.get(self.default_model if name is None else name)
+        if runner is None:
+            have = ", ".join(sorted(self.models))
+            raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")
+        return runner
+
+    def version(self, name: str, version: str | None) -> ModelRunner:
+        """The model ``name`` at ``version`` (None or "": whichever it serves), as the Open Inference Protocol names
+        them (HTTP ``/v2`` and gRPC).
+
+        Raises:
+            ModelNotFound: no such model, or not that version (the message lists what is served).
+        """
+        runner = self.models.get(name)
+        if runner is not None and version and runner.translator is not None and version != str(runner.info.version):
+            runner = self.older.get(name, {}).get(version)
+        if runner is None:
+            what = f"{name!r}" + (f" version {version!r}" if version else "")
+            raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(self.models))})")
+        return runner
+
+    def ready_model(self, name: str | ModelRunner | None) -> ModelRunner:
+        """The model called ``name``, if it is loaded and warm.
+
+        Draining is not checked here: the HTTP middleware refuses new requests once a drain begins, and a request
+        it let in before then (even one still reading its body) runs to completion.
+
+        Raises:
+            ModelNotFound: no such model.
+            ModelNotReady: still loading.
+        """
+        runner = name if isinstance(name, ModelRunner) else self.get(name)
+        if not runner.ready:
+            raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
+        return runner
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, object]:
+        """Triton's statistics extension (``{"model_stats": [...]}``, one entry per served version): of every model,
+        of ``name``'s versions, or of ``name`` at ``version``.
+
+        Raises:
+            ModelNotFound: no such model or version.
+        """
+        if name is None:
+            runners = self.runners()
+        elif version:
+            runners = [self.version(name, version)]
+        else:
+            self.version(name, None)  # ModelNotFound
+            runners = sorted(self.versions_of(name).values(), key=lambda r: r.version_name.zfill(20))
+        entries = [r.statistics.to_json(r.name, r.version_name) for r in runners]
+        return {"model_stats": entries}
+
+    def model_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Each model with its version and state (``READY``, ``LOADING``, ``UNAVAILABLE`` with the reason), as
+        Triton's repository index lists them."""
+        index = []
+        for runner in sorted(self.runners(), key=lambda r: (r.name, r.version_name.zfill(20))):
+            state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
+            if ready_only and state != "READY":
+                continue
+            entry = {"name": runner.name, "version": runner.version_name, "state": state}
+            if runner.load_error:
+                entry["reason"] = runner.load_error
+            index.append(entry)
+        return index
+
+    async def score(
+        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], deadline: float
+    ) -> tuple[ModelRunner, list[ReferenceScore]]:
+        """The model's log-likelihood of each target given its source (``Engine.score``), computed on the model's
+        worker thread (never beside a batch of translations on the same runtime).
+
+        Raises:
+            ModelNotFound, ModelNotReady: no such model, or not ready.
+            InvalidInput, LimitExceeded: not one target per source, or texts beyond the server's limits.
+            InputTooLong: a source or target with more tokens than the model has positions.
+            DeadlineExceeded: the deadline passed first.
+            InferenceFailed: the runtime failed.
+        """
+        runner = self.ready_model(model)
+        for subject, texts in (("source", sources), ("target", targets)):
+            self.limits.check_texts(texts, subject, "score", "")
+        if len(sources) != len(targets):
+            raise InvalidInput(f"{len(sources)} sources and {len(targets)} targets; scoring needs one target per "
+                               "source")
+        runner.active += 1  # until the request is done: a version switch waits for it
+        try:
+            return runner, await runner.score(list(sources), list(targets), deadline)
+        finally:
+            runner.active -= 1
+
+    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
+                      documents: Sequence[Document] | None = None,
+                      target_prefix: Sequence[str] | None = None,
+                      indexes: Sequence[int] | None = None) -> Prepared:
+        """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
+        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits);
+        ``indexes``: each text's index in the request, for the messages (default: its own).
+
+        Raises:
+            LimitExceeded: too many sentences, or a sentence too long in characters.
+            InvalidInput: an empty sentence.
+            InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
+            InputTooLong: a sentence with more tokens than the model has positions.
+        """
+        total = self.limits.check_texts(texts) if documents is None else sum(len(text) for text in texts)
+        assert runner.translator is not None
+        translator = runner.translator
+        try:
+            # Tokenizing is cheap but not free: keep big requests off the event loop.
+            prefixes = None if target_prefix is None else list(target_prefix)
+            if total <= 4096:
+                return translator.prepare(list(texts), options, prefixes)
+            return await asyncio.to_thread(translator.prepare, list(texts), options, prefixes)
+        except InvalidText as e:  # the tokenizer does not know which text of the request it was
+            where = (f"text[{_at(indexes, list(texts).index(e.text))}]" if e.text in texts
+                     else f"target_prefix[{_at(indexes, list(target_prefix or []).index(e.text))}]")
+            raise e.about(where) from None
+        except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
+            if documents is not None:
+                e = too_long(e, documents)
+                raise InputTooLong(f"text[{e.index}] {e}", index=e.index, tokens=e.tokens, limit=e.limit) from None
+            index = _at(indexes, e.index)
+            raise InputTooLong(
+                f"text[{index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens; "
+                "truncate cuts it instead)", index=index, tokens=e.tokens, limit=e.limit,
+            ) from None
+
+    async def admit(
+        self,
+        model: str | ModelRunner | None,
+        texts: Sequence[str],
+        options: DecodeOptions,
+        deadline: float,
+        *,
+        on_partial: OnPartial | None = None,
+        tag: str = "",
+        wait_for_room: bool = False,
+        documents: Sequence[Document] | None = None,
+        target_prefix: Sequence[str] | None = None,
+        indexes: Sequence[int] | None = None,
+    ) -> tuple[ModelRunner, Pending[Translation]]:
+        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`; ``indexes``: their
+        indexes in the request, for the messages); await ``pending.wait()`` for the translations.
+
+        Raises:
+            ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
+            Overloaded: the model's queue is full (not with ``wait_for_room``).
+        """
+        runner = self.ready_model(model)
+        admitted = time.monotonic()
+        runner.active += 1  # until the request is done: a version switch waits for it
+        try:
+            prepared = await self.prepare(runner, texts, options, documents, target_prefix, indexes)
+        except BaseException:
+            runner.active -= 1
+            raise
+        input_s = time.monotonic() - admitted
+        assert runner.batcher is not None
+        key = _Key(prepared.search, on_partial is not None)
+        sentences, costs = prepared.split(), prepared.lengths
+        try:
+            if wait_for_room:
+                pending = await runner.batcher.enqueue_when_room(
+                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
+                )
+            else:
+                pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
+                                                 tag=tag)
+        except BaseException:
+            runner.active -= 1
+            raise
+        pending.future.add_done_callback(lambda f: self._record(runner, f, admitted, input_s))
+        return runner, pending
+
+    async def translate(
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
+        tag: str = "", target_prefix: Sequence[str] | None = None,
+    ) -> tuple[ModelRunner, list[Translation]]:
+        """Translate ``texts`` with ``model``: one translation per text, in order. An empty (or blank) text gets an
+        empty translation without being sent to the engine, as ``mtgate translate`` answers a blank line with an
+        empty one."""
+        kept = [i for i, text in enumerate(texts) if text.strip()]
+        if len(kept) == len(texts):
+            runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
+            return runner, await pending.wait()
+        runner = self.ready_model(model)
+        self.limits.check_texts(texts, blank=True)
+        translations = [EMPTY_TRANSLATION] * len(texts)
+        if kept:
+            runner, pending = await self.admit(
+                runner, [texts[i] for i in kept], options, deadline, tag=tag, indexes=kept,
+                target_prefix=None if target_prefix is None else [target_prefix[i] for i in kept])
+            for i, translation in zip(kept, await pending.wait(), strict=True):
+                translations[i] = translation
+        return runner, translations
+
+    async def translate_documents(
+        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
+        tag: str = ""
+    ) -> tuple[ModelRunner, list[DocumentTranslation]]:
+        """Split each text into sentences (``serving.engine.documents``, in the model's source language) and translate them
+        all in one admission, so that they batch together; one :class:`DocumentTranslation` per text, in order.
+
+        Limits: ``max_sentences_per_request`` counts the texts, ``max_document_sentences`` (or ``max_queue_size``,
+        when lower) their sentences together, ``max_chars_per_sentence`` applies to each sentence.
+
+        Raises:
+            LimitExceeded, InvalidInput, InputTooLong, ...: as :meth:`admit`; a sentence is named as
+                ``text[i] sentence j``.
+        """
+        runner = self.ready_model(model)
+        self.limits.check_texts(texts, sentences=False)  # a text is a document: its sentences' limits are checked below
+        s = self.settings
+        most = min((s.max_document_sentences, "max_document_sentences"), (s.max_queue_size, "max_queue_size"))
+        try:
+            documents = split_documents(texts, source_language(runner.info), max_sentences=most,
+                                        max_chars=s.max_chars_per_sentence)
+        except InvalidText as e:
+            raise e.about(f"text[{list(texts).index(e.text)}]") from None
+        sentences = sentences_of(documents)
+        if not sentences:  # every text blank: each one's translation is its whitespace
+            return runner, assemble(documents, [])
+        runner, pending = await self.admit(runner, sentences, options, deadline, tag=tag, documents=documents)
+        return runner, assemble(documents, await pending.wait())
+
+    def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
+                input_s: float) -> None:
+        runner.active -= 1
+        model = runner.name
+        if future.cancelled():  # the client went away: neither a success nor the model's failure
+            return
+        runner.statistics.on_request(future.exception() is None, time.monotonic() - admitted, input_s)
+        if future.exception() is not None:
+            return
+        results = future.result()
+        self.metrics.record_translations(
+            model,
+            len(results),
+            sum(int(r.input_tokens) for r in results),
+            sum(int(r.output_tokens) for r in results),
+        )
