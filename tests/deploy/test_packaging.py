@@ -184,6 +184,12 @@ OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {
 }
 # Provided where the code runs, not by any install of mtgate: Triton's Python backend runs export-triton's model.py.
 HOSTED = {"triton_python_backend_utils"}
+# Imported only by a function no command calls, which names what to install when it is missing:
+# batch.tensorboard.read_events (for tests and for reading runs back: pip install tensorboard).
+NOT_FOR_COMMANDS = {"tensorboard"}
+# A declared distribution's own other half, pinned by it to one version (pydantic requires pydantic-core==X): it comes
+# with every install of the declared one (mtgate imports pydantic_core.ErrorDetails, pydantic's error type).
+COMPANIONS = {"pydantic": {"pydantic-core"}}
 
 
 def _module_file(name: str) -> Path | None:
@@ -270,7 +276,7 @@ def declared(extra: str | None) -> set[str]:
                      project["optional-dependencies"][e.strip()]]
         else:
             names.add(name)
-    return names
+    return names | {c for name in names for c in COMPANIONS.get(name, ())}
 
 
 COMMANDS = {command.name: command for command in all_commands()}
@@ -284,7 +290,7 @@ def test_every_third_party_import_of_a_command_is_declared_by_its_extra(command:
     module, extra = COMMANDS[command].module, COMMANDS[command].extra
     optional = OPTIONAL_EXTRAS.get(command, {})
     missing: dict[str, list[str]] = {}
-    for imported in sorted(third_party_imports(module) - HOSTED):
+    for imported in sorted(i for i in third_party_imports(module) - HOSTED if i.split(".")[0] not in NOT_FOR_COMMANDS):
         dists = distributions_of(imported)
         assert dists, f"{command}: {imported} is not installed here (the test extra installs every extra)"
         allowed = declared(extra) | (declared(optional[top]) if (top := imported.split(".")[0]) in optional else set())
