@@ -39,7 +39,7 @@ from loadtest.validate_cost import (
     throughput_cost,
 )
 from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
-from loadtest.validate_speed import DEFAULT_REPEATS, Speed, measure_speed, translate_pass
+from loadtest.validate_speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
 if TYPE_CHECKING:
     from serving.engine.translator import DecodeOptions, Translator
@@ -229,7 +229,7 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
         significant = c.p_value < rules.alpha
         ok = not (drop > allowed and significant)
         detail = (f"candidate {c.candidate:.2f} vs baseline {c.baseline:.2f} (delta {c.delta:+.2f}, "
-                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha)}; a drop over {allowed:g} with "
+                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha, with_p=False)}; a drop over {allowed:g} with "
                   f"p < {rules.alpha:g} rejects)")
         checks.append(Check(f"{c.metric} not worse than baseline", ok, detail))
     return checks
@@ -287,7 +287,7 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.max_batch_size)}
+    passes = {"candidate": _quality_pass("candidate", translators["candidate"], sources, options, args.max_batch_size)}
     if outcome.baseline is not None:
         try:
             translators["baseline"] = load_system(args.baseline, args, outcome.baseline["runtime"],
@@ -295,7 +295,8 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
-            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.max_batch_size)
+            passes["baseline"] = _quality_pass("baseline", translators["baseline"], sources, options,
+                                               args.max_batch_size)
     speeds: dict[str, Speed] = {}
     if measured_by is None:
         sys.stderr.write(f"timing {args.speed_repeats} pass(es) of the test set per system\n")
@@ -328,6 +329,15 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
                                     "no throughput measured" if cost is None else f"{cost:.4f}"))
 
 
+def _quality_pass(role: str, translator: Translator, sources: list[str], options: DecodeOptions,
+                  batch_size: int) -> Pass:
+    """The test set translated by one system, with a progress bar on a terminal (``serving.commands.progress``)."""
+    from serving.commands.progress import bar
+
+    with bar(f"translating ({role})", "sentences", len(sources)) as done:
+        return translate_pass(translator, sources, options, batch_size, done.update)
+
+
 def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, source: Path, report_dir: Path) -> None:
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
@@ -336,10 +346,10 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
-        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra) as server:
+        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra, wait=False) as server:
             outcome.host = server.url
             outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.model),
-                                   None, default_corpus=source)
+                                   None, default_corpus=source, ready=server.wait_ready)
     except (LoadTestError, CorpusError) as e:
         outcome.checks.append(Check("load test", False, str(e)))
     for r in outcome.load:

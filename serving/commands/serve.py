@@ -34,7 +34,7 @@ from serving.commands.options import (
     positive_float,
 )
 from serving.commands.registry import missing_extra
-from serving.package import PackageError, open_package
+from serving.package import PackageError, hub_hint, open_package
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())
         if not package.exists():
-            raise UsageError(f"model package {package} does not exist")
+            raise UsageError(f"model package {package} does not exist{hub_hint(package)}")
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
             opened = open_package(package)
@@ -199,6 +199,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def settings_line(settings: Any) -> str:
+    """The start-up line: the models, then only the settings that differ from their defaults (all of them are
+    logged at DEBUG)."""
+    values = settings.model_dump(mode="json", exclude={"api_key"})
+    defaults = type(settings).model_construct().model_dump(mode="json", exclude={"api_key"})
+    models = ("model_repository", "model_dirs") if values["model_repository"] is not None else ("model_dirs",)
+    changed = [f"{key}={values[key]}" for key in values if key not in models and values[key] != defaults.get(key)]
+    parts = [f"{key}={values[key]}" for key in models[:1]]
+    parts.append(", ".join(changed) if changed else "every other setting at its default")
+    return f"settings: {'; '.join(parts)}; api key {'required' if settings.api_key is not None else 'not required'}"
+
+
 def _one_line(message: str) -> str:
     return " ".join(message.split())
 
@@ -218,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings)
     for warning in old_environment_warnings():
         logger.warning("%s", warning)
-    shown = settings.model_dump(mode="json", exclude={"api_key"})
-    logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
+    logger.info("%s", settings_line(settings))
+    logger.debug("every setting: %s", settings.model_dump(mode="json", exclude={"api_key"}))
     transports = []
     if settings.grpc_port is not None:
         from serving.server.grpc.service import GrpcTransport
@@ -284,7 +296,7 @@ class DrainingServer:
                 for server in self.servers:
                     for sock in server.sockets:
                         host, port = sock.getsockname()[:2]
-                        logger.warning("mtgate serving on http://%s:%d", host, port)
+                        logger.info("mtgate serving on http://%s:%d", host, port)
 
         self._server = _Server(config)
         self.service = service
@@ -314,7 +326,7 @@ class DrainingServer:
             return False
         self.drain_started = time.monotonic()
         self.service.begin_drain()
-        logger.warning(
+        logger.info(
             "received %s: draining (%d requests in flight, grace period %.0fs)",
             signal.Signals(sig).name,
             self.service.inflight,
@@ -328,7 +340,7 @@ class DrainingServer:
         elapsed = time.monotonic() - self.drain_started
         idle = self.service.inflight == 0
         if idle and elapsed >= self.settings.drain_delay_s:
-            logger.warning("drained in %.1fs; shutting down", elapsed)
+            logger.info("drained in %.1fs; shutting down", elapsed)
         elif elapsed >= self.settings.grace_period_s:
             logger.warning("grace period over with %d requests in flight; shutting down", self.service.inflight)
         else:
