@@ -141,7 +141,7 @@ class Shadow:
             "model": self.model,
             "candidate": self.candidate,
             "state": self.state,
-            "error": self.error,
+            "load_error": self.error,
             "fraction": self.settings.shadow_fraction,
             "scorer": SCORER,
             "redacted": self.settings.shadow_redact,

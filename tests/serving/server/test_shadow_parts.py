@@ -59,7 +59,7 @@ class _Crashing(EchoTranslator):
 
 
 @contextmanager
-def _server(tmp_path: Path, load: Any) -> Iterator[tuple[str, Any]]:
+def _server(tmp_path: Path, load: Any, **shadow: Any) -> Iterator[tuple[str, Any]]:
     """The real app with an EchoTranslator as production and a shadow built by ``load``, on a real uvicorn."""
     import socket
     import threading
@@ -67,7 +67,7 @@ def _server(tmp_path: Path, load: Any) -> Iterator[tuple[str, Any]]:
     import uvicorn
 
     settings = ServingSettings(model_dirs=[ROOT / "unused"], max_queue_delay_us=1000, shadow=tmp_path,
-                               shadow_log=tmp_path / "pairs.jsonl")
+                               shadow_log=tmp_path / "pairs.jsonl", **shadow)
     app = create_app(settings.model_copy(update={"shadow": None}), EchoTranslator())
     service = app.state.service
     service.shadow = Shadow(settings, service.metrics.registry, service.default_model, load=load)
@@ -117,7 +117,7 @@ def test_a_candidate_that_fails_to_load_or_crashes_leaves_production_alone(tmp_p
             assert f'mtgate_shadow_requests_total{{candidate="{shadow.candidate}",model="echo",outcome="{outcome}"}} 3.0' \
                 in metrics
             if outcome == "unavailable":
-                assert summary["state"] == "failed" and "no candidate here" in summary["error"]
+                assert summary["state"] == "failed" and "no candidate here" in summary["load_error"]
                 assert "mtgate_shadow_up{" in metrics and 'model="echo"} 0.0' in metrics
             else:
                 assert summary["state"] == "ready"
@@ -133,6 +133,19 @@ def test_a_shadow_of_the_fake_engine_compares_and_logs(tmp_path: Path) -> None:
     assert [json.loads(line)["candidate_text"] for line in lines] == ["B A", "E D C"]
 
 
+def test_bulk_lines_are_shadowed_and_the_fraction_samples(tmp_path: Path) -> None:
+    with _server(tmp_path, EchoTranslator) as (url, _):
+        body = b"".join(json.dumps({"id": i, "text": f"w{i} x"}).encode() + b"\n" for i in range(5))
+        r = httpx.post(url + "/v1/translate/bulk", content=body, headers={"Content-Type": "application/x-ndjson"})
+        assert r.status_code == 200 and len(r.text.splitlines()) == 5
+        assert _wait(url, lambda s: s["pairs"] == 5)["requests"]["sampled"] == 5
+    with _server(tmp_path, EchoTranslator, shadow_fraction=0.0) as (url, _):
+        for _ in range(5):
+            assert httpx.post(url + "/v1/translate", json={"text": "a b"}).status_code == 200
+        time.sleep(0.3)
+        assert httpx.get(url + "/v1/shadow").json()["requests"]["sampled"] == 0
+
+
 def test_without_a_shadow_the_summary_is_404(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
@@ -140,3 +153,15 @@ def test_without_a_shadow_the_summary_is_404(tmp_path: Path) -> None:
     with TestClient(app) as client:
         r = client.get("/v1/shadow")
     assert r.status_code == 404 and r.json()["error"]["code"] == "shadow_not_configured"
+
+
+def test_serve_refuses_a_missing_candidate_or_a_bad_fraction_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for flags, message in ((["--shadow", str(tmp_path / "nothing")], "no such model package directory"),
+                           (["--shadow", str(tmp_path), "--shadow-fraction", "2"], "shadow_fraction")):
+        done = subprocess.run([sys.executable, "-m", "serving.commands.main", "serve", "-m", str(tmp_path), "--port",
+                               "0", *flags], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
