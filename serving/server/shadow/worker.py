@@ -3,18 +3,17 @@ production model's requests, off the critical path, so that it can be compared w
 
 The service (``serving.server.service``) hands every admitted request to :meth:`Shadow.observe`; a sampled one is
 queued once production has answered it (its translations are what the candidate is compared with). The queue is
-bounded (``shadow_queue_size``) and drained by one worker thread of its own, which loads the candidate with its own
-thread budget (``shadow_threads``) at a lower CPU priority (nice +10, inherited by the runtime's threads): when the
-queue is full a request is shed and counted, never waited for. Nothing the shadow does (load, translate, compare,
-log) raises into a request: a failure is logged and counted. Production answers exactly as without a shadow.
+bounded (``shadow_queue_size``) and drained by one worker thread of its own, which hands each job to the candidate:
+a child process with its own thread budget (``shadow_threads``) at a lower CPU priority (nice +10;
+``serving.server.shadow.candidate``). When the queue is full a request is shed and counted, never waited for.
+Nothing the shadow does (load, translate, compare, log) raises into a request, and a candidate whose process dies
+takes nothing down with it: a failure is logged and counted. Production answers exactly as without a shadow.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import queue
 import random
 import threading
@@ -31,15 +30,13 @@ from serving.engine.request import DecodeOptions, Engine, Translation
 from serving.package import read_manifest
 from serving.package.precision import choose_precision
 from serving.server.settings import ServingSettings
+from serving.server.shadow.candidate import Candidate, CandidateCrashed, CandidateJob, ChildCandidate, LocalCandidate
 from serving.server.shadow.compare import SCORER, compare
 from serving.server.shadow.log import PairLog, text_hash
 from serving.server.shadow.metrics import ShadowMetrics
 from serving.server.shadow.summary import ShadowSummary
 
 logger = logging.getLogger(__name__)
-
-_NICE = 10  # the worker thread's (and its runtime threads') niceness above the server's
-
 
 @dataclass(frozen=True)
 class ShadowJob:
@@ -72,7 +69,8 @@ class Shadow:
         settings: the server's settings (``shadow*`` fields).
         registry: the Prometheus registry to add the shadow's series to.
         model: the production model's name (requests to other models are not shadowed).
-        load: builds the candidate's engine (on the worker thread); default: the package ``settings.shadow``.
+        load: builds the candidate's engine, run on the worker thread (tests); default: the package
+            ``settings.shadow`` in a child process.
     """
 
     def __init__(self, settings: ServingSettings, registry: CollectorRegistry, model: str,
@@ -82,7 +80,11 @@ class Shadow:
         self.model = model
         path = settings.shadow or Path("candidate")
         self.candidate = candidate_label(path, settings.runtime, settings.shadow_precision)
-        self._load = load or (lambda: _load_package(settings))
+        self._candidate: Candidate = (
+            LocalCandidate(load, settings.shadow_cross_score) if load is not None
+            else ChildCandidate(path, settings.runtime, settings.shadow_precision, settings.shadow_threads,
+                                settings.shadow_cross_score)
+        )
         self.metrics = ShadowMetrics(registry, model, self.candidate)
         self.summary = ShadowSummary()
         self.state = "loading"  # -> ready | failed
@@ -143,6 +145,7 @@ class Shadow:
             "state": self.state,
             "load_error": self.error,
             "fraction": self.settings.shadow_fraction,
+            "pid": getattr(self._candidate, "pid", None),
             "scorer": SCORER,
             "redacted": self.settings.shadow_redact,
             "queue": {"depth": self._queue.qsize(), "capacity": self.settings.shadow_queue_size},
@@ -158,17 +161,13 @@ class Shadow:
     # -- the worker thread ---------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):  # below production on the CPU: its threads inherit it
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + _NICE)
         try:
-            engine = self._load()
+            self._candidate.start()
             if self.settings.shadow_log is not None:
                 self._log = PairLog(self.settings.shadow_log, self.settings.shadow_log_max_bytes,
                                     self.settings.shadow_log_max_files)
         except Exception as e:
-            self.state, self.error = "failed", f"loading the shadow candidate {self.candidate} failed: {e}"
-            logger.error("%s (production is not affected)", self.error)
-            self._drop_queued()
+            self._fail(f"loading the shadow candidate {self.candidate} failed: {e}")
             return
         self.state = "ready"
         self.metrics.up.set(1)
@@ -182,16 +181,27 @@ class Shadow:
                     continue
                 self.metrics.queue_depth.set(self._queue.qsize())
                 try:
-                    self._compare(engine, job)
+                    self._compare(job)
                     self._count("compared")
+                except CandidateCrashed as e:
+                    self._count("failed")
+                    self._fail(f"shadow candidate {self.candidate}: {e}")
+                    return
                 except Exception as e:
                     self._count("failed")
                     logger.warning("shadow candidate %s failed on request %s: %s", self.candidate,
                                    job.request_id or "-", e, exc_info=not str(e))
         finally:
             self.metrics.up.set(0)
+            self._candidate.close()
             if self._log is not None:
                 self._log.close()
+
+    def _fail(self, error: str) -> None:
+        self.state, self.error = "failed", error
+        self.metrics.up.set(0)
+        logger.error("%s (production is not affected)", error)
+        self._drop_queued()
 
     def _drop_queued(self) -> None:
         while True:
@@ -202,36 +212,27 @@ class Shadow:
             self._count("unavailable")
         self.metrics.queue_depth.set(0)
 
-    def _compare(self, engine: Engine, job: ShadowJob) -> None:
-        started = time.monotonic()
-        translations = engine.run(engine.prepare(job.texts, job.options, job.target_prefix))
-        candidate_s = time.monotonic() - started
-        own = theirs = None
-        if self.settings.shadow_cross_score:
-            try:
-                n = len(job.texts)
-                scores = engine.score(job.texts * 2, [t.text for t in translations] + [t.text for t in job.production],
-                                      truncate=True)
-                own, theirs = scores[:n], scores[n:]
-            except Exception as e:  # a text the candidate cannot score (too long for it): compared without
-                logger.info("shadow cross-scoring skipped for request %s: %s", job.request_id or "-", e)
+    def _compare(self, job: ShadowJob) -> None:
+        result = self._candidate.run(CandidateJob(job.texts, job.options, job.target_prefix,
+                                                  [t.text for t in job.production]))
+        candidate_s, own, theirs = result.seconds, result.own, result.theirs
         self.summary.add_request(job.production_s, candidate_s)
         self.metrics.production_seconds.observe(job.production_s)
         self.metrics.candidate_seconds.observe(candidate_s)
         now = datetime.now(UTC).isoformat(timespec="milliseconds")
         redact = text_hash if self.settings.shadow_redact else str
-        for i, (source, production, candidate) in enumerate(zip(job.texts, job.production, translations, strict=True)):
-            pair = compare(production.text, candidate.text)
+        for i, (source, production, candidate) in enumerate(zip(job.texts, job.production, result.texts, strict=True)):
+            pair = compare(production.text, candidate)
             record: dict[str, Any] = {
                 "time": now, "request_id": job.request_id, "index": i, "model": self.model,
                 "candidate": self.candidate, "source": redact(source), "production_text": redact(production.text),
-                "candidate_text": redact(candidate.text), "identical": pair.identical,
+                "candidate_text": redact(candidate), "identical": pair.identical,
                 "chrf": None if pair.chrf is None else round(pair.chrf, 3),
                 "bleu": None if pair.bleu is None else round(pair.bleu, 3),
                 "length_ratio": round(pair.length_ratio, 4),
                 "production_seconds": round(job.production_s, 6), "candidate_seconds": round(candidate_s, 6),
-                "candidate_own_log_prob": None if own is None else round(own[i].mean_log_prob, 5),
-                "candidate_on_production_log_prob": None if theirs is None else round(theirs[i].mean_log_prob, 5),
+                "candidate_own_log_prob": None if own is None else round(own[i], 5),
+                "candidate_on_production_log_prob": None if theirs is None else round(theirs[i], 5),
             }
             self.summary.add_pair(record)
             self._observe(record)
@@ -251,10 +252,3 @@ class Shadow:
             m.own_log_prob.observe(record["candidate_own_log_prob"])
             m.production_log_prob.observe(record["candidate_on_production_log_prob"])
 
-
-def _load_package(settings: ServingSettings) -> Engine:
-    from serving.engine.translator import Translator
-
-    assert settings.shadow is not None
-    return Translator.load(settings.shadow, runtime=settings.runtime, precision=settings.shadow_precision,
-                           threads=settings.shadow_threads)

@@ -266,3 +266,22 @@ def _killed_while_logging(server: ServerProcess, log: Path) -> None:
     assert data.endswith(b"\n")
     records = [json.loads(line) for line in data.splitlines()]
     assert len(records) >= start + 30 and {r["source"] for r in records} <= set(SENTENCES)
+
+
+def test_a_candidate_whose_process_dies_is_counted_and_production_answers_as_before(
+    plain: ServerProcess, short: ServerProcess
+) -> None:
+    """(After the comparison test: it kills ``short``'s candidate.)"""
+    pid = httpx.get(short.url + "/v1/shadow").json()["pid"]
+    assert pid and pid != short.process.pid
+    os.kill(pid, signal.SIGKILL)
+    assert _answers(short) == _answers(plain)
+    deadline = time.monotonic() + 30
+    while (summary := httpx.get(short.url + "/v1/shadow").json())["requests"]["unavailable"] < 3:
+        assert time.monotonic() < deadline, json.dumps(summary)
+        time.sleep(0.05)
+    assert summary["state"] == "failed" and "died" in summary["load_error"]
+    assert summary["requests"]["failed"] == 1  # the request it died on (or would have got next)
+    assert short.process.poll() is None and httpx.get(short.url + "/v2/health/ready").status_code == 200
+    metrics = httpx.get(short.url + "/metrics").text
+    assert _metric(metrics, "mtgate_shadow_up", model=MODEL) == 0
