@@ -123,6 +123,8 @@ class ServingSettings(BaseSettings):
         shadow_threads: intra-op threads of the candidate's runtime (its own budget, beside the production model's).
         shadow_queue_size: most requests waiting for the candidate; beyond it they are shed (counted).
         shadow_cross_score: also score, with the candidate, its own translation and production's (cross-likelihood).
+        shadow_production_score: also score both with production's model (a second copy of it, loaded in the
+            candidate's process; memory for one more model).
         shadow_log: append each compared pair to this JSONL file (whole lines; rotated by size).
         shadow_log_max_bytes: rotate the pair log beyond this size.
         shadow_log_max_files: rotated pair logs kept (``PATH.1`` ... ``PATH.N``); older ones are deleted.
@@ -188,6 +190,7 @@ class ServingSettings(BaseSettings):
     shadow_threads: int = Field(default=1, ge=1)
     shadow_queue_size: int = Field(default=64, ge=1)
     shadow_cross_score: bool = True
+    shadow_production_score: bool = False
     shadow_log: Path | None = None
     shadow_log_max_bytes: int = Field(default=64 << 20, ge=4096)
     shadow_log_max_files: int = Field(default=5, ge=1)

@@ -61,7 +61,8 @@ def create_app(
     control = repository or ModelControl()  # the repository extension, for /v2 and gRPC alike
     control.service = service
     if settings.shadow is not None:  # the default model's requests are shadowed
-        service.shadow = Shadow(settings, metrics.registry, service.default_model)
+        service.shadow = Shadow(settings, metrics.registry, service.default_model,
+                                production=service.models[service.default_model].package_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -32,12 +32,16 @@ class CandidateJob:
     production: list[str]  # production's translations, for the cross-likelihood
 
 
+CROSS_SCORES = ("candidate_own", "candidate_on_production", "production_own", "production_on_candidate")
+"""The cross-likelihood scores of a pair: who scores (the candidate, production) which translation (the mean
+log-probability per token, EOS included, teacher-forced: ``Engine.score``)."""
+
+
 @dataclass(frozen=True)
 class CandidateResult:
     texts: list[str]
     seconds: float  # the candidate's translation (not its scoring)
-    own: list[float] | None  # its mean log-probability of its own translation, per sentence (None: not scored)
-    theirs: list[float] | None  # ... and of production's
+    scores: dict[str, list[float]]  # of CROSS_SCORES, those computed: one per sentence
 
 
 class Candidate(Protocol):
@@ -50,20 +54,24 @@ class Candidate(Protocol):
     def close(self) -> None: ...
 
 
-def run_job(engine: Engine, job: CandidateJob, cross: bool) -> CandidateResult:
-    """What the candidate does with a job, wherever it runs."""
+def run_job(engine: Engine, job: CandidateJob, cross: bool, production: Engine | None = None) -> CandidateResult:
+    """What the candidate does with a job, wherever it runs; ``production``: a copy of the production model to score
+    both translations with as well."""
     started = time.monotonic()
     texts = [t.text for t in engine.run(engine.prepare(job.texts, job.options, job.target_prefix))]
     seconds = time.monotonic() - started
-    own = theirs = None
-    if cross:
-        try:
-            n = len(job.texts)
-            scores = [s.mean_log_prob for s in engine.score(job.texts * 2, texts + job.production, truncate=True)]
-            own, theirs = scores[:n], scores[n:]
-        except Exception:  # noqa: S110 - a text the candidate cannot score (too long for it): compared without
-            pass
-    return CandidateResult(texts, seconds, own, theirs)
+    scores: dict[str, list[float]] = {}
+    n = len(job.texts)
+    for scorer, model, first, second in (("candidate", engine, "own", "on_production"),
+                                         ("production", production, "on_candidate", "own")):
+        if not cross or model is None:
+            continue
+        try:  # the candidate's translations first, then production's
+            found = [s.mean_log_prob for s in model.score(job.texts * 2, texts + job.production, truncate=True)]
+        except Exception:  # noqa: S112 - a text this model cannot score (too long for it): compared without
+            continue
+        scores[f"{scorer}_{first}"], scores[f"{scorer}_{second}"] = found[:n], found[n:]
+    return CandidateResult(texts, seconds, scores)
 
 
 class LocalCandidate:
@@ -90,10 +98,13 @@ class CandidateCrashed(RuntimeError):
 
 
 class ChildCandidate:
-    """The package at ``path`` loaded in a child process (spawned: no state of the server is inherited)."""
+    """The package at ``path`` loaded in a child process (spawned: no state of the server is inherited); with
+    ``production`` (a package and precision), a copy of the production model beside it, to score with."""
 
-    def __init__(self, path: Path, runtime: str, precision: str, threads: int, cross: bool) -> None:
-        self._args = (str(path), runtime, precision, threads, cross)
+    def __init__(self, path: Path, runtime: str, precision: str, threads: int, cross: bool,
+                 production: tuple[Path, str] | None = None) -> None:
+        self._args = (str(path), runtime, precision, threads, cross,
+                      None if production is None else (str(production[0]), production[1]))
         self._process: Any = None
         self._conn: Connection | None = None
 
@@ -148,13 +159,16 @@ class ChildCandidate:
                 self._process.join(5)
 
 
-def _child_main(conn: Connection, path: str, runtime: str, precision: str, threads: int, cross: bool) -> None:
+def _child_main(conn: Connection, path: str, runtime: str, precision: str, threads: int, cross: bool,
+                production_package: tuple[str, str] | None) -> None:
     with contextlib.suppress(OSError):
         os.nice(NICE)
     try:
         from serving.engine.translator import Translator
 
         engine = Translator.load(path, runtime=runtime, precision=precision, threads=threads)
+        production = None if production_package is None else Translator.load(
+            production_package[0], runtime=runtime, precision=production_package[1], threads=threads)
     except BaseException as e:  # noqa: BLE001 - said to the server, which logs it
         conn.send(("error", str(e) or type(e).__name__))
         return
@@ -167,6 +181,6 @@ def _child_main(conn: Connection, path: str, runtime: str, precision: str, threa
         if job is None:
             return
         try:
-            conn.send(("result", run_job(engine, job, cross)))
+            conn.send(("result", run_job(engine, job, cross, production)))
         except Exception as e:
             conn.send(("error", str(e) or type(e).__name__))

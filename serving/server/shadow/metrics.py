@@ -1,8 +1,8 @@
 """The shadow's Prometheus metrics, in the server's registry (``serving.server.metrics``), labelled by the production
 model and the candidate: requests by outcome (``compared``, ``shed``: the shadow queue was full, ``failed``: the
 candidate raised, ``unavailable``: it is loading or failed to load), pairs and identical pairs, sentence chrF and BLEU
-of the candidate against production, length ratio, both latencies, the candidate's mean log-probability of its own
-translation and of production's (cross-likelihood), and the shadow queue's depth."""
+of the candidate against production, length ratio, both latencies, the cross-likelihood (a model's mean
+log-probability of a translation, by scorer and translation), and the shadow queue's depth."""
 
 from __future__ import annotations
 
@@ -45,11 +45,16 @@ class ShadowMetrics:
         self.production_seconds = latency.labels(model, candidate, "production")
         self.candidate_seconds = latency.labels(model, candidate, "candidate")
         log_prob = Histogram("mtgate_shadow_mean_log_prob",
-                             "the candidate's mean log-probability per token of its own translation (own) and of "
-                             "production's (production)", [*labels, "translation"], buckets=_LOG_PROB_BUCKETS,
-                             registry=r)
-        self.own_log_prob = log_prob.labels(model, candidate, "own")
-        self.production_log_prob = log_prob.labels(model, candidate, "production")
+                             "cross-likelihood: a model's (scorer: candidate, or production with "
+                             "shadow_production_score) mean log-probability per token of a translation (the "
+                             "candidate's or production's)", [*labels, "scorer", "translation"],
+                             buckets=_LOG_PROB_BUCKETS, registry=r)
+        self.log_prob = {
+            "candidate_own": log_prob.labels(model, candidate, "candidate", "candidate"),
+            "candidate_on_production": log_prob.labels(model, candidate, "candidate", "production"),
+            "production_own": log_prob.labels(model, candidate, "production", "production"),
+            "production_on_candidate": log_prob.labels(model, candidate, "production", "candidate"),
+        }
         self.queue_depth = Gauge("mtgate_shadow_queue_depth", "requests waiting for the candidate", labels,
                                  registry=r).labels(model, candidate)
         self.up = Gauge("mtgate_shadow_up", "1 while the candidate is loaded and translating", labels,

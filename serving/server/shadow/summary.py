@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from serving.server.shadow.candidate import CROSS_SCORES
+
 RECENT_PAIRS = 1000  # quantiles are over the last this many pairs
 RECENT_EXAMPLES = 256  # the most-disagreeing examples are picked among the last this many pairs
 WORST_SHOWN = 5
@@ -52,8 +54,7 @@ class ShadowSummary:
         self.length_ratio = _Running()
         self.production_seconds = _Running()
         self.candidate_seconds = _Running()
-        self.candidate_own_log_prob = _Running()
-        self.candidate_on_production_log_prob = _Running()
+        self.log_prob = {name: _Running() for name in CROSS_SCORES}
         self._examples: deque[dict[str, Any]] = deque(maxlen=RECENT_EXAMPLES)
 
     def add_request(self, production_s: float, candidate_s: float) -> None:
@@ -69,8 +70,8 @@ class ShadowSummary:
             self.chrf.add(record["chrf"])
             self.bleu.add(record["bleu"])
             self.length_ratio.add(record["length_ratio"])
-            self.candidate_own_log_prob.add(record.get("candidate_own_log_prob"))
-            self.candidate_on_production_log_prob.add(record.get("candidate_on_production_log_prob"))
+            for name, running in self.log_prob.items():
+                running.add(record.get(f"{name}_log_prob"))
             self._examples.append(record)
 
     def to_json(self) -> dict[str, Any]:
@@ -91,9 +92,7 @@ class ShadowSummary:
                     "production": self.production_seconds.to_json((0.5, 0.95)),
                     "candidate": self.candidate_seconds.to_json((0.5, 0.95)),
                 },
-                "cross_likelihood": {
-                    "candidate_own_mean_log_prob": self.candidate_own_log_prob.to_json(),
-                    "candidate_on_production_mean_log_prob": self.candidate_on_production_log_prob.to_json(),
-                },
+                "cross_likelihood": {f"{name}_mean_log_prob": running.to_json()
+                                     for name, running in self.log_prob.items() if running.count},
                 "worst": [dict(r) for r in worst],
             }

@@ -71,10 +71,12 @@ class Shadow:
         model: the production model's name (requests to other models are not shadowed).
         load: builds the candidate's engine, run on the worker thread (tests); default: the package
             ``settings.shadow`` in a child process.
+        production: the production model's package: with ``shadow_production_score``, the child loads a copy to
+            score both translations with it too.
     """
 
     def __init__(self, settings: ServingSettings, registry: CollectorRegistry, model: str,
-                 load: Callable[[], Engine] | None = None) -> None:
+                 load: Callable[[], Engine] | None = None, production: Path | None = None) -> None:
         assert settings.shadow is not None or load is not None
         self.settings = settings
         self.model = model
@@ -83,7 +85,9 @@ class Shadow:
         self._candidate: Candidate = (
             LocalCandidate(load, settings.shadow_cross_score) if load is not None
             else ChildCandidate(path, settings.runtime, settings.shadow_precision, settings.shadow_threads,
-                                settings.shadow_cross_score)
+                                settings.shadow_cross_score,
+                                (production, settings.precision)
+                                if production is not None and settings.shadow_production_score else None)
         )
         self.metrics = ShadowMetrics(registry, model, self.candidate)
         self.summary = ShadowSummary()
@@ -215,7 +219,7 @@ class Shadow:
     def _compare(self, job: ShadowJob) -> None:
         result = self._candidate.run(CandidateJob(job.texts, job.options, job.target_prefix,
                                                   [t.text for t in job.production]))
-        candidate_s, own, theirs = result.seconds, result.own, result.theirs
+        candidate_s = result.seconds
         self.summary.add_request(job.production_s, candidate_s)
         self.metrics.production_seconds.observe(job.production_s)
         self.metrics.candidate_seconds.observe(candidate_s)
@@ -231,8 +235,7 @@ class Shadow:
                 "bleu": None if pair.bleu is None else round(pair.bleu, 3),
                 "length_ratio": round(pair.length_ratio, 4),
                 "production_seconds": round(job.production_s, 6), "candidate_seconds": round(candidate_s, 6),
-                "candidate_own_log_prob": None if own is None else round(own[i], 5),
-                "candidate_on_production_log_prob": None if theirs is None else round(theirs[i], 5),
+                **{f"{name}_log_prob": round(values[i], 5) for name, values in result.scores.items()},
             }
             self.summary.add_pair(record)
             self._observe(record)
@@ -248,7 +251,7 @@ class Shadow:
             m.chrf.observe(record["chrf"])
             m.bleu.observe(record["bleu"])
         m.length_ratio.observe(record["length_ratio"])
-        if record["candidate_own_log_prob"] is not None:
-            m.own_log_prob.observe(record["candidate_own_log_prob"])
-            m.production_log_prob.observe(record["candidate_on_production_log_prob"])
+        for name, histogram in m.log_prob.items():
+            if f"{name}_log_prob" in record:
+                histogram.observe(record[f"{name}_log_prob"])
 

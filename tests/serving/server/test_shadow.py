@@ -71,8 +71,8 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("shadow-logs")
 
 
-def _serve(demo: Path, *flags: str) -> Iterator[ServerProcess]:
-    server = start_server(demo, "--precision", "fp32", *flags, timeout=180)
+def _serve(demo: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    server = start_server(demo, "--precision", "fp32", *flags, env=env, timeout=180)
     try:
         if "--shadow" in flags:  # the candidate loads beside production, not part of readiness: wait for it
             _shadow_ready(server)
@@ -88,7 +88,8 @@ def plain(demo: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def int8(demo: Path, logs: Path) -> Iterator[ServerProcess]:
-    yield from _serve(demo, "--shadow", str(demo), "--shadow-precision", "int8", "--shadow-log", str(logs / "int8.jsonl"))
+    yield from _serve(demo, "--shadow", str(demo), "--shadow-precision", "int8", "--shadow-log", str(logs / "int8.jsonl"),
+                      env={"MTGATE_SHADOW_PRODUCTION_SCORE": "1"})
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +165,15 @@ def test_the_summary_metrics_and_log_tell_a_close_candidate_from_a_different_one
     assert far["agreement"] == 0 and far["chrf"]["mean"] < 50 and far["length_ratio"]["mean"] < 0.6
     assert len(far["worst"]) == 5 and far["worst"][0]["chrf"] <= far["worst"][-1]["chrf"]
     # cross-likelihood: the int8 candidate finds production's translations about as likely as its own
-    def gap(summary: dict[str, Any]) -> float:
+    def gap(summary: dict[str, Any], scorer: str, own: str, other: str) -> float:
         cross = summary["cross_likelihood"]
-        return abs(cross["candidate_own_mean_log_prob"]["mean"] - cross["candidate_on_production_mean_log_prob"]["mean"])
+        return abs(cross[f"{scorer}_{own}_mean_log_prob"]["mean"] - cross[f"{scorer}_{other}_mean_log_prob"]["mean"])
 
-    assert gap(close) < 0.2 < gap(far)
+    assert gap(close, "candidate", "own", "on_production") < 0.2 < gap(far, "candidate", "own", "on_production")
+    # and, with MTGATE_SHADOW_PRODUCTION_SCORE, production finds the int8 candidate's about as likely as its own
+    assert gap(close, "production", "own", "on_candidate") < 0.2
+    assert close["cross_likelihood"]["production_on_candidate_mean_log_prob"]["count"] == PAIRS
+    assert "production_own_mean_log_prob" not in far["cross_likelihood"]  # not asked for there
 
     close_metrics, far_metrics = httpx.get(int8.url + "/metrics").text, httpx.get(short.url + "/metrics").text
     for text, summary in ((close_metrics, close), (far_metrics, far)):
@@ -179,6 +184,10 @@ def test_the_summary_metrics_and_log_tell_a_close_candidate_from_a_different_one
         assert _metric(text, "mtgate_shadow_chrf_count", **labels) == PAIRS
         assert _metric(text, "mtgate_shadow_latency_seconds_count", **labels, side="production") == 4
         assert _metric(text, "mtgate_shadow_up", **labels) == 1
+        assert _metric(text, "mtgate_shadow_mean_log_prob_count", **labels, scorer="candidate",
+                        translation="production") == PAIRS
+    assert _metric(close_metrics, "mtgate_shadow_mean_log_prob_count", scorer="production", translation="candidate") \
+        == PAIRS
     assert _metric(close_metrics, "mtgate_shadow_chrf_sum") > 2 * _metric(far_metrics, "mtgate_shadow_chrf_sum")
 
     # the pair logs: one whole line per pair; texts in the int8 one, hashes only in the redacted one
