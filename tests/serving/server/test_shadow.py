@@ -89,7 +89,7 @@ def plain(demo: Path) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def int8(demo: Path, logs: Path) -> Iterator[ServerProcess]:
     yield from _serve(demo, "--shadow", str(demo), "--shadow-precision", "int8", "--shadow-log", str(logs / "int8.jsonl"),
-                      env={"MTGATE_SHADOW_PRODUCTION_SCORE": "1"})
+                      "--grpc-port", "0", env={"MTGATE_SHADOW_PRODUCTION_SCORE": "1"})
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,20 @@ def test_the_summary_metrics_and_log_tell_a_close_candidate_from_a_different_one
         assert not record["identical"] and record["chrf"] < 60
     for worst in far["worst"]:  # the summary of a redacted shadow shows hashes too
         assert worst["source"].startswith("sha256:") and worst["production_text"].startswith("sha256:")
+
+
+def test_grpc_requests_are_shadowed(int8: ServerProcess) -> None:
+    """(After the comparison test, which counts the pairs of the HTTP routes.)"""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    import numpy as np
+
+    before = httpx.get(int8.url + "/v1/shadow").json()["pairs"]
+    tensor = grpcclient.InferInput("INPUT_TEXT", [2, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t] for t in SENTENCES[:2]], dtype=object))
+    result = grpcclient.InferenceServerClient(int8.grpc_address).infer(MODEL, [tensor], request_id="g1")
+    assert result.as_numpy("OUTPUT_TEXT") is not None
+    summary = _summary(int8, before + 2)
+    assert summary["pairs"] == before + 2 and summary["requests"]["failed"] == 0
 
 
 def test_a_full_shadow_queue_sheds_and_counts_and_the_log_has_whole_lines_after_sigkill(
