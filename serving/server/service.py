@@ -302,9 +302,13 @@ class TranslationService:
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
-            Overloaded: the model's queue is full (not with ``wait_for_room``).
+            Overloaded: the model's queue is full, or the work queued ahead would make the request miss its deadline
+                (not with ``wait_for_room``).
         """
         runner = self.ready_model(model)
+        assert runner.batcher is not None
+        if not wait_for_room:  # before tokenizing: a server past its capacity refuses cheaply
+            runner.batcher.check_admission(deadline, items=len(texts))
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
@@ -313,7 +317,6 @@ class TranslationService:
             runner.active -= 1
             raise
         input_s = time.monotonic() - admitted
-        assert runner.batcher is not None
         key = _Key(prepared.search, on_partial is not None)
         sentences, costs = prepared.split(), prepared.lengths
         try:

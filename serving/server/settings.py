@@ -86,8 +86,11 @@ class ServingSettings(BaseSettings):
             (``request`` only); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
         max_queue_size: most sentences waiting per model; beyond it requests get 503 with Retry-After; the old
             ``MTGATE_QUEUE_CAPACITY`` still works.
-        retry_after_s: the Retry-After value sent with that 503.
-        request_timeout_s: default deadline of a request; a client may only shorten it.
+        retry_after_s: the least Retry-After sent with a 503 for a full queue or a deadline the queued work would
+            make a request miss (the estimated wait until it would fit, when longer).
+        request_timeout_s: default deadline of a request; a client may only shorten it. Behind queued work, a request
+            whose estimated completion (learned from the batches run) falls after its deadline gets 503 at once
+            (``serving.server.batching.queue``).
         max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
         max_chars_per_sentence: longest sentence accepted, in characters (with ``split_sentences``: each sentence
             after splitting).
