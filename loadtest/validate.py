@@ -30,7 +30,7 @@ from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare
 from loadtest.report import ScenarioResult, write_text_atomically
 from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
-from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
+from loadtest.targets import QualityTargets, ShadowTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate_cost import (
     capacity_plan,
     estimate_cost,
@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed passes of the test set per system for the in-process speed, reported as their "
                              f"median and range (default: {DEFAULT_REPEATS}); not run when a load scenario that "
                              "decodes with the same beam measures the throughput")
+    parser.add_argument("--shadow-log", type=Path, metavar="LOG",
+                        help="add live traffic: the pair log of `mtgate serve --shadow` (and its rotated files), "
+                             "gated by the targets file's shadow: rules")
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -135,6 +138,7 @@ class Outcome:
     analysis: Analysis | None = None
     alpha: float = 0.05
     speed_left_to: str | None = None  # the load scenario that measures throughput instead of timed passes in process
+    shadow: dict[str, Any] | None = None  # --shadow-log: loadtest.validate_shadow.summarize
 
     @property
     def verdict(self) -> str:
@@ -370,7 +374,17 @@ def run(args: argparse.Namespace) -> int:
                                "--baseline-runtime/--baseline-precision") if args.baseline else None
     outcome = Outcome(candidate=candidate, baseline=baseline,
                       testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
+    if getattr(args, "shadow_log", None) is not None:  # before any work: a missing or empty log is a usage error
+        from loadtest.validate_shadow import ShadowLogError, shadow_checks, summarize
+
+        try:
+            outcome.shadow = summarize(args.shadow_log)
+        except ShadowLogError as e:
+            raise _usage_error(str(e)) from None
     _evaluate(args, outcome, targets, sources, references, source, report_dir)
+    if outcome.shadow is not None:
+        rules = targets.shadow if targets is not None else ShadowTargets()
+        outcome.checks += [Check(*check) for check in shadow_checks(outcome.shadow, rules)]
 
     data, page = write_outcome(report_dir, outcome)
     sys.stdout.write(f"{outcome.verdict}\n")

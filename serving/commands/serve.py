@@ -32,6 +32,7 @@ from serving.commands.options import (
     add_shortlist,
     non_negative_int,
     positive_float,
+    positive_int,
 )
 from serving.commands.registry import missing_extra
 from serving.package import PackageError, hub_hint, open_package
@@ -60,6 +61,13 @@ _SETTINGS_FLAGS = {
     "grace_period": "grace_period_s",
     "drain_delay": "drain_delay_s",
     "log_format": "log_format",
+    "shadow": "shadow",
+    "shadow_fraction": "shadow_fraction",
+    "shadow_precision": "shadow_precision",
+    "shadow_threads": "shadow_threads",
+    "shadow_queue_size": "shadow_queue_size",
+    "shadow_log": "shadow_log",
+    "shadow_redact": "shadow_redact",
 }
 
 
@@ -114,10 +122,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only 1 is supported: one process owns the runtime's threads; scale with replicas and --threads",
     )
     parser.add_argument("--access-log", action="store_true", default=None, help="log one line per HTTP request")
+    _add_shadow(parser)
     parser.epilog = (
         "Every setting can also be given as an environment variable MTGATE_<SETTING> (see serving/server/settings.py), "
         "e.g. MTGATE_API_KEY to require 'Authorization: Bearer <key>' on inference routes."
     )
+
+
+def _add_shadow(parser: argparse.ArgumentParser) -> None:
+    from serving.package.precision import PRECISION_CHOICES
+
+    shadow = parser.add_argument_group("shadow traffic (compare a candidate with production on live requests)")
+    shadow.add_argument("--shadow", type=Path, metavar="CANDIDATE",
+                        help="a candidate model package (or a repository's <name>/<version>/ directory) that also "
+                             "translates a sampled share of the default model's requests, off the critical path; "
+                             "GET /v1/shadow compares it with production (MTGATE_SHADOW)")
+    shadow.add_argument("--shadow-fraction", type=float, metavar="F",
+                        help="share of requests shadowed, 0 to 1 (default 1.0; MTGATE_SHADOW_FRACTION)")
+    shadow.add_argument("--shadow-precision", choices=PRECISION_CHOICES, help="the candidate's artifact (default auto)")
+    shadow.add_argument("--shadow-threads", type=positive_int, metavar="N",
+                        help="intra-op threads of the candidate (default 1)")
+    shadow.add_argument("--shadow-queue-size", type=positive_int, metavar="N",
+                        help="most requests waiting for the candidate; beyond it they are shed and counted "
+                             "(default 64)")
+    shadow.add_argument("--shadow-log", type=Path, metavar="PATH",
+                        help="append every compared pair to this JSONL file (rotated by size; MTGATE_SHADOW_LOG)")
+    shadow.add_argument("--shadow-redact", action="store_true", default=None,
+                        help="write SHA-256 hashes of the texts instead of the texts (log and /v1/shadow)")
 
 
 def build_settings(args: argparse.Namespace) -> Any:
@@ -146,6 +177,8 @@ def build_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"invalid settings: {problems}") from None
     if settings.grpc_port is not None and (missing := missing_extra("grpc")):
         raise UsageError(f"--grpc-port {missing}")
+    if settings.shadow is not None and not settings.shadow.is_dir():  # a package that fails to load only logs
+        raise UsageError(f"--shadow {settings.shadow}: no such model package directory")
     packages = list(settings.model_dirs)
     if settings.model_repository is not None:
         if args.models:

@@ -42,6 +42,7 @@ from serving.server.limits import RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
+from serving.server.shadow import Shadow
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class TranslationService:
         # Set when the server is about to close its connections: requests still sending their body get 408 then.
         self.closing = asyncio.Event()
         self.on_fatal: Callable[[str, Exception], None] | None = None
+        self.shadow: Shadow | None = None  # serve --shadow: sampled requests are also translated by a candidate
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -346,6 +348,8 @@ class TranslationService:
             runner.active -= 1
             raise
         pending.future.add_done_callback(lambda f: self._record(runner, f, admitted, input_s))
+        if self.shadow is not None:
+            self.shadow.observe(runner.name, texts, options, target_prefix, pending.future, admitted, tag)
         return runner, pending
 
     async def translate(
