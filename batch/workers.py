@@ -134,7 +134,8 @@ class LocalChunkWorker:
             try:
                 self._engine_prepare([source])
             except InputTooLong as e:
-                outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
+                outcomes[i] = (f"source has {e.tokens} tokens; the model accepts at most {e.limit} (--truncate cuts "
+                               "it to them)")
             except ServingError as e:
                 outcomes[i] = f"translation refused: {e}"
         if all(o is not None for o in outcomes):

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from serving.engine.errors import InferenceFailed, InvalidInput, LimitExceeded, ServingError
+from serving.engine.request import EMPTY_TRANSLATION
 from serving.server.http.deps import ApiKeyDep, ServiceDep, request_id
 from serving.server.http.schemas import BulkLineIn, TranslationOut, error_responses
 from serving.server.http.streams import DuplexStreamingResponse, error_data
@@ -154,9 +155,12 @@ async def _bulk(
         try:
             try:
                 text, line_id = _parse_bulk_line(raw)
-                line = dataclasses.replace(admission, started=time.monotonic())
-                runner, pending = await service.admit(model, [text], line, wait_for_room=True)
-                (translation,) = await pending.wait()
+                if not text.strip():  # an empty text: an empty translation, as /v1/translate answers it
+                    translation = EMPTY_TRANSLATION
+                else:
+                    line = dataclasses.replace(admission, started=time.monotonic())
+                    runner, pending = await service.admit(model, [text], line, wait_for_room=True)
+                    (translation,) = await pending.wait()
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))
                 return
