@@ -14,7 +14,7 @@ batch as full as the budget lets it be. Everything that batches uses it, so that
 - ``batch-score``'s local worker: a chunk's batches, under the budget the engine was loaded with (its flags), so the
   engine decodes each as one sub-batch;
 - the server's dynamic batcher (``serving.server.batching.dynamic``): its choice of which queued sentences run together
-  stays its own (around the oldest one), but it cuts under the budget the engine was loaded with
+  stays its own (whole requests, oldest first), but it cuts under the budget the engine was loaded with
   (``MTGATE_MAX_BATCH_SIZE``, ``MTGATE_MAX_BATCH_TOKENS``, through :meth:`BatchBudget.fits`), and hands the engine a
   batch the engine never cuts again (:func:`decode_together`).
 
