@@ -43,7 +43,8 @@ class EngineConfig:
             :meth:`parameters` (what a server gets).
         checked: the :class:`~serving.engine.request.DecodeOptions` these fields were made from (:meth:`of`, where
             the command line was read and checked), kept as they are: :meth:`options`, in every worker, process and
-            Ray actor (a config pickles with them). Without it, :meth:`options` are made from the fields, once.
+            Ray actor (a config pickles with them). Without it, :meth:`options` are made from the fields, once, when
+            first asked for.
     """
 
     model_dir: Path | None = None
@@ -59,12 +60,9 @@ class EngineConfig:
     model_name: str | None = None
     decoding: tuple[tuple[str, Any], ...] = ()
     checked: InitVar[DecodeOptions | None] = None
-    _options: DecodeOptions = field(init=False, repr=False, compare=False)
+    _options: DecodeOptions | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self, checked: DecodeOptions | None) -> None:
-        if checked is None:
-            given = {name: value for name, value in self.decoding if name != "target_prefix"}
-            checked = DecodeOptions(beam_size=self.beam_size, max_length=self.max_length, **given)
         object.__setattr__(self, "_options", checked)
 
     @classmethod
@@ -90,7 +88,13 @@ class EngineConfig:
         return dict(self.decoding).get("target_prefix")
 
     def options(self) -> DecodeOptions:
-        """The :class:`~serving.engine.request.DecodeOptions` every local worker translates with."""
+        """The :class:`~serving.engine.request.DecodeOptions` every local worker translates with: the ones the config
+        was made from (:meth:`of`), or else made from the fields at the first call, once."""
+        if self._options is None:
+            given = {name: value for name, value in self.decoding if name != "target_prefix"}
+            object.__setattr__(self, "_options", DecodeOptions(beam_size=self.beam_size, max_length=self.max_length,
+                                                               **given))
+        assert self._options is not None
         return self._options
 
     def parameters(self) -> dict[str, Any]:
