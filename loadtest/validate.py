@@ -57,7 +57,6 @@ def _usage_error(message: str) -> Exception:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from serving.commands.options import (
-        RUNTIMES,
         add_alias,
         add_decoding,
         add_max_batch_size,
@@ -66,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         positive_float,
         positive_int,
     )
-    from serving.package.precision import PRECISION_CHOICES
+    from serving.package import PRECISION_CHOICES, RUNTIMES
     from serving.server.settings import DEFAULT_MAX_BATCH_SIZE
 
     add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])

@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
-    add_runtime(parser, default_runtime=None, default_precision=None)  # None: the settings' (the same) defaults
+    add_runtime(parser, defaults=False)  # the settings' (the same) defaults
     add_shortlist(parser, default=None)
     add_max_batch_size(parser, f"most sentences per engine batch (default {DEFAULT_MAX_BATCH_SIZE})")
     add_max_batch_tokens(parser, f"most padded source tokens per batch (default {DEFAULT_MAX_BATCH_TOKENS})")
