@@ -5,7 +5,7 @@
 
 For each mode of ``--modes`` (``request``: a batch runs to completion before the next starts; ``step``: new
 requests join the running decode batch at decoder-step boundaries), ``mtgate serve`` runs on a free loopback port
-with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_BACKEND`` in its environment
+with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_RUNTIME`` in its environment
 (plus any ``--server-env NAME=VALUE``); all of them start first and stay up (an idle server uses no CPU). For each
 rate of ``--rates``, in order, the modes take turns (so that a change in the machine's speed over the run, which on a
 shared VM can be tens of percent within minutes, hits every mode alike): headless Locust runs
@@ -51,6 +51,8 @@ from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, 
 from loadtest.corpus import default_corpus  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
+from serving.commands.options import UsageError, add_alias  # noqa: E402
+from serving.package import DEFAULT_RUNTIME, RUNTIMES  # noqa: E402
 from serving.package.files import atomic_write_text  # noqa: E402
 
 MODES = ("request", "step")
@@ -61,12 +63,8 @@ MISSES_TO_STOP = 2  # consecutive rates that do not hold end a mode's ladder
 USERS_PER_RPS, MIN_USERS, MAX_USERS = 4, 16, 200
 IDLE_TIMEOUT_S = 60.0  # the server's request timeout (30 s by default) ends any backlog well within it
 # Set by this script for each server; --server-env may not set them.
-_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_BACKEND", "MTGATE_HOST",
-                 "MTGATE_PORT", "MTGATE_MODEL_DIRS")
-
-
-class UsageError(Exception):
-    """Bad arguments: one line on stderr, exit code 2."""
+_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_RUNTIME", "MTGATE_BACKEND",
+                 "MTGATE_HOST", "MTGATE_PORT", "MTGATE_MODEL_DIRS")
 
 
 class BenchmarkError(Exception):
@@ -86,7 +84,7 @@ class Config:
     users: int | None  # None: users_for(rate)
     threads: int
     precision: str
-    backend: str
+    runtime: str
     beam_size: int | None
     server_env: dict[str, str]
     out_dir: Path
@@ -141,8 +139,9 @@ def served_parser(name: str, description: str | None) -> argparse.ArgumentParser
     parser.add_argument("--threads", type=int, default=2, help="runtime threads, MTGATE_THREADS (default: 2)")
     parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
                         help="artifact, MTGATE_PRECISION (default: int8)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="runtime, MTGATE_BACKEND (default: onnxruntime)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                        help=f"runtime, MTGATE_RUNTIME (default: {DEFAULT_RUNTIME})")
+    add_alias(parser, "--backend", "runtime", new="--runtime", choices=RUNTIMES)
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
     file_name = name.replace("_", "-")
@@ -202,7 +201,7 @@ def parse_server_env(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/server/settings.py)")
         if name in _OWN_SETTINGS:
             raise UsageError(f"--server-env {name}: set by this script (use --modes, --threads, --precision, "
-                             "--backend; host, port and model are chosen per server)")
+                             "--runtime; host, port and model are chosen per server)")
         env[name] = value
     return env
 
@@ -255,7 +254,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     return Config(
         package=package, model=model, modes=modes, rates=rates, duration_s=duration_s,
         p95_ms=args.p95_ms, users=args.users or None, threads=args.threads, precision=args.precision,
-        backend=args.backend, beam_size=args.beam_size, server_env=server_env,
+        runtime=args.runtime, beam_size=args.beam_size, server_env=server_env,
         out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-batching" / name, name=name,
         server_timeout_s=args.server_timeout,
         command=shlex.join(["python", "-m", "benchmarks.served_batching", *argv]),
@@ -376,13 +375,13 @@ class ServerOptions(Protocol):
     @property
     def precision(self) -> str: ...
     @property
-    def backend(self) -> str: ...
+    def runtime(self) -> str: ...
 
 
 def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
     """The ``MTGATE_*`` settings of the server for ``mode``: ``--server-env``'s and this script's own."""
     return {**config.server_env, "MTGATE_BATCHING": mode, "MTGATE_THREADS": str(config.threads),
-            "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
+            "MTGATE_PRECISION": config.precision, "MTGATE_RUNTIME": config.runtime}
 
 
 def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], object]) -> None:
@@ -470,7 +469,7 @@ def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], start
         "complete": complete,
         "machine": host,
         "model": {"package": str(config.package), **config.model},
-        "server": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+        "server": {"runtime": config.runtime, "precision": config.precision, "threads": config.threads,
                    "env": dict(config.server_env)},
         "load": {"user": "TranslateUser", "corpus": str(default_corpus()), "duration_s": config.duration_s,
                  "users": config.users or "auto", "users_rule": _users_text(config), "beam_size": config.beam_size,
@@ -491,7 +490,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"# Served batching at fixed arrival rates: {data['name']}",
         "",
         *run_header(data),
-        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['backend']}, "
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['runtime']}, "
         f"{server['precision']}, {server['threads']} threads" + (f", {extra_env}" if extra_env else ""),
         f"- load: Locust `{load['user']}` (one sentence per `POST /v1/translate`), sentences from "
         f"`{Path(load['corpus']).name}`, beam size {beam}, {load['duration_s']:g} s per rate, users: "

@@ -3,7 +3,7 @@ on the same sentences and options, in one run. A benchmark, not a test.
 
     .venv/bin/python -m benchmarks.served_offline -m models/demo-en-de --duration 45s
 
-Offline: the package is loaded in this process (``Translator.load`` with ``--backend``, ``--precision``,
+Offline: the package is loaded in this process (``Translator.load`` with ``--runtime``, ``--precision``,
 ``--threads``: what the server loads), and the sentences the Locust users draw from (the bundled Multi30k test set,
 ``loadtest.corpus.default_corpus``; ``--sentences N``: its first N) are translated in file order, ``--batch-size``
 sentences per ``Translator.translate`` call (a saturated request-level server runs batches of its
@@ -14,7 +14,7 @@ that a change in the machine's load between the parts shows and hits both; the m
 counted as the server counts ``output_tokens`` (generated tokens before EOS, per translation).
 
 Served: for each mode of ``--modes``, ``mtgate serve`` starts as benchmarks/served_batching.py starts it
-(``MTGATE_BATCHING``, ``MTGATE_THREADS``, ``MTGATE_PRECISION``, ``MTGATE_BACKEND``, plus ``MTGATE_MAX_BATCH_SIZE``
+(``MTGATE_BATCHING``, ``MTGATE_THREADS``, ``MTGATE_PRECISION``, ``MTGATE_RUNTIME``, plus ``MTGATE_MAX_BATCH_SIZE``
 and any ``--server-env``), and headless Locust runs ``--users`` ``TranslateUser``s in a closed loop (one sentence
 per ``POST /v1/translate``, the next request as soon as the last one is answered, no think time), all started at
 once. Once the first request is in flight, ``--warmup`` seconds pass; then the server's ``/metrics`` are scraped at
@@ -59,7 +59,6 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/served_offline.py` fr
 from benchmarks.served_batching import (  # noqa: E402
     BenchmarkError,
     ReportFiles,
-    UsageError,
     locust_command,
     machine,
     parse_modes,
@@ -76,6 +75,7 @@ from loadtest.cli import LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
 from loadtest.stats import RunStats  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
+from serving.commands.options import UsageError  # noqa: E402
 
 TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the engine's offline tokens/s
 WARMUP_BATCHES = 2  # offline: batches translated once after each load, before the timed passes
@@ -101,7 +101,7 @@ class Config:
     users: int
     threads: int
     precision: str
-    backend: str
+    runtime: str
     beam_size: int | None
     batch_size: int
     passes: int
@@ -328,7 +328,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
     return Config(
         package=package, model=model, modes=modes, duration_s=duration_s, warmup_s=warmup_s, users=args.users,
-        threads=args.threads, precision=args.precision, backend=args.backend, beam_size=args.beam_size,
+        threads=args.threads, precision=args.precision, runtime=args.runtime, beam_size=args.beam_size,
         batch_size=args.batch_size, passes=args.passes, sentences=args.sentences or None,
         server_env={**server_env, "MTGATE_MAX_BATCH_SIZE": str(args.batch_size)},
         out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-offline" / name, name=name,
@@ -353,7 +353,7 @@ def run_offline(result: OfflineResult, config: Config, texts: list[str], slot: s
     options = DecodeOptions(beam_size=config.beam_size)
     try:
         started = time.perf_counter()
-        translator = Translator.load(config.package, runtime=config.backend, precision=config.precision,
+        translator = Translator.load(config.package, runtime=config.runtime, precision=config.precision,
                                      threads=config.threads)
         result.load_s = max(result.load_s or 0.0, time.perf_counter() - started)
         result.beam_size = translator.search_options(options).beam_size
@@ -577,7 +577,7 @@ def to_json(config: Config, host: dict[str, Any], offline: OfflineResult, modes:
         "complete": complete,
         "machine": host,
         "model": {"package": str(config.package), **config.model},
-        "engine": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+        "engine": {"runtime": config.runtime, "precision": config.precision, "threads": config.threads,
                    "beam_size": config.beam_size, "batch_size": config.batch_size},
         "corpus": str(default_corpus()),
         "target_ratio": TARGET_RATIO,
@@ -601,7 +601,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"# Served vs offline throughput: {data['name']}",
         "",
         *run_header(data),
-        f"- model: `{model['package']}` ({model['name']} {model['version']}); {engine['backend']}, "
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); {engine['runtime']}, "
         f"{engine['precision']}, {engine['threads']} threads, beam size {beam}",
         f"- sentences: `{Path(data['corpus']).name}` ({off['sentences_rule']}: {off['sentences']} offline; the Locust "
         "users draw from all of it)",

@@ -102,7 +102,7 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "e2e.json").read_text(encoding="utf-8"))
     assert data["complete"] and data["model"]["package"] == str(package) and data["model"]["name"] == "demo-en-de"
-    assert data["engine"] == {"backend": "onnxruntime", "precision": "int8", "threads": 2, "beam_size": None,
+    assert data["engine"] == {"runtime": "onnxruntime", "precision": "int8", "threads": 2, "beam_size": None,
                               "batch_size": 8}
     assert data["machine"]["cpu_model"] is not None and len(data["machine"]["load_average_end"]) == 3
 
