@@ -26,9 +26,9 @@ from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.errors import LoadTestError
+from loadtest.locust_run import run_all
 from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
 from loadtest.report import ScenarioResult, write_text_atomically
-from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate_cost import (

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
-from loadtest.runner import GRACE_S, STOP_TIMEOUT_S
+from loadtest.locust_run import GRACE_S, STOP_TIMEOUT_S
 from loadtest.scrape import read as read_metrics
 from loadtest.server import start_server
 from loadtest.stats import read_run
