@@ -8,7 +8,7 @@ from pathlib import Path
 
 BATCH = Path(__file__).resolve().parents[2] / "batch"
 LAYERS = ["errors", "example", "framing", "inputs", "schema", "records", "job", "outputs", "state", "scoring", "assembly",
-          "workers", "remote", "resources", "runner", "ray_session", "ray_runner", "report", "engines", "cli"]
+          "workers", "remote", "resources", "run_loop", "ray_session", "ray_runner", "report", "engines", "cli"]
 
 
 def _imports(path: Path) -> set[str]:

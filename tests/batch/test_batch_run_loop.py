@@ -1,4 +1,4 @@
-"""batch/runner.py (with workers, state, resources) and a fake translator: chunking, ordering, commit/resume, shards,
+"""batch/run_loop.py (with workers, state, resources) and a fake translator: chunking, ordering, commit/resume, shards,
 rejects, fingerprints."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from batch.errors import JobError  # noqa: E402
 from batch.inputs import resolve_inputs  # noqa: E402
 from batch.job import EngineConfig, Job  # noqa: E402
 from batch.resources import plan_parallelism  # noqa: E402
-from batch.runner import run_job  # noqa: E402
+from batch.run_loop import run_job  # noqa: E402
 from batch.schema import detect_schema  # noqa: E402
 from batch.state import StateDir  # noqa: E402
 from batch.workers import LocalChunkWorker, ThreadExecutor, make_batches  # noqa: E402
