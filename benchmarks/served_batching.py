@@ -35,8 +35,6 @@ import re
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +47,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` f
 
 from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.metrics_text import MetricsUnavailable, read_metrics, summed  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
 from serving.commands.options import UsageError, add_alias  # noqa: E402
@@ -331,13 +330,11 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
 def server_load(host: str) -> float | None:
     """Requests in flight plus sentences queued, from the server's ``/metrics`` (None: it reports neither)."""
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=5) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError):
+        values = summed(read_metrics(host, 5))
+    except MetricsUnavailable:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(("mtgate_inflight_requests", "mtgate_queue_depth"))]
-    return sum(values) if values else None
+    load = [values[name] for name in ("mtgate_inflight_requests", "mtgate_queue_depth") if name in values]
+    return sum(load) if load else None
 
 
 def wait_until_idle(host: str, timeout_s: float = IDLE_TIMEOUT_S) -> None:

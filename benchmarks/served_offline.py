@@ -43,8 +43,6 @@ import shlex
 import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -73,6 +71,7 @@ from benchmarks.served_batching import (  # noqa: E402
 )
 from loadtest.cli import LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
+from loadtest.metrics_text import MetricsUnavailable, fetch_metrics, parse_families, summed  # noqa: E402
 from loadtest.stats import RunStats  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
 from serving.commands.options import UsageError  # noqa: E402
@@ -382,24 +381,19 @@ def parse_metrics(text: str, when: float) -> Scrape:
     Raises:
         BenchmarkError: not the exposition format, or no ``mtgate_output_tokens_total`` (not an mtgate server).
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    families: set[str] = set()
-    ok = failed = 0.0
     try:
-        for family in text_string_to_metric_families(text):
-            families.add(family.name)
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-                if sample.name == "mtgate_requests_total" and sample.labels.get("route") == ROUTE:
-                    if sample.labels.get("status") == "200":
-                        ok += sample.value
-                    else:
-                        failed += sample.value
-    except ValueError as e:
-        raise BenchmarkError(f"/metrics is not in Prometheus' text format ({e})") from None
-    if "mtgate_output_tokens" not in families:  # a counter with labels has no sample until its first increment
+        families = parse_families(text)
+    except MetricsUnavailable as e:
+        raise BenchmarkError(str(e)) from None
+    values = summed(families)
+    ok = failed = 0.0
+    for sample in (s for family in families for s in family.samples):
+        if sample.name == "mtgate_requests_total" and sample.labels.get("route") == ROUTE:
+            if sample.labels.get("status") == "200":
+                ok += sample.value
+            else:
+                failed += sample.value
+    if "mtgate_output_tokens" not in {family.name for family in families}:  # a counter with labels has no sample until its first increment
         raise BenchmarkError("/metrics has no mtgate_output_tokens_total: not an mtgate server?")
     return Scrape(
         time=when, output_tokens=values.get("mtgate_output_tokens_total", 0.0),
@@ -418,10 +412,9 @@ def scrape(host: str) -> Scrape:
     """
     sent = time.monotonic()
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=10) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError) as e:
-        raise BenchmarkError(f"{host}/metrics did not answer ({e})") from None
+        text = fetch_metrics(host, 10)
+    except MetricsUnavailable as e:
+        raise BenchmarkError(str(e)) from None
     return parse_metrics(text, (sent + time.monotonic()) / 2)
 
 
