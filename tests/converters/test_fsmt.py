@@ -26,13 +26,13 @@ import pytest
 
 from converters.base import ConversionError
 from converters.convert import convert, load_source
-from serving.engine.backends import create_backend, empty_past
+from serving.engine.backends import empty_past
 from serving.engine.decoding import search
 from serving.engine.tokenizers import InvalidText, load_tokenizer
 from serving.engine.tokenizers.fsmt_bpe import FsmtBpeTokenizer
 from serving.engine.translator import Translator
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, search_tokens
+from tests.utils.decoding_parity import CASES, package_backend, search_tokens
 from tests.utils.fsmt_factory import EOS_ID, PAD_ID, make_fsmt_dir
 from tests.utils.marian_factory import corpus
 from tests.utils.prefix_backend import PrefixBackend
@@ -80,12 +80,6 @@ def _inputs(source: Path) -> np.ndarray:
                       dtype=np.int64)
 
 
-def _backend(package: Path, runtime: str = "onnxruntime") -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
-
-
 def test_manifest_records_the_model(models: dict[str, Any]) -> None:
     _, package, model = models["unequal stacks, separate vocabularies"]
     manifest = open_package(package).manifest
@@ -120,7 +114,7 @@ def test_forward_matches_transformers(models: dict[str, Any], shape: str) -> Non
     log_probs = torch.log_softmax(out.logits, dim=-1).numpy()
     runtimes = ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]
     for runtime in runtimes:
-        backend = _backend(package, runtime)
+        backend = package_backend(package, runtime)
         enc = backend.encode(ids)
         assert np.abs(enc.memory - memory)[mask].max() <= TOL, runtime
         past = empty_past(enc.cross_kv)
@@ -156,7 +150,8 @@ def test_search_equals_fsmt_forward(models: dict[str, Any], shape: str, case: st
     source, package, model = models[shape]
     ids = _inputs(source)
     expected, scores = search_tokens(fsmt_backend(model), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case], MAX_LENGTH - 1)
-    got, got_scores = search_tokens(_backend(package), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case], MAX_LENGTH - 1)
+    got, got_scores = search_tokens(package_backend(package), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case],
+                                    MAX_LENGTH - 1)
     assert got == expected
     np.testing.assert_allclose(got_scores, scores, rtol=0, atol=1e-4)
 

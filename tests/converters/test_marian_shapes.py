@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from converters.convert import convert
-from serving.engine.backends import create_backend, empty_past
+from serving.engine.backends import empty_past
 from serving.engine.translator import Translator
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, generate_tokens, search_tokens
+from tests.utils.decoding_parity import CASES, generate_tokens, package_backend, search_tokens
 from tests.utils.marian_factory import corpus, make_marian_dir
 
 torch = pytest.importorskip("torch")
@@ -64,12 +64,6 @@ def _inputs(source: Path) -> np.ndarray:
     return np.asarray(batch["input_ids"], dtype=np.int64)
 
 
-def _backend(package: Path, runtime: str = "onnxruntime") -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
-
-
 def test_shapes_are_recorded(models: dict[str, Any]) -> None:
     _, package, model = models["separate vocabularies, untied, unscaled, quick_gelu"]
     arch = open_package(package).manifest.architecture
@@ -99,7 +93,7 @@ def test_forward_matches_transformers(models: dict[str, Any], shape: str) -> Non
     log_probs = torch.log_softmax(logits, dim=-1).numpy()
     runtimes = ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]
     for runtime in runtimes:
-        backend = _backend(package, runtime)
+        backend = package_backend(package, runtime)
         enc = backend.encode(ids)
         assert np.abs(enc.memory - memory).max() <= TOL, runtime
         past = empty_past(enc.cross_kv)
@@ -120,7 +114,7 @@ def test_search_equals_generate(models: dict[str, Any], shape: str, case: str) -
     ids = _inputs(source)
     config = model.config
     expected, scores = generate_tokens(model, ids, config.pad_token_id, config.eos_token_id, CASES[case], MAX_LENGTH)
-    got, got_scores = search_tokens(_backend(package), ids, config.decoder_start_token_id, config.eos_token_id,
+    got, got_scores = search_tokens(package_backend(package), ids, config.decoder_start_token_id, config.eos_token_id,
                                     config.pad_token_id, CASES[case], MAX_LENGTH - 1)
     assert got == expected
     if scores is not None:

@@ -4,17 +4,21 @@
 words as opus-mt sets them); ``generate_tokens`` runs ``model.generate`` with them, ``search_tokens`` runs
 ``serving.engine.decoding.search`` with the same settings over any backend (ONNX Runtime, OpenVINO, the source framework's
 forward pass or an independent numpy one through tests/utils/prefix_backend.py).
-Both return each hypothesis' generated ids up to and including EOS.
+Both return each hypothesis' generated ids up to and including EOS. ``package_backend`` opens a converted package's
+fp32 graphs as the backend ``search_tokens`` drives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from serving.engine.backends import Backend, create_backend
 from serving.engine.decoding import SearchOptions, search
+from serving.package import open_package
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,10 @@ def search_tokens(backend: Any, input_ids: np.ndarray, start: int, eos: int, pad
     caps = np.full(input_ids.shape[0], max_steps, dtype=np.int64)
     hypotheses = search(backend, encoded.cross_kv, encoded.src_bias, caps, options)
     return [list(h.token_ids) for h in hypotheses], [float(h.score or 0.0) for h in hypotheses]
+
+
+def package_backend(package: Path, runtime: str = "onnxruntime") -> Backend:
+    """The package's fp32 graphs on ``runtime``, one thread."""
+    pkg = open_package(package)
+    artifact = pkg.artifact(runtime, "fp32")
+    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
