@@ -223,6 +223,27 @@ def read_package(path: Path | None) -> tuple[Path, dict[str, Any]]:
                      "package_beam_size": decoding.get("beam_size")}
 
 
+def seconds_option(flag: str, text: str) -> float:
+    """A duration option (``30``, ``'30s'``, ``'2m'``) in seconds (UsageError naming ``flag``)."""
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def run_name(given: str | None, prefix: str, out_dir: Path) -> str:
+    """``--name`` (default ``<prefix>-<UTC date>``), checked: a plain file name whose report is not in ``out_dir``
+    yet (UsageError)."""
+    name = given or f"{prefix}-{datetime.now(UTC):%Y-%m-%d}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
+    files = ReportFiles.of(out_dir, name)
+    existing = [p for p in (files.json_path, files.md_path) if p.exists()]
+    if existing:
+        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    return name
+
+
 def parse_args(argv: Sequence[str]) -> Config:
     """Check the command line and turn it into a Config.
 
@@ -231,10 +252,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     """
     args = _build_parser().parse_args(argv)
     modes, rates, server_env = parse_modes(args.modes), _rates(args.rates), parse_server_env(args.server_env)
-    try:
-        duration_s = parse_duration(args.duration)
-    except ValueError as e:
-        raise UsageError(f"--duration: {e}") from None
+    duration_s = seconds_option("--duration", args.duration)
     for flag, value in (("--p95-ms", args.p95_ms), ("--server-timeout", args.server_timeout)):
         if not math.isfinite(value) or value <= 0:
             raise UsageError(f"{flag} must be a positive number (got {value:g})")
@@ -244,12 +262,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         if number is not None and number < 1:
             raise UsageError(f"{flag} must be at least 1 (got {number})")
     package, model = read_package(args.model)
-    name = args.name or f"served-batching-{datetime.now(UTC):%Y-%m-%d}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
-    if existing:
-        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    name = run_name(args.name, "served-batching", args.out_dir)
     return Config(
         package=package, model=model, modes=modes, rates=rates, duration_s=duration_s,
         p95_ms=args.p95_ms, users=args.users or None, threads=args.threads, precision=args.precision,

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import resource
 import shlex
 import statistics
@@ -64,7 +63,9 @@ from benchmarks.served_batching import (  # noqa: E402
     read_package,
     reported_batching,
     run_header,
+    run_name,
     say,
+    seconds_option,
     served_parser,
     server_environment,
     wait_until_idle,
@@ -73,7 +74,6 @@ from loadtest.cli import LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
 from loadtest.metrics_text import MetricsUnavailable, fetch_metrics, parse_families, summed  # noqa: E402
 from loadtest.stats import RunStats  # noqa: E402
-from loadtest.targets import parse_duration  # noqa: E402
 from serving.commands.options import UsageError  # noqa: E402
 
 TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the engine's offline tokens/s
@@ -291,13 +291,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _seconds(flag: str, text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise UsageError(f"{flag}: {e}") from None
-
-
 def parse_args(argv: Sequence[str]) -> Config:
     """Check the command line and turn it into a Config.
 
@@ -309,7 +302,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     taken = [name for name in _BATCH_SIZE_SETTINGS if name in server_env]
     if taken:
         raise UsageError(f"--server-env {taken[0]}: set by this script (use --batch-size: the offline part uses it too)")
-    duration_s, warmup_s = _seconds("--duration", args.duration), _seconds("--warmup", args.warmup)
+    duration_s, warmup_s = seconds_option("--duration", args.duration), seconds_option("--warmup", args.warmup)
     if not math.isfinite(args.server_timeout) or args.server_timeout <= 0:
         raise UsageError(f"--server-timeout must be a positive number (got {args.server_timeout:g})")
     for flag, number in (("--users", args.users), ("--threads", args.threads), ("--beam-size", args.beam_size),
@@ -319,12 +312,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     if args.sentences < 0:
         raise UsageError(f"--sentences must be 0 (all) or a number of sentences (got {args.sentences})")
     package, model = read_package(args.model)
-    name = args.name or f"served-offline-{datetime.now(UTC):%Y-%m-%d}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
-    if existing:
-        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    name = run_name(args.name, "served-offline", args.out_dir)
     return Config(
         package=package, model=model, modes=modes, duration_s=duration_s, warmup_s=warmup_s, users=args.users,
         threads=args.threads, precision=args.precision, runtime=args.runtime, beam_size=args.beam_size,

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--server-env", "MTGATE_BATCHING=step"], "set by this script"),
     (["--server-env", "THREADS=2"], "expected MTGATE_<SETTING>=VALUE"),
     (["-m", "/nonexistent/package"], "not a directory"),
+    (["--name", "bad name"], "--name 'bad name': use letters, digits"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main([*argv, "--out-dir", str(tmp_path)]) == 2

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--server-env", "MTGATE_MAX_BATCH_SIZE=8"], "set by this script (use --batch-size"),
     (["--server-env", "MTGATE_BATCHING=step"], "set by this script"),
     (["-m", "/nonexistent/package"], "not a directory"),
+    (["--name", "bad name"], "--name 'bad name': use letters, digits"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main([*argv, "--out-dir", str(tmp_path)]) == 2
