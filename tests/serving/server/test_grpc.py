@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from loadtest.metrics_text import read_metrics
-from tests.serving.server.servers import ROOT, ServerProcess, start_server
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ROOT, ServerProcess, start_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 

@@ -20,8 +20,8 @@ import pytest
 from loadtest.metrics_text import read_metrics
 from serving.engine.translator import DecodeOptions, Translator
 from tests.serving.server.browser import browser_page
-from tests.serving.server.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[3]
 
