@@ -30,7 +30,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,10 @@ from serving.package import (
 )
 from serving.server.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, check_one_hypothesis, output_values
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
+
+if TYPE_CHECKING:
+    from serving.engine.errors import ServingError
+    from serving.engine.request import DecodeOptions, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -362,7 +366,7 @@ class TritonPythonModel:
                 raise InvalidInput(f"{INPUT_NAME!r} element {i} is not valid UTF-8") from None
         return texts, tuple(int(d) for d in array.shape)
 
-    def _options(self, request: Any) -> Any:
+    def _options(self, request: Any) -> DecodeOptions:
         from serving.engine.errors import InvalidInput
         from serving.engine.request import DecodeOptions
 
@@ -377,10 +381,10 @@ class TritonPythonModel:
         check_one_hypothesis(params.get("num_hypotheses"))
         return DecodeOptions.from_parameters(params)
 
-    def _error(self, error: Any) -> Any:
+    def _error(self, error: ServingError) -> Any:
         return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(error.message))
 
-    def _outputs(self, translations: Sequence[Any], shape: tuple[int, ...]) -> list[Any]:
+    def _outputs(self, translations: Sequence[Translation], shape: tuple[int, ...]) -> list[Any]:
         values = output_values(translations)
         values["OUTPUT_TEXT"] = [text.encode("utf-8") for text in values["OUTPUT_TEXT"]]
         return [self._pb.Tensor(name, np.array(values[name], dtype=dtype).reshape(shape))

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -36,6 +36,12 @@ from serving.commands.options import (
 from serving.commands.registry import missing_extra
 from serving.package import PackageError, open_package
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from serving.server.service import TranslationService
+    from serving.server.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_settings(args: argparse.Namespace) -> Any:
+def build_settings(args: argparse.Namespace) -> ServingSettings:
     """ServingSettings from the environment, overridden by the flags given.
 
     Raises:
@@ -265,7 +271,7 @@ class DrainingServer:
         service: the app's TranslationService (its ``draining`` flag and ``inflight`` count).
     """
 
-    def __init__(self, config: Any, service: Any) -> None:
+    def __init__(self, config: uvicorn.Config, service: TranslationService) -> None:
         import uvicorn
 
         outer = self
@@ -279,7 +285,7 @@ class DrainingServer:
                 outer.tick(self)
                 return await super().on_tick(counter)
 
-            async def startup(self, sockets: Any = None) -> None:
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
                 await super().startup(sockets)
                 for server in self.servers:
                     for sock in server.sockets:
@@ -322,7 +328,7 @@ class DrainingServer:
         )
         return True
 
-    def tick(self, server: Any) -> None:
+    def tick(self, server: uvicorn.Server) -> None:
         if self.drain_started is None or server.should_exit:
             return
         elapsed = time.monotonic() - self.drain_started
