@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from serving.commands.options import add_package, add_runtime, package_of
 from serving.package import (
+    DEFAULT_RUNTIME,
     Manifest,
     PackageError,
     choose_precision,
@@ -124,12 +126,13 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot create the model repository {args.output}: {e.strerror or e}; give another -o") from None
     try:
-        model_dir = export_triton(
-            package, args.output, model_name=args.model_name, version=args.model_version,
+        settings = TritonModelSettings(
             runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
             max_queue_size=args.max_queue_size,
         )
+        model_dir = export_triton(package, args.output, model_name=args.model_name, version=args.model_version,
+                                  settings=settings)
     except (PackageError, ValueError, OSError) as e:
         if created:  # leave nothing behind: the repository this command made is removed again
             shutil.rmtree(args.output, ignore_errors=True)
@@ -142,27 +145,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_triton(
-    package: Path,
-    repository: Path,
-    *,
-    model_name: str | None = None,
-    version: int = 1,
-    runtime: str = "onnxruntime",
-    precision: str = "fp32",
-    threads: int | None = None,
-    instances: int = 1,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
-    max_queue_size: int = 0,
-) -> Path:
-    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
+@dataclass(frozen=True)
+class TritonModelSettings:
+    """How the exported model runs on Triton (what ``config.pbtxt`` says besides its name).
 
-    Arguments:
-        package: the model package (every checksum is verified).
-        repository: the Triton model repository (created if missing).
-        model_name: Triton model name (default: the package's manifest name).
-        version: the numeric version directory.
+    Attributes:
         runtime: runtime the Python backend loads the package with.
         precision: artifact precision (``auto``: the package's choice, ``serving.package.choose_precision``,
             written into the config as the precision it chose).
@@ -171,6 +158,27 @@ def export_triton(
         max_batch_size: the model's ``max_batch_size`` (sentences per dynamic batch).
         max_queue_delay_us: the dynamic batcher's ``max_queue_delay_microseconds``.
         max_queue_size: the dynamic batcher's ``default_queue_policy.max_queue_size`` (0: unbounded).
+    """
+
+    runtime: str = DEFAULT_RUNTIME
+    precision: str = "fp32"
+    threads: int | None = None
+    instances: int = 1
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US
+    max_queue_size: int = 0
+
+
+def export_triton(package: Path, repository: Path, *, model_name: str | None = None, version: int = 1,
+                  settings: TritonModelSettings | None = None) -> Path:
+    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
+
+    Arguments:
+        package: the model package (every checksum is verified).
+        repository: the Triton model repository (created if missing).
+        model_name: Triton model name (default: the package's manifest name).
+        version: the numeric version directory.
+        settings: how the model runs (default: ``TritonModelSettings()``).
 
     Returns:
         The model directory written.
@@ -180,8 +188,10 @@ def export_triton(
             artifact.
         ValueError: an unusable model name.
     """
+    settings = settings or TritonModelSettings()
+    runtime = settings.runtime
     manifest = open_package(package).manifest
-    choice = choose_precision(manifest, runtime, precision)
+    choice = choose_precision(manifest, runtime, settings.precision)
     manifest.artifact(runtime, precision := choice.precision)
     escaping = escaping_links(package)
     if escaping:
@@ -197,10 +207,7 @@ def export_triton(
         )
     if repository.exists() and not repository.is_dir():
         raise ValueError(f"{repository}: not a directory")
-    config = model_config(
-        name, runtime=runtime, precision=precision, threads=threads, instances=instances,
-        max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
-    )
+    config = model_config(name, replace(settings, precision=precision))
     with staging_dir(repository / name) as tmp:
         (tmp / "config.pbtxt").write_text(config, encoding="utf-8")
         version_dir = tmp / str(version)
@@ -219,24 +226,15 @@ def export_triton(
     return repository / name
 
 
-def model_config(
-    name: str,
-    *,
-    runtime: str = "onnxruntime",
-    precision: str = "fp32",
-    threads: int | None = None,
-    instances: int = 1,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
-    max_queue_size: int = 0,
-) -> str:
+def model_config(name: str, settings: TritonModelSettings) -> str:
     """config.pbtxt (Triton's ModelConfig in protobuf text format) for the Python backend model."""
+    threads, max_queue_size = settings.threads, settings.max_queue_size
     # With max_batch_size > 0 Triton adds the batch dimension itself: dims [1] is our [-1, 1].
     outputs = ",\n".join(
         f'  {{\n    name: "{out}"\n    data_type: {dtype}\n    dims: [ 1 ]\n  }}' for out, (dtype, _) in OUTPUTS.items()
     )
     queue_policy = f"\n  default_queue_policy {{ max_queue_size: {max_queue_size} }}" if max_queue_size else ""
-    parameters = {"runtime": runtime, "precision": precision, "threads": "" if threads is None else str(threads),
+    parameters = {"runtime": settings.runtime, "precision": settings.precision, "threads": "" if threads is None else str(threads),
                   "package": PACKAGE_DIR}
     params = "\n".join(
         f'parameters {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}' for key, value in parameters.items()
@@ -244,9 +242,9 @@ def model_config(
     return f"""# Written by `mtgate export-triton`: an mtgate model package on Triton's Python backend.
 name: "{name}"
 backend: "python"
-max_batch_size: {max_batch_size}
+max_batch_size: {settings.max_batch_size}
 dynamic_batching {{
-  max_queue_delay_microseconds: {max_queue_delay_us}{queue_policy}
+  max_queue_delay_microseconds: {settings.max_queue_delay_us}{queue_policy}
 }}
 input [
   {{
@@ -260,7 +258,7 @@ output [
 ]
 instance_group [
   {{
-    count: {instances}
+    count: {settings.instances}
     kind: KIND_CPU
   }}
 ]
