@@ -31,7 +31,7 @@ from serving.package import open_package
 from tests.utils.checkpoint_parity import FAIRSEQ, Converted, ConvertedCheckpoints, source_ids
 from tests.utils.fairseq_factory import PAD, dictionaries, make_fairseq_dir
 from tests.utils.fairseq_reference import FairseqReference, fairseq_sinusoids
-from tests.utils.fsmt_factory import moses_words
+from tests.utils.fsmt_factory import merge_pair, moses_words
 from tests.utils.refusals import assert_refused_at_once
 
 torch = pytest.importorskip("torch")
@@ -120,15 +120,7 @@ def test_tokenizer_applies_the_dictionaries_and_codes(models: dict[str, Converte
             rank, i = min(pairs)
             if rank == 1 << 30:
                 break
-            merged, j, pair = [], 0, (parts[i], parts[i + 1])
-            while j < len(parts):
-                if j < len(parts) - 1 and (parts[j], parts[j + 1]) == pair:
-                    merged.append(parts[j] + parts[j + 1])
-                    j += 2
-                else:
-                    merged.append(parts[j])
-                    j += 1
-            parts = merged
+            parts = merge_pair(parts, (parts[i], parts[i + 1]))
         return [p[:-4] if p.endswith("</w>") else p + "@@" for p in parts]
 
     with gzip.open(ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
