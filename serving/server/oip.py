@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from serving.engine.errors import InvalidInput
+from serving.server.client_json import parse_client_json
 
 if TYPE_CHECKING:  # the codec reads translations' fields; it needs nothing of the engine at run time
     from serving.engine.request import Translation
@@ -184,12 +185,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         header, binary = body[:n], body[n:]
     if not header.strip():
         raise InvalidInput("empty request body; expected an inference request JSON object")
-    try:
-        doc = json.loads(header)
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidInput(f"the request body is not valid JSON ({e})") from None
-    except RecursionError:
-        raise InvalidInput("request JSON is nested too deeply") from None
+    doc = parse_client_json(header, "the request body")
     if not isinstance(doc, dict):
         raise InvalidInput("request must be a JSON object with an 'inputs' list")
 
