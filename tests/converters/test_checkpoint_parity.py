@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.engine.backends import empty_past
 from serving.package import open_package
 from tests.utils.checkpoint_parity import FRAMEWORKS, ConvertedCheckpoints, Framework, source_ids
-from tests.utils.decoding_parity import CASES, package_backend, search_tokens
+from tests.utils.decoding_parity import CASES, assert_forward_matches, package_backend, search_tokens
 
 TOL = 1e-4
 N_SENTENCES = 16
@@ -44,14 +43,7 @@ def test_forward_matches_reference(converted_checkpoints: ConvertedCheckpoints, 
     targets[:, 0] = ids.start
     memory = ref.encode(np.where(mask, inputs, ids.pad), mask)
     log_probs = ref.decode(memory, mask, targets)
-    for runtime in framework.runtimes(shape):
-        backend = package_backend(package, runtime)
-        enc = backend.encode(inputs)
-        assert np.abs(enc.memory - memory)[mask].max() <= TOL, runtime
-        past = empty_past(enc.cross_kv)
-        for step in range(DECODER_STEPS):
-            got, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
-            assert np.abs(got - log_probs[:, step]).max() <= TOL, (runtime, step)
+    assert_forward_matches(package, framework.runtimes(shape), inputs, targets, memory, log_probs, mask, TOL)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from converters.convert import convert
-from serving.engine.backends import empty_past
 from serving.engine.decoding import search
 from serving.engine.tokenizers import InvalidText, load_tokenizer
 from serving.engine.tokenizers.fsmt_bpe import FsmtBpeTokenizer
 from serving.engine.translator import Translator
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, package_backend, search_tokens
+from tests.utils.checkpoint_parity import convert_each
+from tests.utils.decoding_parity import CASES, assert_forward_matches, package_backend, search_tokens
 from tests.utils.fsmt_factory import EOS_ID, PAD_ID, make_fsmt_dir
 from tests.utils.marian_factory import corpus
 from tests.utils.prefix_backend import PrefixBackend
@@ -64,14 +63,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     """shape -> (checkpoint dir, package dir, the FSMT model): one conversion per shape."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("fsmt")
-    out: dict[str, tuple[Path, Path, Any]] = {}
-    for i, (name, shape) in enumerate(SHAPES.items()):
-        source = make_fsmt_dir(root / f"src{i}", generation={"max_length": MAX_LENGTH}, **shape)
-        package = root / f"pkg{i}"
-        runtimes = ["onnxruntime", "openvino"] if name == OPENVINO_SHAPE else ["onnxruntime"]
-        convert(source, package, runtimes=runtimes, precisions=["fp32"], verify=i == 0)
-        out[name] = (source, package, transformers.FSMTForConditionalGeneration.from_pretrained(source).eval())
-    return out
+    converted = convert_each(SHAPES, make_fsmt_dir, root, OPENVINO_SHAPE, generation={"max_length": MAX_LENGTH})
+    return {name: (source, package, transformers.FSMTForConditionalGeneration.from_pretrained(source).eval())
+            for name, (source, package) in converted.items()}
 
 
 def _inputs(source: Path) -> np.ndarray:
@@ -113,14 +107,7 @@ def test_forward_matches_transformers(models: dict[str, Any], shape: str) -> Non
     memory = out.encoder_last_hidden_state.numpy()
     log_probs = torch.log_softmax(out.logits, dim=-1).numpy()
     runtimes = ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]
-    for runtime in runtimes:
-        backend = package_backend(package, runtime)
-        enc = backend.encode(ids)
-        assert np.abs(enc.memory - memory)[mask].max() <= TOL, runtime
-        past = empty_past(enc.cross_kv)
-        for step in range(DECODER_STEPS):
-            got, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
-            assert np.abs(got - log_probs[:, step]).max() <= TOL, (runtime, step)
+    assert_forward_matches(package, runtimes, ids, targets, memory, log_probs, mask, TOL)
 
 
 def fsmt_backend(model: Any) -> PrefixBackend:

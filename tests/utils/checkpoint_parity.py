@@ -7,13 +7,14 @@ A :class:`Framework` says how to write one framework's checkpoint in each shape,
 use, and which shape is also converted for OpenVINO. :func:`convert_shapes` converts every shape once;
 tests/converters/conftest.py keeps the results for the session, so that the one parametrized parity suite
 (tests/converters/test_checkpoint_parity.py) and each framework's own tests (test_fairseq.py, test_opennmt.py,
-test_marian_npz.py: manifest, tokenizer, refusals) share the conversions.
+test_marian_npz.py: manifest, tokenizer, refusals) share the conversions. :func:`convert_each` converts the shapes
+of the readers tested against transformers too (test_fsmt.py, test_marian_shapes.py).
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -84,6 +85,7 @@ class Framework:
     needs_torch: bool
 
     def runtimes(self, shape: str) -> list[str]:
+        """The runtimes ``shape`` was converted for."""
         return ["onnxruntime", "openvino"] if shape == self.openvino_shape else ["onnxruntime"]
 
     def ids_of(self, package: Path) -> Ids:
@@ -197,16 +199,25 @@ MARIAN_NPZ = Framework(
 FRAMEWORKS = (FAIRSEQ, OPENNMT, MARIAN_NPZ)
 
 
-def convert_shapes(framework: Framework, root: Path) -> dict[str, Converted]:
-    """shape -> its checkpoint, package and reference: one conversion per shape (the first one's parity verified,
-    the OpenVINO shape converted for both runtimes)."""
+def convert_each(shapes: Mapping[str, dict[str, Any]], make_dir: Callable[..., Path], root: Path, openvino_shape: str,
+                 *, verify_first: bool = True, **common: Any) -> dict[str, tuple[Path, Path]]:
+    """shape -> (checkpoint dir, package dir): ``make_dir(dir, **common, **options)`` converted once per shape, fp32,
+    for ONNX Runtime (``openvino_shape`` for OpenVINO too); the first shape's parity verified if ``verify_first``."""
     out = {}
-    for i, (name, options) in enumerate(framework.shapes.items()):
-        source = framework.make_dir(root / f"src{i}", **options)
+    for i, (name, options) in enumerate(shapes.items()):
+        source = make_dir(root / f"src{i}", **common, **options)
         package = root / f"pkg{i}"
-        convert(source, package, runtimes=framework.runtimes(name), precisions=["fp32"], verify=i == 0)
-        out[name] = Converted(source, package, framework.reference(options, package))
+        runtimes = ["onnxruntime", "openvino"] if name == openvino_shape else ["onnxruntime"]
+        convert(source, package, runtimes=runtimes, precisions=["fp32"], verify=verify_first and i == 0)
+        out[name] = (source, package)
     return out
+
+
+def convert_shapes(framework: Framework, root: Path) -> dict[str, Converted]:
+    """shape -> its checkpoint, package and reference (:func:`convert_each`)."""
+    converted = convert_each(framework.shapes, framework.make_dir, root, framework.openvino_shape)
+    return {name: Converted(source, package, framework.reference(framework.shapes[name], package))
+            for name, (source, package) in converted.items()}
 
 
 def source_ids(package: Path, ids: Ids, sentences: int = 16) -> np.ndarray:
