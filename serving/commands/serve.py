@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
     transports = []
     if settings.grpc_port is not None:
-        from serving.server.grpc.service import GrpcTransport
+        from serving.server.grpc.servicer import GrpcTransport
 
         transports.append(GrpcTransport(settings.host, settings.grpc_port))
     try:
