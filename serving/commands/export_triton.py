@@ -98,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Triton model repository to write the model into (created if missing)")
     parser.add_argument("--model-name", metavar="NAME", help="Triton model name (default: the package's name)")
     parser.add_argument("--model-version", type=int, default=1, help="numeric version directory (default 1)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace REPO's model of that name if it exists, every version of it (atomically: the "
+                             "old model stays until the new one is complete)")
     add_runtime(parser, threads_help="intra-op threads per model instance (default: the runtime's choice)")
     parser.add_argument("--instances", type=int, default=1, metavar="N",
                         help="model instances (KIND_CPU); instances x threads should not exceed the cores (default 1)")
@@ -139,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
             max_queue_size=args.max_queue_size,
         )
         model_dir = export_triton(package, args.output, model_name=args.model_name, version=args.model_version,
-                                  settings=settings)
-    except (PackageError, ValueError, OSError) as e:
+                                  settings=settings, overwrite=args.overwrite)
+    except (PackageError, ValueError, FileExistsError, OSError) as e:
         if created:  # leave nothing behind: the repository this command made is removed again
             shutil.rmtree(args.output, ignore_errors=True)
-        if not isinstance(e, OSError):
+        if not isinstance(e, OSError) or isinstance(e, FileExistsError):
             raise UsageError(str(e)) from None
         sys.stderr.write(f"mtgate export-triton: failed: cannot write {e.filename or args.output}: "
                          f"{e.strerror or e}; nothing was changed in {args.output}\n")
@@ -177,8 +180,9 @@ class TritonModelSettings:
 
 
 def export_triton(package: Path, repository: Path, *, model_name: str | None = None, version: int = 1,
-                  settings: TritonModelSettings | None = None) -> Path:
-    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
+                  settings: TritonModelSettings | None = None, overwrite: bool = False) -> Path:
+    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced with ``overwrite``,
+    else refused before any work, as ``mtgate convert`` refuses an existing package).
 
     Arguments:
         package: the model package (every checksum is verified).
@@ -186,6 +190,7 @@ def export_triton(package: Path, repository: Path, *, model_name: str | None = N
         model_name: Triton model name (default: the package's manifest name).
         version: the numeric version directory.
         settings: how the model runs (default: ``TritonModelSettings()``).
+        overwrite: replace a model of that name (every version of it).
 
     Returns:
         The model directory written.
@@ -194,6 +199,7 @@ def export_triton(package: Path, repository: Path, *, model_name: str | None = N
         PackageError: not a package, a file missing or modified, a symlink leading outside the package, or no such
             artifact.
         ValueError: an unusable model name.
+        FileExistsError: a model of that name exists and ``overwrite`` is False.
     """
     settings = settings or TritonModelSettings()
     runtime = settings.runtime
@@ -214,8 +220,11 @@ def export_triton(package: Path, repository: Path, *, model_name: str | None = N
         )
     if repository.exists() and not repository.is_dir():
         raise ValueError(f"{repository}: not a directory")
+    if (repository / name).exists() and not overwrite:
+        raise FileExistsError(f"{repository / name}: already exists (pass --overwrite to replace the model, every "
+                              "version of it)")
     config = model_config(name, replace(settings, precision=precision))
-    with staging_dir(repository / name) as tmp:
+    with staging_dir(repository / name, overwrite=overwrite) as tmp:
         (tmp / "config.pbtxt").write_text(config, encoding="utf-8")
         version_dir = tmp / str(version)
         version_dir.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,25 @@ from serving.engine.shortlist import Shortlist
 from serving.package import ENCODER_OUTPUTS, PackageError, cross_names, past_names, present_names, stacked
 
 logger = logging.getLogger(__name__)
+
+
+def physical_cores() -> int:
+    """The machine's physical cores, which is how many intra-op threads ONNX Runtime runs when not told (Linux: the
+    distinct (package, core) pairs of the online CPUs; elsewhere, or when unreadable, ``os.cpu_count()``)."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text()
+                       .strip()))
+        except OSError:
+            return os.cpu_count() or 1
+    return len(cores) or os.cpu_count() or 1
+
+
+def threads_note(threads: int | None) -> str:
+    """How many intra-op threads a session runs, for the load log line."""
+    return f"threads={threads}" if threads is not None else \
+        f"threads={physical_cores()}, ONNX Runtime's default: one per physical core"
 
 
 def session_options(threads: int | None, *, spin: bool = True) -> Any:
@@ -79,8 +99,8 @@ class OnnxRuntimeBackend:
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
         self._vocab: int | None = None if shortlist is None else shortlist.target_vocab
-        logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
-                    threads)
+        logger.info("onnxruntime %s: loaded %s, %s (%s)", ort.__version__, encoder_path, decoder_path,
+                    threads_note(threads))
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         memory, cross_kv, src_bias = self.encoder.run(list(ENCODER_OUTPUTS), {"input_ids": as_ids(input_ids)})
