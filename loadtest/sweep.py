@@ -31,7 +31,7 @@ from pathlib import Path
 
 from loadtest.errors import LoadTestError
 from loadtest.gate import Check, evaluate
-from loadtest.runner import resolve_corpus, run_scenario
+from loadtest.locust_run import resolve_corpus, run_scenario
 from loadtest.scrape import ServerMetrics
 from loadtest.server import package_model_name, start_server
 from loadtest.stats import RunStats, merge_runs

@@ -26,9 +26,9 @@ from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.errors import LoadTestError
+from loadtest.locust_run import run_all
 from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
 from loadtest.report import ScenarioResult, write_text_atomically
-from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, ShadowTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate_cost import (
@@ -57,7 +57,6 @@ def _usage_error(message: str) -> Exception:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from serving.commands.options import (
-        RUNTIMES,
         add_alias,
         add_decoding,
         add_max_batch_size,
@@ -66,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         positive_float,
         positive_int,
     )
-    from serving.package.precision import PRECISION_CHOICES
+    from serving.package import PRECISION_CHOICES, RUNTIMES
     from serving.server.settings import DEFAULT_MAX_BATCH_SIZE
 
     add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])

@@ -2,7 +2,7 @@
 ``models/demo-en-de-src``, with its built package ``models/demo-en-de``) translates held-out sentences text to text,
 each engine with its own tokenizer and detokenizer, until EOS.
 
-The engines run as in the random-model mode (``benchmarks.bench.processes``: a process per engine, case and round,
+The engines run as in the random-model mode (``benchmarks.bench.rounds``: a process per engine, case and round,
 the engines' order alternating); a case's speed is sentences/s (engines generate different tokens, so tokens/s is
 shown but not compared), paired round by round. Every engine's translations are scored with BLEU against the
 references and compared with transformers' ``generate`` (identical translations). The ratios that the issue's
@@ -23,7 +23,7 @@ from benchmarks.bench.analysis import merge_rounds
 from benchmarks.bench.engines import EngineSpec
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import Plan
-from benchmarks.bench.processes import Unit, run_rounds
+from benchmarks.bench.rounds import Unit, run_rounds
 from benchmarks.bench.text_report import render_text_markdown
 from benchmarks.bench.workload import WorkloadError, read_sentences
 from serving.commands.options import UsageError

@@ -1,5 +1,5 @@
-"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine, case and round
-(``--interleave engine``: per engine and round), the engines' order alternating from one to the next, the reports.
+"""A run of the benchmark: the model and its conversions (built once, cached), the engines' rounds
+(``benchmarks.bench.rounds``), the reports.
 
 The cache folder (``--cache-dir``) holds, per model, the mtgate package converted from it, the peers' artifacts, the
 logs of the slow preparation steps and each run's worker configs and results (``runs/<name>/``).
@@ -26,10 +26,10 @@ from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
 from benchmarks.bench.engines import PEER_ENGINES, TEXT_PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import NAME, Plan
-from benchmarks.bench.processes import PEERS_SCRIPT, Unit, run_rounds, worker_env
-from benchmarks.bench.processes import run_command as _run
-from benchmarks.bench.processes import tail as _tail
 from benchmarks.bench.report import render_markdown
+from benchmarks.bench.rounds import PEERS_SCRIPT, Unit, run_rounds, worker_env
+from benchmarks.bench.rounds import run_command as _run
+from benchmarks.bench.rounds import tail as _tail
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
 from serving.commands.options import UsageError
 from serving.package import Manifest, open_package
