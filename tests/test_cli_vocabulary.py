@@ -243,7 +243,7 @@ def test_same_option_same_default(every_option: list[Option]) -> None:
 
 
 def test_precision_defaults_to_auto(every_option: list[Option]) -> None:
-    from loadtest.sweep_config import Space
+    from loadtest.sweep.config import Space
     from serving.server.settings import ServingSettings
 
     precision = [o for o in every_option if o.name == "--precision" and o.command != "convert"]
