@@ -5,7 +5,7 @@
 
 For each mode of ``--modes`` (``request``: a batch runs to completion before the next starts; ``step``: new
 requests join the running decode batch at decoder-step boundaries), ``mtgate serve`` runs on a free loopback port
-with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_BACKEND`` in its environment
+with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_RUNTIME`` in its environment
 (plus any ``--server-env NAME=VALUE``); all of them start first and stay up (an idle server uses no CPU). For each
 rate of ``--rates``, in order, the modes take turns (so that a change in the machine's speed over the run, which on a
 shared VM can be tens of percent within minutes, hits every mode alike): headless Locust runs
@@ -35,8 +35,6 @@ import re
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -49,8 +47,11 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` f
 
 from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.metrics_text import MetricsUnavailable, read_metrics, summed  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
 from loadtest.targets import parse_duration  # noqa: E402
+from serving.commands.options import UsageError, add_alias  # noqa: E402
+from serving.package import DEFAULT_RUNTIME, RUNTIMES  # noqa: E402
 from serving.package.files import atomic_write_text  # noqa: E402
 
 MODES = ("request", "step")
@@ -61,12 +62,8 @@ MISSES_TO_STOP = 2  # consecutive rates that do not hold end a mode's ladder
 USERS_PER_RPS, MIN_USERS, MAX_USERS = 4, 16, 200
 IDLE_TIMEOUT_S = 60.0  # the server's request timeout (30 s by default) ends any backlog well within it
 # Set by this script for each server; --server-env may not set them.
-_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_BACKEND", "MTGATE_HOST",
-                 "MTGATE_PORT", "MTGATE_MODEL_DIRS")
-
-
-class UsageError(Exception):
-    """Bad arguments: one line on stderr, exit code 2."""
+_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_RUNTIME", "MTGATE_BACKEND",
+                 "MTGATE_HOST", "MTGATE_PORT", "MTGATE_MODEL_DIRS")
 
 
 class BenchmarkError(Exception):
@@ -86,7 +83,7 @@ class Config:
     users: int | None  # None: users_for(rate)
     threads: int
     precision: str
-    backend: str
+    runtime: str
     beam_size: int | None
     server_env: dict[str, str]
     out_dir: Path
@@ -141,8 +138,9 @@ def served_parser(name: str, description: str | None) -> argparse.ArgumentParser
     parser.add_argument("--threads", type=int, default=2, help="runtime threads, MTGATE_THREADS (default: 2)")
     parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
                         help="artifact, MTGATE_PRECISION (default: int8)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="runtime, MTGATE_BACKEND (default: onnxruntime)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                        help=f"runtime, MTGATE_RUNTIME (default: {DEFAULT_RUNTIME})")
+    add_alias(parser, "--backend", "runtime", new="--runtime", choices=RUNTIMES)
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
     file_name = name.replace("_", "-")
@@ -202,7 +200,7 @@ def parse_server_env(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/server/settings.py)")
         if name in _OWN_SETTINGS:
             raise UsageError(f"--server-env {name}: set by this script (use --modes, --threads, --precision, "
-                             "--backend; host, port and model are chosen per server)")
+                             "--runtime; host, port and model are chosen per server)")
         env[name] = value
     return env
 
@@ -225,6 +223,27 @@ def read_package(path: Path | None) -> tuple[Path, dict[str, Any]]:
                      "package_beam_size": decoding.get("beam_size")}
 
 
+def seconds_option(flag: str, text: str) -> float:
+    """A duration option (``30``, ``'30s'``, ``'2m'``) in seconds (UsageError naming ``flag``)."""
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def run_name(given: str | None, prefix: str, out_dir: Path) -> str:
+    """``--name`` (default ``<prefix>-<UTC date>``), checked: a plain file name whose report is not in ``out_dir``
+    yet (UsageError)."""
+    name = given or f"{prefix}-{datetime.now(UTC):%Y-%m-%d}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
+    files = ReportFiles.of(out_dir, name)
+    existing = [p for p in (files.json_path, files.md_path) if p.exists()]
+    if existing:
+        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    return name
+
+
 def parse_args(argv: Sequence[str]) -> Config:
     """Check the command line and turn it into a Config.
 
@@ -233,10 +252,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     """
     args = _build_parser().parse_args(argv)
     modes, rates, server_env = parse_modes(args.modes), _rates(args.rates), parse_server_env(args.server_env)
-    try:
-        duration_s = parse_duration(args.duration)
-    except ValueError as e:
-        raise UsageError(f"--duration: {e}") from None
+    duration_s = seconds_option("--duration", args.duration)
     for flag, value in (("--p95-ms", args.p95_ms), ("--server-timeout", args.server_timeout)):
         if not math.isfinite(value) or value <= 0:
             raise UsageError(f"{flag} must be a positive number (got {value:g})")
@@ -246,16 +262,11 @@ def parse_args(argv: Sequence[str]) -> Config:
         if number is not None and number < 1:
             raise UsageError(f"{flag} must be at least 1 (got {number})")
     package, model = read_package(args.model)
-    name = args.name or f"served-batching-{datetime.now(UTC):%Y-%m-%d}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
-    if existing:
-        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    name = run_name(args.name, "served-batching", args.out_dir)
     return Config(
         package=package, model=model, modes=modes, rates=rates, duration_s=duration_s,
         p95_ms=args.p95_ms, users=args.users or None, threads=args.threads, precision=args.precision,
-        backend=args.backend, beam_size=args.beam_size, server_env=server_env,
+        runtime=args.runtime, beam_size=args.beam_size, server_env=server_env,
         out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-batching" / name, name=name,
         server_timeout_s=args.server_timeout,
         command=shlex.join(["python", "-m", "benchmarks.served_batching", *argv]),
@@ -332,13 +343,11 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
 def server_load(host: str) -> float | None:
     """Requests in flight plus sentences queued, from the server's ``/metrics`` (None: it reports neither)."""
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=5) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError):
+        values = summed(read_metrics(host, 5))
+    except MetricsUnavailable:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(("mtgate_inflight_requests", "mtgate_queue_depth"))]
-    return sum(values) if values else None
+    load = [values[name] for name in ("mtgate_inflight_requests", "mtgate_queue_depth") if name in values]
+    return sum(load) if load else None
 
 
 def wait_until_idle(host: str, timeout_s: float = IDLE_TIMEOUT_S) -> None:
@@ -376,13 +385,13 @@ class ServerOptions(Protocol):
     @property
     def precision(self) -> str: ...
     @property
-    def backend(self) -> str: ...
+    def runtime(self) -> str: ...
 
 
 def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
     """The ``MTGATE_*`` settings of the server for ``mode``: ``--server-env``'s and this script's own."""
     return {**config.server_env, "MTGATE_BATCHING": mode, "MTGATE_THREADS": str(config.threads),
-            "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
+            "MTGATE_PRECISION": config.precision, "MTGATE_RUNTIME": config.runtime}
 
 
 def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], object]) -> None:
@@ -470,7 +479,7 @@ def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], start
         "complete": complete,
         "machine": host,
         "model": {"package": str(config.package), **config.model},
-        "server": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+        "server": {"runtime": config.runtime, "precision": config.precision, "threads": config.threads,
                    "env": dict(config.server_env)},
         "load": {"user": "TranslateUser", "corpus": str(default_corpus()), "duration_s": config.duration_s,
                  "users": config.users or "auto", "users_rule": _users_text(config), "beam_size": config.beam_size,
@@ -491,7 +500,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"# Served batching at fixed arrival rates: {data['name']}",
         "",
         *run_header(data),
-        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['backend']}, "
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['runtime']}, "
         f"{server['precision']}, {server['threads']} threads" + (f", {extra_env}" if extra_env else ""),
         f"- load: Locust `{load['user']}` (one sentence per `POST /v1/translate`), sentences from "
         f"`{Path(load['corpus']).name}`, beam size {beam}, {load['duration_s']:g} s per rate, users: "
