@@ -53,19 +53,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_offline.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.served_batching import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     BenchmarkError,
     ReportFiles,
-    locust_command,
     machine,
-    parse_modes,
-    parse_server_env,
     read_package,
-    reported_batching,
     run_header,
     run_name,
     say,
     seconds_option,
+)
+from benchmarks.served_batching import (  # noqa: E402
+    locust_command,
+    parse_modes,
+    parse_server_env,
+    reported_batching,
     served_parser,
     server_environment,
     wait_until_idle,

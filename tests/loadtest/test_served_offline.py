@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.served_batching import BenchmarkError
+from benchmarks.common import BenchmarkError
 from benchmarks.served_offline import ModeResult, main, parse_metrics, server_threads
 from serving.server.settings import demo_model
 
