@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -315,6 +316,7 @@ def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path
     results = []
     with ExitStack() as stack:
         started = []
+        created = [report_dir / s.name for s in scenarios if not (report_dir / s.name).exists()]
         for scenario in scenarios:  # every Locust loads at once, then waits at its gate for its turn and model
             path = resolve_corpus(corpus, scenario, default_corpus)
             locust = start_scenario(host, scenario, report_dir / scenario.name, path, None, api_key,
@@ -326,10 +328,17 @@ def run_all(host: str, scenarios: list[Scenario], report_dir: Path, corpus: Path
         if ready is not None:
             ready()
         models: dict[str | None, ServedModel] = {}
-        for scenario in scenarios:
-            name = scenario.model or model_name
-            if name not in models:
-                models[name] = served_model(host, name, api_key)
+        try:
+            for scenario in scenarios:
+                name = scenario.model or model_name
+                if name not in models:
+                    models[name] = served_model(host, name, api_key)
+        except LoadTestError:  # nothing ran: leave no scenario directory behind
+            for _, locust in started:
+                locust.abandon()
+            for directory in created:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
         deadline = time.monotonic() + LOAD_TIMEOUT_S
         while not all(locust.loaded() for _, locust in started) and time.monotonic() < deadline:
             time.sleep(0.05)

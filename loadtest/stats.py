@@ -48,14 +48,15 @@ class Histogram:
     min_ms: float | None
     max_ms: float | None
 
-    def percentile(self, fraction: float) -> int:
-        """The time ``fraction`` of the requests took at most: Locust's ``calculate_response_time_percentile``."""
+    def percentile(self, fraction: float) -> float:
+        """The time ``fraction`` of the requests took at most: Locust's ``calculate_response_time_percentile``, kept
+        within the exact extremes as the percentiles of Locust's CSV files are read (:func:`_within`)."""
         within = int(self.requests * fraction)
         done = 0
         for ms in sorted(self.counts, reverse=True):
             done += self.counts[ms]
             if self.requests - done <= within:
-                return ms
+                return _within(ms, self.min_ms, self.max_ms) or 0.0
         return 0
 
     def median(self) -> float:

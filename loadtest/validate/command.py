@@ -18,17 +18,15 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.errors import LoadTestError
 from loadtest.locust_run import run_all
-from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
-from loadtest.report import ScenarioResult, write_text_atomically
+from loadtest.quality import Comparison, SystemScore, analyse, compare, score
+from loadtest.report import write_text_atomically
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, ShadowTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate.cost import (
@@ -38,6 +36,7 @@ from loadtest.validate.cost import (
     quality_beam,
     throughput_cost,
 )
+from loadtest.validate.outcome import Check, Outcome
 from loadtest.validate.report import describe_package, write_outcome, write_validate_tensorboard
 from loadtest.validate.speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
@@ -108,40 +107,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "TensorBoard into a new run directory under DIR")
     parser.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                         help="seconds to wait for the candidate's server to become ready (default: 120)")
-
-
-@dataclass
-class Check:
-    """One reason for the verdict."""
-
-    name: str
-    passed: bool
-    detail: str
-
-
-@dataclass
-class Outcome:
-    """Everything the report shows."""
-
-    candidate: dict[str, Any]
-    baseline: dict[str, Any] | None
-    testset: dict[str, Any]
-    checks: list[Check] = field(default_factory=list)
-    parity: list[Any] = field(default_factory=list)
-    quality: dict[str, SystemScore] = field(default_factory=dict)
-    comparisons: list[Comparison] = field(default_factory=list)
-    load: list[ScenarioResult] = field(default_factory=list)
-    host: str | None = None
-    cost: dict[str, Any] | None = None
-    plan: Plan | None = None
-    analysis: Analysis | None = None
-    alpha: float = 0.05
-    speed_left_to: str | None = None  # the load scenario that measures throughput instead of timed passes in process
-    shadow: dict[str, Any] | None = None  # --shadow-log: loadtest.validate.shadow.summarize
-
-    @property
-    def verdict(self) -> str:
-        return "PROMOTE" if self.checks and all(c.passed for c in self.checks) else "REJECT"
 
 
 # ---------------------------------------------------------------- package

@@ -16,7 +16,7 @@ from loadtest.quality import SystemScore
 from loadtest.targets import TargetsFile
 
 if TYPE_CHECKING:
-    from loadtest.validate.command import Outcome
+    from loadtest.validate.outcome import Outcome
 
 estimate_cost = cost_per_million_at_full_use  # the name validate's callers know
 

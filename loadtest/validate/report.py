@@ -16,7 +16,7 @@ from loadtest.report import html_page, html_table, scenario_html, write_text_ato
 
 if TYPE_CHECKING:
     from loadtest.quality import SystemScore
-    from loadtest.validate.command import Outcome
+    from loadtest.validate.outcome import Outcome
 
 
 def describe_package(summary: dict[str, Any]) -> str:

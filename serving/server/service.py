@@ -25,15 +25,12 @@ from serving.engine.documents import (
     sentences_of,
     source_language,
     split_documents,
-    too_long,
 )
-from serving.engine.errors import InputTooLong, InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.engine.errors import InvalidInput, ModelNotFound, ModelNotReady, ServingError
 from serving.engine.request import (
     EMPTY_TRANSLATION,
-    DecodeOptions,
     Engine,
     OnPartial,
-    Prepared,
     ReferenceScore,
     Translation,
 )
@@ -43,16 +40,11 @@ from serving.server.batching import Pending
 from serving.server.limits import Admission, RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
+from serving.server.preparation import prepare
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
 
 logger = logging.getLogger(__name__)
-
-
-def _at(indexes: Sequence[int] | None, index: int) -> int:
-    """A text's index in the request (``indexes``: of the texts sent to the engine, when some were left out)."""
-    return index if indexes is None else indexes[index]
-
 
 
 @dataclass(frozen=True)
@@ -265,43 +257,6 @@ class TranslationService:
         finally:
             runner.active -= 1
 
-    async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
-                      documents: Sequence[Document] | None = None,
-                      target_prefix: Sequence[str] | None = None,
-                      indexes: Sequence[int] | None = None) -> Prepared:
-        """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
-        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits);
-        ``indexes``: each text's index in the request, for the messages (default: its own).
-
-        Raises:
-            LimitExceeded: too many sentences, or a sentence too long in characters.
-            InvalidInput: an empty sentence.
-            InvalidText: a sentence that is not valid Unicode (a lone surrogate), named by its index.
-            InputTooLong: a sentence with more tokens than the model has positions.
-        """
-        total = self.limits.check_texts(texts) if documents is None else sum(len(text) for text in texts)
-        assert runner.translator is not None
-        translator = runner.translator
-        try:
-            # Tokenizing is cheap but not free: keep big requests off the event loop.
-            prefixes = None if target_prefix is None else list(target_prefix)
-            if total <= 4096:
-                return translator.prepare(list(texts), options, prefixes)
-            return await asyncio.to_thread(translator.prepare, list(texts), options, prefixes)
-        except InvalidText as e:  # the tokenizer does not know which text of the request it was
-            where = (f"text[{_at(indexes, list(texts).index(e.text))}]" if e.text in texts
-                     else f"target_prefix[{_at(indexes, list(target_prefix or []).index(e.text))}]")
-            raise e.about(where) from None
-        except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
-            if documents is not None:
-                e = too_long(e, documents)
-                raise InputTooLong(f"text[{e.index}] {e}", index=e.index, tokens=e.tokens, limit=e.limit) from None
-            index = _at(indexes, e.index)
-            raise InputTooLong(
-                f"text[{index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens; "
-                "truncate cuts it instead)", index=index, tokens=e.tokens, limit=e.limit,
-            ) from None
-
     async def admit(
         self,
         model: str | ModelRunner | None,
@@ -313,7 +268,7 @@ class TranslationService:
         documents: Sequence[Document] | None = None,
         indexes: Sequence[int] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
-        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`; ``indexes``: their
+        """Check and admit ``texts`` (with ``documents``: their sentences, :func:`serving.server.preparation.prepare`; ``indexes``: their
         indexes in the request, for the messages) under ``admission`` (its options, deadline, tag and target
         prefix); await ``pending.wait()`` for the translations.
 
@@ -330,8 +285,8 @@ class TranslationService:
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, admission.options, documents, admission.target_prefix,
-                                          indexes)
+            prepared = await prepare(runner, self.limits, texts, admission.options, documents,
+                                     admission.target_prefix, indexes)
         except BaseException:
             runner.active -= 1
             raise
