@@ -76,7 +76,6 @@ def open_stream(tokenizer: Tokenizer) -> TextStream:
     """A :class:`TextStream` for one sentence decoded by ``tokenizer`` (its ``stream()``, else :class:`WholeText`)."""
     make = getattr(tokenizer, "stream", None)
     if callable(make):
-        stream = make()
-        assert isinstance(stream, TextStream)
+        stream: TextStream = make()
         return stream
     return WholeText(tokenizer)

@@ -37,7 +37,7 @@ DATA = ROOT / "tests" / "data"
 
 
 def _references(lang: str = "de") -> list[str]:
-    with gzip.open(ROOT / "models" / "data" / "multi30k" / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(ROOT / "tests" / "data" / "multi30k" / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8") as f:
         return f.read().splitlines()
 
 
