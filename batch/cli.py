@@ -296,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
 def quiet_tensorflow(log_level: str) -> None:
     """Keep TensorFlow's start-up log off stderr unless ``log_level`` is DEBUG (set before tensorflow is imported).
 
-    tensorflow (imported only by ``--tensorboard``'s writer; TFRecords are read and written without it) logs through absl's C++ logging: "All log messages before
+    tensorflow (batch-score imports none: TFRecords and TensorBoard events are written without it; a library that
+    finds it installed may) logs through absl's C++ logging: "All log messages before
     absl::InitializeLog() ...", cpu_feature_guard's instruction list and, whatever ``TF_CPP_MIN_LOG_LEVEL`` says,
     "oneDNN custom operations are on". batch-score runs no TensorFlow math, so turning oneDNN off changes nothing
     else. A value already in the environment wins; spawned workers inherit these.
@@ -338,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="batch-score", description="Translate and score TFRecord, JSONL or text "
                                      "files with a model package or a server.")
     add_log_level(parser, default="WARNING", help="logging level (default WARNING; DEBUG also shows TensorFlow's "
-                  "own start-up log with --tensorboard)")
+                  "own start-up log, should a library import it)")
     add_arguments(parser)
     return parser
 

@@ -1,6 +1,6 @@
 """What batch-score says on the console: the one summary line of a run (with the sacreBLEU signatures), the
 dry run's report of the inputs, the warning for an empty input; and, with ``--tensorboard DIR``, the run's scalars
-and summary in a TensorBoard run directory of its own (``loadtest.tensorboard``'s writer, imported only then)."""
+and summary in a TensorBoard run directory of its own (``batch.tensorboard``'s writer, imported only then)."""
 
 from __future__ import annotations
 
@@ -92,10 +92,8 @@ def tensorboard_problem(root: Path) -> str | None:
     DIR may not exist yet (it is created with the run directory): its nearest existing ancestor must then be a
     writable directory.
     """
-    missing = [name for name in ("tensorflow", "tensorboard") if importlib.util.find_spec(name) is None]
-    if missing:
-        return (f"--tensorboard needs {' and '.join(missing)} (not in the batch extra): pip install "
-                "'mtgate[batch,loadtest]'")
+    if importlib.util.find_spec("tensorboardX") is None:
+        return "--tensorboard needs tensorboardX (not installed): pip install 'mtgate[batch]'"
     if root.exists() and not root.is_dir():
         return f"--tensorboard {root}: exists and is not a directory"
     existing = next(p for p in (root, *root.parents) if p.exists())
@@ -119,7 +117,7 @@ def tensorboard_scalars(summary: dict[str, Any]) -> dict[str, float | None]:
 
 def write_tensorboard(root: Path, summary: dict[str, Any], job: Job) -> Path:
     """One TensorBoard run directory under ``root`` with the run's scalars and a text summary; returns it."""
-    from loadtest.tensorboard import markdown_table, open_run
+    from batch.tensorboard import markdown_table, open_run
 
     scores = summary.get("scores") or {}
     rows = [["", ""], ["inputs", ", ".join(summary["inputs"])], ["output", str(job.output)],

@@ -34,7 +34,12 @@ CONFIGS = {  # name -> (precision, beam, batch)
 
 CHILD = """
 import json, sys, time
-from serving.engine.translator import DecodeOptions, Translator
+# An editable install's import hook (scikit-build-core) would import its own checkout whatever PYTHONPATH says.
+sys.meta_path[:] = [finder for finder in sys.meta_path if "ScikitBuild" not in type(finder).__name__]
+try:
+    from serving.engine.translator import DecodeOptions, Translator
+except ImportError:  # a checkout from before serving/ was cut into rooms
+    from serving.engine import DecodeOptions, Translator
 import serving
 package, precision, beam, batch, threads, passes = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 texts = json.loads(sys.stdin.read())

@@ -145,12 +145,12 @@ ADHOC = "adhoc"
 
 
 def check_tensorboard(root: Path) -> None:
-    """``--tensorboard DIR`` is writable and tensorflow is installed, before any work.
+    """``--tensorboard DIR`` is writable and tensorboardX is installed, before any work.
 
     Raises:
         UsageError: either is not the case.
     """
-    from loadtest.tensorboard import TensorBoardUnavailable, check_available
+    from batch.tensorboard import TensorBoardUnavailable, check_available
 
     check_writable(root, "--tensorboard", directory=True)
     try:
@@ -205,7 +205,7 @@ def write_scenarios(writer: Any, results: list[ScenarioResult], prefix: str = "l
 
 def write_tensorboard(root: Path, host: str, results: list[ScenarioResult], ok: bool) -> Path:
     """One TensorBoard run directory for this load test; returns it."""
-    from loadtest.tensorboard import markdown_table, open_run
+    from batch.tensorboard import markdown_table, open_run
 
     with open_run(root, "loadtest") as writer:
         write_scenarios(writer, results)

@@ -63,7 +63,7 @@ from loadtest.responses import (
     error_message,
     parse_sse,
 )
-from loadtest.stats import TTFE
+from loadtest.stats import HISTOGRAM_FIELDS, HISTOGRAMS, TTFE
 from serving.package.files import atomic_write_text, atomic_writer
 
 logger = logging.getLogger(__name__)
@@ -217,11 +217,13 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
 
 
 def _on_quitting(environment: Environment, **_: Any) -> None:
-    """Rewrite ``--csv``'s summary files with the final stats.
+    """Rewrite ``--csv``'s summary files with the final stats, and write each entry's response-time histogram beside
+    them (``PREFIX_response_times.json``, :data:`loadtest.stats.HISTOGRAMS`).
 
     Locust rewrites them once a second while running and not at exit, so they miss the requests of the last second
     (all of them in a 1-second run). The files are replaced (new inode), so Locust's own still-open handles write
-    to the old files, not over these.
+    to the old files, not over these. The histograms are Locust's own (``StatsEntry.response_times``, the fields of
+    its ``serialize()`` that percentiles need): runs against replicas side by side merge into exact percentiles.
     """
     prefix = environment.parsed_options.csv_prefix if environment.parsed_options is not None else None
     if not prefix:
@@ -230,6 +232,9 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     for suffix, write in (("_stats.csv", writer.requests_csv), ("_failures.csv", writer.failures_csv)):
         with atomic_writer(Path(prefix + suffix), newline="") as f:
             write(csv.writer(f))
+    entries = [*environment.stats.entries.values(), environment.stats.total]
+    atomic_write_text(Path(prefix + HISTOGRAMS), json.dumps([{key: getattr(entry, key) for key in HISTOGRAM_FIELDS}
+                                                              for entry in entries]))
 
 
 for _hook, _listener in ((events.init_command_line_parser, _add_options), (events.init, _init),

@@ -206,7 +206,7 @@ def quality_html(analysis: Analysis) -> str:
 
 def examples_markdown(analysis: Analysis) -> str:
     """The examples as Markdown (for TensorBoard's text plugin)."""
-    from loadtest.tensorboard import markdown_table
+    from batch.tensorboard import markdown_table
 
     out = []
     for title, examples in (("Largest chrF losses", analysis.losses), ("Largest chrF gains", analysis.gains)):

@@ -16,12 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batch.tensorboard import markdown_table
 from loadtest.charts import COLORS, Axes, Line, Series, panels
 from loadtest.gate import Check
 from loadtest.scrape import ServerMetrics
 from loadtest.stats import AGGREGATED, TTFE, Entry, RunStats
 from loadtest.targets import Scenario, Targets
-from loadtest.tensorboard import markdown_table
 
 if TYPE_CHECKING:
     from loadtest.server import ServedModel

@@ -1,6 +1,10 @@
 """Read what one headless Locust run wrote: ``PREFIX_stats.csv``, ``PREFIX_stats_history.csv``,
-``PREFIX_failures.csv`` (Locust's ``--csv PREFIX --csv-full-history``) and ``PREFIX_tokens.json`` (our locustfile's
-``--tokens-file``). Times are milliseconds, as Locust writes them.
+``PREFIX_failures.csv`` (Locust's ``--csv PREFIX --csv-full-history``), ``PREFIX_tokens.json`` (our locustfile's
+``--tokens-file``) and ``PREFIX_response_times.json`` (our locustfile: each entry's response-time histogram, as
+Locust keeps it). Times are milliseconds, as Locust writes them.
+
+Runs made side by side against replicas of one service merge into one (:func:`merge_runs`): their histograms add
+up, so the merged percentiles are those of all the requests together, computed as Locust computes its own.
 """
 
 from __future__ import annotations
@@ -8,11 +12,18 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 PERCENTILES: tuple[str, ...] = ("50%", "66%", "75%", "80%", "90%", "95%", "98%", "99%", "99.9%", "99.99%", "100%")
+PERCENTILE_FRACTIONS = dict(zip(PERCENTILES, (0.50, 0.66, 0.75, 0.80, 0.90, 0.95, 0.98, 0.99, 0.999, 0.9999, 1.0), strict=True))
+"""Each column's fraction, as Locust's ``PERCENTILES_TO_REPORT`` spells it (the same float, the same rounding)."""
+HISTOGRAMS = "_response_times.json"
+"""The suffix of the histograms file (beside ``--csv PREFIX``'s)."""
+HISTOGRAM_FIELDS = ("method", "name", "num_requests", "num_none_requests", "min_response_time", "max_response_time",
+                    "response_times")
+"""What the locustfile keeps of each Locust ``StatsEntry`` (the fields of its ``serialize()`` percentiles need)."""
 TTFE = "TTFE"  # request type the locustfile gives time-to-first-event entries
 AGGREGATED = "Aggregated"
 
@@ -22,8 +33,56 @@ class StatsError(Exception):
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """An entry's response times as Locust keeps them (``StatsEntry.response_times``: each time rounded to two
+    significant digits -> how many requests took it); histograms of runs side by side add up exactly.
+
+    Attributes:
+        counts: rounded milliseconds -> requests.
+        requests: the requests with a response time (Locust's ``num_requests - num_none_requests``).
+        min_ms, max_ms: the exact extremes (None: no request).
+    """
+
+    counts: dict[int, int]
+    requests: int
+    min_ms: float | None
+    max_ms: float | None
+
+    def percentile(self, fraction: float) -> int:
+        """The time ``fraction`` of the requests took at most: Locust's ``calculate_response_time_percentile``."""
+        within = int(self.requests * fraction)
+        done = 0
+        for ms in sorted(self.counts, reverse=True):
+            done += self.counts[ms]
+            if self.requests - done <= within:
+                return ms
+        return 0
+
+    def median(self) -> float:
+        """Locust's ``median_response_time``: the 50th percentile within the exact extremes (0 without requests)."""
+        if not self.counts:
+            return 0
+        median: float = self.percentile(0.5)
+        if self.max_ms is not None and median > self.max_ms:
+            return self.max_ms
+        return self.min_ms if self.min_ms is not None and median < self.min_ms else median
+
+    @staticmethod
+    def merge(histograms: list[Histogram]) -> Histogram:
+        counts: dict[int, int] = {}
+        for histogram in histograms:
+            for ms, n in histogram.counts.items():
+                counts[ms] = counts.get(ms, 0) + n
+        minimum = [h.min_ms for h in histograms if h.min_ms is not None]
+        maximum = [h.max_ms for h in histograms if h.max_ms is not None]
+        return Histogram(counts, sum(h.requests for h in histograms), min(minimum) if minimum else None,
+                         max(maximum) if maximum else None)
+
+
+@dataclass(frozen=True)
 class Entry:
-    """One row of ``_stats.csv``: a request type and name (or the ``Aggregated`` row)."""
+    """One row of ``_stats.csv``: a request type and name (or the ``Aggregated`` row), with its histogram when the
+    run wrote one."""
 
     type: str
     name: str
@@ -37,6 +96,7 @@ class Entry:
     rps: float
     failures_per_s: float
     percentiles: dict[str, float | None]
+    histogram: Histogram | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
@@ -217,6 +277,25 @@ def read_tokens(path: Path) -> Tokens | None:
         raise StatsError(f"{path}: not a token-count file ({e})") from e
 
 
+def read_histograms(path: Path) -> dict[tuple[str, str], Histogram]:
+    """(type, name) -> histogram of each entry in a ``PREFIX_response_times.json`` ({} when the file is absent)."""
+    if not path.exists():
+        return {}
+
+    def histogram(entry: dict[str, Any]) -> Histogram:
+        timed = entry["min_response_time"] is not None  # Locust's minimum is None until a request is timed
+        return Histogram(counts={int(ms): int(n) for ms, n in entry["response_times"].items()},
+                         requests=int(entry["num_requests"]) - int(entry["num_none_requests"]),
+                         min_ms=float(entry["min_response_time"]) if timed else None,
+                         max_ms=float(entry["max_response_time"]) if timed else None)
+
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        return {(str(entry["method"]), str(entry["name"])): histogram(entry) for entry in data}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise StatsError(f"{path}: not a response-time histogram file ({e})") from e
+
+
 def read_run(prefix: Path) -> RunStats:
     """Read every file of the run written with ``--csv PREFIX``.
 
@@ -224,7 +303,9 @@ def read_run(prefix: Path) -> RunStats:
         StatsError: a required file is missing or malformed, or it has no ``Aggregated`` row.
     """
     base = str(prefix)
-    entries = read_entries(Path(base + "_stats.csv"))
+    histograms = read_histograms(Path(base + HISTOGRAMS))
+    entries = [replace(e, histogram=histograms.get((e.type, e.name)))
+               for e in read_entries(Path(base + "_stats.csv"))]
     aggregated = [e for e in entries if e.name == AGGREGATED and not e.type]
     if not aggregated:
         raise StatsError(f"{base}_stats.csv: no Aggregated row")
@@ -239,8 +320,9 @@ def read_run(prefix: Path) -> RunStats:
 
 
 def _merge_entries(entries: list[Entry]) -> Entry:
-    """Entries of the same label from replicas served side by side: counts and rates add up; percentiles are the
-    worst replica's (exact merging needs the raw response times, which the CSV files do not keep)."""
+    """Entries of the same label from replicas served side by side: counts and rates add up; the median and the
+    percentiles are those of the merged histograms, as Locust computes them for one run (without histograms, from
+    runs that did not write them: the worst replica's)."""
     first = entries[0]
     requests = sum(e.requests for e in entries)
 
@@ -252,15 +334,22 @@ def _merge_entries(entries: list[Entry]) -> Entry:
         present = [(v, n) for v, n in values if v is not None and n]
         return sum(v * n for v, n in present) / sum(n for _, n in present) if present else None
 
+    histograms = [e.histogram for e in entries if e.histogram is not None]
+    merged = Histogram.merge(histograms) if len(histograms) == len(entries) else None
+    if merged is not None:
+        median: float | None = merged.median()
+        percentiles = {p: float(merged.percentile(f)) if requests else None for p, f in PERCENTILE_FRACTIONS.items()}
+    else:
+        median = worst([e.median_ms for e in entries])
+        percentiles = {p: worst([e.percentile(p) for e in entries]) for p in PERCENTILES}
     minimum = [e.min_ms for e in entries if e.min_ms is not None]
     return Entry(
         type=first.type, name=first.name, requests=requests, failures=sum(e.failures for e in entries),
-        median_ms=worst([e.median_ms for e in entries]),
-        average_ms=weighted([(e.average_ms, e.requests) for e in entries]),
+        median_ms=median, average_ms=weighted([(e.average_ms, e.requests) for e in entries]),
         min_ms=min(minimum) if minimum else None, max_ms=worst([e.max_ms for e in entries]),
         average_size=weighted([(e.average_size, e.requests) for e in entries]) or 0.0,
         rps=sum(e.rps for e in entries), failures_per_s=sum(e.failures_per_s for e in entries),
-        percentiles={p: worst([e.percentile(p) for e in entries]) for p in PERCENTILES})
+        percentiles=percentiles, histogram=merged)
 
 
 def merge_runs(runs: list[RunStats]) -> RunStats:

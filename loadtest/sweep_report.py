@@ -103,7 +103,7 @@ def write_sweep_report(directory: Path, sweep: Sweep, results: list[PointResult]
 
 def write_sweep_tensorboard(root: Path, sweep: Sweep, results: list[PointResult], winner: Winner) -> Path:
     """One TensorBoard run: each point's numbers at its index (step), the table and the winner as text."""
-    from loadtest.tensorboard import markdown_table, open_run
+    from batch.tensorboard import markdown_table, open_run
 
     name = sweep.pareto_scenario.name
     with open_run(root, "sweep") as writer:

@@ -160,9 +160,9 @@ def write_outcome(directory: Path, outcome: Outcome) -> tuple[Path, Path]:
 
 def write_validate_tensorboard(root: Path, outcome: Outcome) -> Path:
     """One TensorBoard run: quality, comparison, cost and load scalars; the verdict and examples as text."""
+    from batch.tensorboard import markdown_table, open_run
     from loadtest.cli import write_scenarios
     from loadtest.quality import examples_markdown
-    from loadtest.tensorboard import markdown_table, open_run
 
     with open_run(root, "validate") as writer:
         for role, s in outcome.quality.items():

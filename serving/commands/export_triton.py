@@ -67,12 +67,19 @@ The engine code is bundled beside this file (mtgate/), so the model translates e
 Triton's Python environment needs only the packages in requirements.txt.
 """
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
 _ENGINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtgate")
-if _ENGINE not in sys.path:
-    sys.path.insert(0, _ENGINE)
+if "serving" not in sys.modules:
+    # The bundled package by path, ahead of any finder an installed mtgate put on sys.meta_path (an editable
+    # install's finder answers for `serving` before sys.path is searched); its submodules follow its __path__.
+    _spec = importlib.machinery.PathFinder.find_spec("serving", [_ENGINE])
+    _serving = importlib.util.module_from_spec(_spec)
+    sys.modules["serving"] = _serving
+    _spec.loader.exec_module(_serving)
 
 from serving.commands.export_triton import TritonPythonModel  # noqa: E402,F401
 '''

@@ -50,11 +50,10 @@ SERVING_COMMANDS: tuple[Command, ...] = (
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
     "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
-    "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient"),
+    "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient", "tensorboardX"),
     "ray": ("ray",),
     "grpc": ("grpc", "tritonclient"),
-    "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorflow",
-                 "tensorboard"),
+    "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorboardX"),
 }
 
 

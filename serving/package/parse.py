@@ -1,19 +1,22 @@
 """Parsing ``manifest.json``: :func:`parse_manifest` validates everything it can from the manifest alone and
 returns a :class:`~serving.package.manifest.Manifest`, or raises one :class:`PackageError` listing every problem.
 
-Checked: the format, every section's fields and types, that every path the manifest names is a plain relative path
-(no ``..``, not absolute), that the special ids and bad words fit the vocabularies, and that every file the loader
-opens is in the checksum list. What needs the directory (symlinks, checksums) is :mod:`serving.package.store`'s.
+Checked: the format; every section's fields and types, by strict pydantic models over the manifest's own dataclasses
+(:class:`_ManifestJson`: JSON types as they are, no coercion: ``"2"`` or ``true`` is not an integer); that every path
+the manifest names is a plain relative path (no ``..``, not absolute), that the special ids and bad words fit the
+vocabularies, and that every file the loader opens is in the checksum list. What needs the directory (symlinks,
+checksums) is :mod:`serving.package.store`'s.
 """
 
 from __future__ import annotations
 
-import types
-import typing
+import json
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
 from pathlib import PurePosixPath
-from typing import Any, Literal, TypeVar
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 from serving.package.manifest import (
     DEFAULT_REFERENCE,
@@ -27,6 +30,57 @@ from serving.package.manifest import (
     SpecialIds,
     TokenizerEntry,
 )
+
+
+class _Strict(BaseModel):
+    # unknown keys are ignored (a newer writer may add some); the manifest's dataclasses inherit this config
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _GraphFiles(_Strict):
+    encoder: str
+    decoder: str
+
+
+class _ArtifactFiles(_GraphFiles):
+    shortlist_decoder: str | None = None
+
+
+class _ArtifactJson(_Strict):
+    runtime: str
+    precision: str
+    files: _ArtifactFiles
+
+
+class _TokenizerJson(_Strict):
+    kind: str
+    files: dict[str, str] | None = None
+    unk_id: int | None = None  # sentencepiece's; the entry's other keys are settings of its tokenizer, unchecked
+
+
+class _ShortlistJson(_Strict):
+    table: str
+
+
+class _ManifestJson(_Strict):
+    """``manifest.json``'s sections as typed, in the order their problems are listed."""
+
+    architecture: Architecture
+    special_ids: SpecialIds
+    decoding: DecodingDefaults | None = None
+    tokenizer: _TokenizerJson
+    artifacts: list[_ArtifactJson] = []
+    reference: _GraphFiles = _GraphFiles(**DEFAULT_REFERENCE)
+    files: dict[str, str]
+    name: str | None = None
+    version: str | None = None
+    created: str | None = None
+    mtgate_version: str | None = None
+    source: dict[str, Any] | None = None
+    parity: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
+    conversion: dict[str, Any] | None = None
+    shortlist: _ShortlistJson | None = None
 
 
 def find_artifact(manifest: Manifest | Mapping[str, Any], runtime: str, precision: str) -> Artifact:
@@ -55,29 +109,43 @@ def parse_manifest(data: Any, where: str = MANIFEST) -> Manifest:
     if fmt != FORMAT:
         raise PackageError(f"{where}: unsupported package format {fmt!r} (this mtgate reads {FORMAT!r}; "
                            "convert the checkpoint again with `mtgate convert`)")
-    problems: list[str] = []
-    architecture = _section(Architecture, data, "architecture", problems)
-    special_ids = _section(SpecialIds, data, "special_ids", problems)
-    decoding = _section(DecodingDefaults, data, "decoding", problems, optional=True) or DecodingDefaults()
-    tokenizer = _tokenizer(data.get("tokenizer"), problems)
-    artifacts = _artifacts(data.get("artifacts", []), problems)
-    reference = _graph_files(data.get("reference", DEFAULT_REFERENCE), "reference", problems)
-    files = _checksums(data.get("files"), problems)
-    text = {k: _optional(data, k, str, problems) for k in ("name", "version", "created", "mtgate_version")}
-    objects = {k: _optional(data, k, dict, problems) for k in ("source", "parity", "quality", "conversion",
-                                                                "shortlist")}
-    if objects["shortlist"] is not None and not isinstance(objects["shortlist"].get("table"), str):
-        problems.append("shortlist: expected an object with a 'table' path")
-    if problems or architecture is None or special_ids is None or tokenizer is None:
-        raise PackageError(f"{where}: " + "; ".join(problems))
-    manifest = Manifest(architecture=architecture, special_ids=special_ids, tokenizer=tokenizer, decoding=decoding,
-                        artifacts=artifacts, reference=reference or dict(DEFAULT_REFERENCE), files=files,
-                        source=objects["source"] or {}, parity=objects["parity"] or {}, quality=objects["quality"],
-                        conversion=objects["conversion"], shortlist=objects["shortlist"], **text)
-    problems += _id_problems(manifest) + _path_problems(manifest)
+    try:
+        # validated as the JSON it is: strict JSON mode takes an array for a tuple (bad_word_ids), nothing else
+        typed = _ManifestJson.model_validate_json(json.dumps(data))
+    except ValidationError as e:
+        raise PackageError(f"{where}: " + "; ".join(map(_problem, e.errors()))) from None
+    # the free-form objects and the tokenizer's settings as written (validated above: objects, strings)
+    manifest = Manifest(
+        architecture=typed.architecture, special_ids=typed.special_ids, tokenizer=TokenizerEntry.from_dict(
+            data["tokenizer"]), decoding=typed.decoding or DecodingDefaults(),
+        artifacts=tuple(Artifact(a.runtime, a.precision, a.files.encoder, a.files.decoder, a.files.shortlist_decoder)
+                        for a in typed.artifacts),
+        reference={"encoder": typed.reference.encoder, "decoder": typed.reference.decoder}, files=dict(data["files"]),
+        name=typed.name, version=typed.version, created=typed.created, mtgate_version=typed.mtgate_version,
+        source=data.get("source") or {}, parity=data.get("parity") or {}, quality=data.get("quality"),
+        conversion=data.get("conversion"), shortlist=data.get("shortlist"))
+    problems = _id_problems(manifest) + _path_problems(manifest)
     if problems:
         raise PackageError(f"{where}: " + "; ".join(problems))
     return manifest
+
+
+_EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
+             "string_type": "a string", "list_type": "a list", "tuple_type": "a list", "dict_type": "an object",
+             "model_type": "an object", "dataclass_type": "an object"}
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One pydantic error as ``field.path: what is wrong`` (``artifacts[0].files.encoder: missing``)."""
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
+    kind, value = error["type"], error["input"]
+    if kind == "missing":
+        return f"{path}: missing"
+    if kind == "literal_error":
+        return f"{path}: {value!r} (expected {error.get('ctx', {}).get('expected')})"
+    if kind in _EXPECTED:
+        return f"{path}: expected {_EXPECTED[kind]}, got {value!r}"
+    return f"{path}: {error['msg']}, got {value!r}"
 
 
 def _id_problems(manifest: Manifest) -> list[str]:
@@ -90,7 +158,7 @@ def _id_problems(manifest: Manifest) -> list[str]:
         ("special_ids.decoder_start", ids.decoder_start, target, "target vocabulary"),
         ("special_ids.unk", ids.unk, source, "source vocabulary"),
         ("special_ids.zero_embedding_id", ids.zero_embedding_id, min(source, target), "vocabularies"),
-        ("tokenizer.unk_id", _int_or_none(manifest.tokenizer.settings.get("unk_id")), source, "source vocabulary"),
+        ("tokenizer.unk_id", manifest.tokenizer.settings.get("unk_id"), source, "source vocabulary"),
     ]
     checks += [(f"decoding.bad_word_ids[{i}]", v, target, "target vocabulary")
                for i, v in enumerate(manifest.decoding.bad_word_ids)]
@@ -125,131 +193,3 @@ def unsafe_path(rel: str) -> str | None:
     if ".." in path.parts:
         return "points outside the package ('..')"
     return None
-
-
-_T = TypeVar("_T")
-
-
-def _section(cls: type[_T], data: dict[str, Any], key: str, problems: list[str],
-             optional: bool = False) -> _T | None:
-    """``data[key]`` as the dataclass ``cls`` (unknown keys ignored; a missing field with a default takes it)."""
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, dict):
-        problems.append(f"{key}: missing or not an object")
-        return None
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    before = len(problems)
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name not in value:
-            if f.default is MISSING and f.default_factory is MISSING:
-                problems.append(f"{key}.{f.name}: missing")
-            continue
-        values[f.name] = _typed(value[f.name], hints[f.name], f"{key}.{f.name}", problems)
-    return cls(**values) if len(problems) == before else None
-
-
-def _typed(value: Any, hint: Any, label: str, problems: list[str]) -> Any:
-    """``value`` checked against a field's type (bool, int, float, str, a Literal, ``X | None``, ``tuple[int, ...]``)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        if value in args:
-            return value
-        problems.append(f"{label}: {value!r} (expected one of: {', '.join(map(str, args))})")
-    elif origin is tuple:
-        if isinstance(value, list) and all(_is_int(v) for v in value):
-            return tuple(value)
-        problems.append(f"{label}: expected a list of integers, got {value!r}")
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-        problems.append(f"{label}: expected true or false, got {value!r}")
-    elif hint is int:
-        if _is_int(value):
-            return value
-        problems.append(f"{label}: expected an integer, got {value!r}")
-    elif hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return value
-        problems.append(f"{label}: expected a number, got {value!r}")
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-        problems.append(f"{label}: expected a string, got {value!r}")
-    else:  # pragma: no cover - a field type this parser does not know
-        raise TypeError(f"{label}: unsupported field type {hint!r}")
-    return None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if _is_int(value) else None
-
-
-def _optional(data: dict[str, Any], key: str, kind: type, problems: list[str]) -> Any:
-    value = data.get(key)
-    if value is not None and not isinstance(value, kind):
-        problems.append(f"{key}: expected {'a string' if kind is str else 'an object'}, got {value!r}")
-        return None
-    return value
-
-
-def _graph_files(value: Any, label: str, problems: list[str]) -> dict[str, str] | None:
-    if isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("encoder", "decoder")):
-        return {"encoder": value["encoder"], "decoder": value["decoder"]}
-    problems.append(f"{label}: expected {{\"encoder\": path, \"decoder\": path}}, got {value!r}")
-    return None
-
-
-def _tokenizer(value: Any, problems: list[str]) -> TokenizerEntry | None:
-    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
-        problems.append("tokenizer: missing, or without a 'kind'")
-        return None
-    files = value.get("files") or {}
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        problems.append(f"tokenizer.files: expected an object of paths, got {files!r}")
-        return None
-    unk_id = value.get("unk_id")
-    if unk_id is not None and not _is_int(unk_id):
-        problems.append(f"tokenizer.unk_id: expected an integer, got {unk_id!r}")
-        return None
-    return TokenizerEntry.from_dict(value)
-
-
-def _artifacts(value: Any, problems: list[str]) -> tuple[Artifact, ...]:
-    if not isinstance(value, list):
-        problems.append(f"artifacts: expected a list, got {value!r}")
-        return ()
-    found: list[Artifact] = []
-    for i, entry in enumerate(value):
-        kind_ok = isinstance(entry, dict) and isinstance(entry.get("runtime"), str) and isinstance(
-            entry.get("precision"), str)
-        graphs = _graph_files(entry.get("files") if isinstance(entry, dict) else None, f"artifacts[{i}].files",
-                              problems)
-        if not kind_ok:
-            problems.append(f"artifacts[{i}]: expected runtime and precision strings, got {entry!r}")
-        elif graphs is not None:
-            shortlist_decoder = entry["files"].get("shortlist_decoder")
-            if shortlist_decoder is not None and not isinstance(shortlist_decoder, str):
-                problems.append(f"artifacts[{i}].files.shortlist_decoder: expected a path, got {shortlist_decoder!r}")
-                continue
-            found.append(Artifact(entry["runtime"], entry["precision"], graphs["encoder"], graphs["decoder"],
-                                  shortlist_decoder))
-    return tuple(found)
-
-
-def _checksums(value: Any, problems: list[str]) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        problems.append("files: missing, or not an object of path -> sha256")
-        return {}
-    return dict(value)

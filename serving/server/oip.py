@@ -23,12 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from serving.engine.errors import InvalidInput
+from serving.server.infer_header import INPUT_NAME as INPUT_NAME  # the input's name, part of this contract
+from serving.server.infer_header import InferRequestHeader, problems
 
 if TYPE_CHECKING:  # the codec reads translations' fields; it needs nothing of the engine at run time
     from serving.engine.request import Translation
 
-INPUT_NAME = "INPUT_TEXT"
 OUTPUT_DATATYPES: dict[str, str] = {
     "OUTPUT_TEXT": "BYTES",
     "INPUT_TOKENS": "INT32",
@@ -192,57 +195,32 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         raise InvalidInput("request JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request must be a JSON object with an 'inputs' list")
+    try:
+        typed = InferRequestHeader.model_validate(doc)
+    except ValidationError as e:
+        raise InvalidInput("; ".join(problems(e.errors(), doc))) from None
 
-    request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput("'id' must be a string")
-    parameters = _object(doc.get("parameters"), "parameters")
+    [tensor] = typed.inputs
+    shape = list(tensor.shape)
+    count = math.prod(shape)
+    size = tensor.parameters.binary_data_size if tensor.parameters is not None else None
+    if size is not None:
+        if size > len(binary):
+            raise InvalidInput(f"binary_data_size {size} of {INPUT_NAME!r} exceeds the {len(binary)} binary bytes sent")
+        texts = decode_bytes_tensor(binary[:size], count)
+    else:
+        assert tensor.data is not None  # the header model requires one or the other
+        texts = _flatten_strings(tensor.data)
+        if len(texts) != count:
+            raise InvalidInput(f"input {INPUT_NAME!r} has {len(texts)} elements but its shape {shape} needs {count}")
+    if (size or 0) != len(binary):
+        raise InvalidInput(f"{len(binary) - (size or 0)} bytes of binary data follow the tensors; sizes do not add up")
 
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise InvalidInput(f"request needs a non-empty 'inputs' list with one BYTES input {INPUT_NAME!r}")
-    offset = 0
-    texts: list[str] | None = None
-    shape: list[int] = []
-    for position, tensor in enumerate(inputs):
-        if not isinstance(tensor, dict):
-            raise InvalidInput(f"inputs[{position}] must be an object")
-        name = tensor.get("name")
-        if name != INPUT_NAME:
-            raise InvalidInput(f"unexpected input {name!r}; this model takes one BYTES input {INPUT_NAME!r}")
-        if texts is not None:
-            raise InvalidInput(f"input {INPUT_NAME!r} given twice")
-        datatype = tensor.get("datatype")
-        if datatype != "BYTES":
-            raise InvalidInput(f"input {INPUT_NAME!r} must have datatype BYTES, got {datatype!r}")
-        shape = _shape(tensor.get("shape"))
-        count = math.prod(shape)
-        size = _object(tensor.get("parameters"), f"inputs[{position}].parameters").get("binary_data_size")
-        if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise InvalidInput(f"binary_data_size of {INPUT_NAME!r} must be a non-negative integer")
-            if offset + size > len(binary):
-                raise InvalidInput(
-                    f"binary_data_size {size} of {INPUT_NAME!r} exceeds the {len(binary) - offset} binary bytes sent"
-                )
-            texts = decode_bytes_tensor(binary[offset : offset + size], count)
-            offset += size
-        else:
-            if "data" not in tensor:
-                raise InvalidInput(f"input {INPUT_NAME!r} has neither 'data' nor parameters.binary_data_size")
-            if not isinstance(tensor["data"], list):
-                raise InvalidInput(f"input {INPUT_NAME!r} data must be a list (of strings, or nested as its shape)")
-            texts = _flatten_strings(tensor["data"])
-            if len(texts) != count:
-                raise InvalidInput(
-                    f"input {INPUT_NAME!r} has {len(texts)} elements but its shape {shape} needs {count}"
-                )
-    if offset != len(binary):
-        raise InvalidInput(f"{len(binary) - offset} bytes of binary data follow the tensors; sizes do not add up")
-    assert texts is not None
-
-    outputs = _outputs(doc.get("outputs"), parameters)
-    return InferRequest(id=request_id, texts=texts, shape=shape, outputs=outputs, parameters=parameters)
+    parameters: dict[str, Any] = doc.get("parameters") or {}  # as sent: the service reads the decoding options
+    default_binary = typed.parameters.binary_data_output if typed.parameters is not None else False
+    outputs: list[tuple[str, bool]] = ([(name, default_binary) for name in OUTPUT_DATATYPES] if typed.outputs is None
+               else [(entry.name, entry.binary(default_binary)) for entry in typed.outputs])
+    return InferRequest(id=typed.id, texts=texts, shape=shape, outputs=outputs, parameters=parameters)
 
 
 def decode_bytes_tensor(raw: bytes, count: int) -> list[str]:
@@ -322,22 +300,6 @@ def encode_binary(datatype: str, data: list[Any]) -> bytes:
     return struct.pack(f"<{len(data)}f", *data)
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidInput(f"'{where}' must be an object")
-    return value
-
-
-def _shape(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise InvalidInput(f"input {INPUT_NAME!r} needs a 'shape' list of non-negative integers, got {value!r}")
-    if len(value) > 8:
-        raise InvalidInput(f"input {INPUT_NAME!r} shape has {len(value)} dimensions; at most 8 are accepted")
-    return list(value)
-
-
 def _flatten_strings(data: Any) -> list[str]:
     out: list[str] = []
     stack = [iter([data])]
@@ -357,25 +319,3 @@ def _flatten_strings(data: Any) -> list[str]:
             stack.pop()
             depth -= 1
     return out
-
-
-def _outputs(value: Any, parameters: dict[str, Any]) -> list[tuple[str, bool]]:
-    default_binary = parameters.get("binary_data_output", False)
-    if not isinstance(default_binary, bool):
-        raise InvalidInput("parameter 'binary_data_output' must be true or false")
-    if value is None:
-        return [(name, default_binary) for name in OUTPUT_DATATYPES]
-    if not isinstance(value, list):
-        raise InvalidInput("'outputs' must be a list")
-    outputs: list[tuple[str, bool]] = []
-    for position, entry in enumerate(value):
-        if not isinstance(entry, dict):
-            raise InvalidInput(f"outputs[{position}] must be an object")
-        name = entry.get("name")
-        if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
-            raise InvalidInput(f"unknown output {name!r}; this model has {', '.join(OUTPUT_DATATYPES)}")
-        binary = _object(entry.get("parameters"), f"outputs[{position}].parameters").get("binary_data", default_binary)
-        if not isinstance(binary, bool):
-            raise InvalidInput(f"outputs[{position}].parameters.binary_data must be true or false")
-        outputs.append((name, binary))
-    return outputs

@@ -58,6 +58,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# A replay compiles the native decoding core (scikit-build-core, as `docker build` does): minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(900)
+
+
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -161,6 +165,18 @@ def test_fresh_runtime_venv_has_no_torch_or_transformers(runtime_venv: tuple[Pat
     assert {"onnxruntime", "openvino", "fastapi", "uvicorn", "sentencepiece", "mtgate", "grpcio", "tritonclient"} <= names
     check = subprocess.run([uv(), "pip", "check", "--python", str(python)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_fresh_runtime_venv_decodes_on_the_native_core(runtime_venv: tuple[Path, Path]) -> None:
+    """The image's install compiles the C++ decoding core (serving/engine/_native) and leaves no build files behind."""
+    app, venv = runtime_venv
+    probe = ("import json; from serving.engine.native import native_core; core = native_core(); "
+             "print(json.dumps(None if core is None else core.__file__))")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "MTGATE_NATIVE")}
+    built = json.loads(subprocess.run([str(venv / "bin" / "python"), "-c", probe], check=True, capture_output=True,
+                                      text=True, cwd="/", env=env, timeout=60).stdout)
+    assert built is not None and Path(built).resolve().is_relative_to((app / "serving" / "engine").resolve())
+    assert not [p.name for p in app.iterdir() if p.name.startswith(("CMake", "build.ninja", "libnanobind"))]
 
 
 def test_fresh_runtime_venv_serves_the_bundled_model(runtime_venv: tuple[Path, Path], model_package: Path) -> None:

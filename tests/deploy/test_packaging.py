@@ -138,3 +138,12 @@ def test_each_extra_brings_the_modules_its_commands_need(extra: str) -> None:
     for requirement in PYPROJECT["project"]["optional-dependencies"][extra]:
         name = normalize(re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0])
         assert name in listed, f"mtgate[{extra}] requires {name}, which no module of EXTRAS[{extra!r}] comes from"
+
+
+def test_tensorboard_events_need_no_tensorflow() -> None:
+    # --tensorboard (batch-score, loadtest, validate, sweep) writes through tensorboardX; tensorflow comes only with
+    # the t2t extra (reading a tensor2tensor checkpoint)
+    for extra in ("batch", "loadtest"):
+        resolved = resolve(extra)
+        assert "tensorboardx" in resolved and not {"tensorflow", "tensorflow-cpu", "tensorboard"} & resolved, extra
+    assert "tensorflow-cpu" in resolve("t2t")

@@ -50,7 +50,7 @@ def test_repository_layout(exported: Path, model_package: Path) -> None:
     version = exported / "1"
     assert {p.name for p in version.iterdir()} == {"model.py", "package", "mtgate", "requirements.txt"}
     assert (version / "package" / "manifest.json").read_bytes() == (model_package / "manifest.json").read_bytes()
-    assert (version / "mtgate" / "serving" / "engine.py").is_file()
+    assert (version / "mtgate" / "serving" / "engine" / "translator.py").is_file()
     assert [p.name for p in (version / "mtgate").iterdir()] == ["serving"]  # the engine needs nothing else
     assert not list((version / "mtgate").rglob("__pycache__"))
     requirements = (version / "requirements.txt").read_text(encoding="utf-8")

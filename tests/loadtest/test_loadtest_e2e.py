@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from batch.tensorboard import read_events
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
 from loadtest.runner import GRACE_S, STOP_TIMEOUT_S
 from loadtest.scrape import read as read_metrics
 from loadtest.server import start_server
-from loadtest.stats import read_run
-from loadtest.tensorboard import read_events
+from loadtest.stats import PERCENTILE_FRACTIONS, read_run
 from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
@@ -116,6 +116,13 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
     assert "<html" in (tmp_path / "locust.html").read_text(encoding="utf-8").lower()
     tokens = read_run(tmp_path / "r" / "adhoc" / "locust").tokens  # the report's copy has the token counts too
     assert tokens is not None and tokens.output_tokens > 0 and 1.5 <= tokens.seconds
+    # and each entry's response-time histogram (Locust's own): it gives back Locust's percentiles and median
+    reported = read_run(tmp_path / "r" / "adhoc" / "locust")
+    for entry in [*reported.entries, reported.aggregated]:
+        histogram = entry.histogram
+        assert histogram is not None and histogram.requests == entry.requests, entry.label
+        assert {p: float(histogram.percentile(f)) for p, f in PERCENTILE_FRACTIONS.items()} == entry.percentiles
+        assert histogram.median() == entry.median_ms
     # TensorBoard: one run directory, read back with TensorFlow's event reader
     [tb_run] = list((tmp_path / "tb").iterdir())
     assert tb_run.name.startswith("loadtest-") and f"tensorboard: {tb_run}" in out

@@ -71,7 +71,7 @@ def test_two_point_sweep_on_the_demo_package(tmp_path: Path) -> None:
     html = (report / "sweep.html").read_text(encoding="utf-8")
     assert 'data-chart="pareto"' in html and "<script" not in html
     [tb_run] = list((tmp_path / "tb").iterdir())
-    from loadtest.tensorboard import read_events
+    from batch.tensorboard import read_events
 
     events = read_events(tb_run)
     assert [step for step, _ in events["sweep/p95_ms"]] == [0, 1]

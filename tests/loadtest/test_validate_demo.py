@@ -83,7 +83,7 @@ def test_int8_candidate_against_the_fp32_baseline(testset: tuple[Path, Path, lis
         i = example["index"]
         assert (example["candidate"], example["baseline"], example["source"]) == (candidate[i], baseline[i],
                                                                                  sources[i])
-    from loadtest.tensorboard import read_events
+    from batch.tensorboard import read_events
 
     [run] = list((tmp_path / "tb").iterdir())
     events = read_events(run)

@@ -10,9 +10,9 @@ For FSMT packages (transformers' ``FSMTForConditionalGeneration``, the fairseq W
 Encoding (``FSMTTokenizer.tokenize`` + ``convert_tokens_to_ids``):
 
 1. The text is split at the special tokens (``<s>``, ``<pad>``, ``</s>``, ``<unk>``), each becoming its own id.
-2. Each other chunk: lowercased when the model says so; Moses preprocessing (replace-unicode-punctuation,
-   ``MosesPunctNormalizer``, remove-non-printing-char); ``MosesTokenizer(lang).tokenize(aggressive_dash_splits=True,
-   escape=True)``.
+2. Each other chunk: lowercased when the model says so; Moses preprocessing (replace-unicode-punctuation and
+   the punctuation normalizer: sacremoses' ``MosesPunctNormalizer(pre_replace_unicode_punct=True)``;
+   remove-non-printing-char); ``MosesTokenizer(lang).tokenize(aggressive_dash_splits=True, escape=True)``.
 3. Each Moses token: BPE (split into characters, ``</w>`` glued to the last one, then repeatedly merge the adjacent
    pair with the best rank); each piece -> its id, unknown pieces -> ``<unk>``.
 
@@ -44,35 +44,21 @@ UNK_TOKEN = "<unk>"
 END_OF_WORD = "</w>"
 _CACHE_LIMIT = 1 << 18
 
-# Moses' replace-unicode-punctuation.perl, as FSMTTokenizer applies it before the punctuation normalizer.
-_PUNCT_REPLACEMENTS: tuple[tuple[str, str], ...] = (
-    ("，", ","), ("、", ","), ("”", '"'), ("“", '"'), ("∶", ":"), ("：", ":"), ("？", "?"), ("《", '"'), ("》", '"'),
-    ("）", ")"), ("！", "!"), ("（", "("), ("；", ";"), ("１", "1"), ("」", '"'), ("「", '"'), ("０", "0"), ("３", "3"),
-    ("２", "2"), ("５", "5"), ("６", "6"), ("９", "9"), ("７", "7"), ("８", "8"), ("４", "4"), ("～", "~"), ("’", "'"),
-    ("…", "..."), ("━", "-"), ("〈", "<"), ("〉", ">"), ("【", "["), ("】", "]"), ("％", "%"),
-)
 # transformers' clean_up_tokenization, in its order.
 _CLEAN_UP: tuple[tuple[str, str], ...] = (
     (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"),
     (" 've", "'ve"), (" 're", "'re"),
 )
-_IDEOGRAPHIC_STOP = re.compile(r"。\s*")
-_FULLWIDTH_STOP = re.compile(r"．\s*")
-
-
-def replace_unicode_punct(text: str) -> str:
-    """Moses' replace-unicode-punctuation.perl (the order matters: the two stops are rewritten where Moses does)."""
-    for i, (old, new) in enumerate(_PUNCT_REPLACEMENTS):
-        if i == 1:
-            text = _IDEOGRAPHIC_STOP.sub(". ", text)
-        if old == "～":
-            text = _FULLWIDTH_STOP.sub(". ", text)
-        text = text.replace(old, new)
-    return text
 
 
 def remove_non_printing_char(text: str) -> str:
-    """Moses' remove-non-printing-char.perl: drop every character of a Unicode category C*."""
+    """Moses' remove-non-printing-char.perl: drop every character of a Unicode category C*.
+
+    As transformers' ``FSMTTokenizer`` does, by Python's own Unicode tables; sacremoses' ``remove_control_chars``
+    (``MosesPunctNormalizer(post_remove_control_chars=True)``) asks the ``regex`` module's, whose newer Unicode
+    version keeps the thousands of characters Python's older tables count as unassigned (Cn): FSMT's parity
+    would break on them.
+    """
     return "".join(c for c in text if not unicodedata.category(c).startswith("C"))
 
 
@@ -111,8 +97,10 @@ class FsmtBpeTokenizer:
         self._lower = do_lower_case
         self._clean_up = clean_up_tokenization_spaces
         self._target_lang = target_lang
-        self._moses = _Moses(sacremoses.MosesPunctNormalizer(lang=source_lang), sacremoses.MosesTokenizer(lang=source_lang))
-        self._target_moses = _Moses(sacremoses.MosesPunctNormalizer(lang=target_lang),
+        # Moses' replace-unicode-punctuation.perl first, as FSMTTokenizer applies it before the punctuation normalizer
+        self._moses = _Moses(sacremoses.MosesPunctNormalizer(lang=source_lang, pre_replace_unicode_punct=True),
+                             sacremoses.MosesTokenizer(lang=source_lang))
+        self._target_moses = _Moses(sacremoses.MosesPunctNormalizer(lang=target_lang, pre_replace_unicode_punct=True),
                                     sacremoses.MosesTokenizer(lang=target_lang))
         self._detokenizer = sacremoses.MosesDetokenizer(lang=target_lang)
         specials = [t for t in SPECIAL_TOKENS if t in self._encoder]
@@ -158,7 +146,7 @@ class FsmtBpeTokenizer:
         moses = moses or self._moses
         if self._lower:
             text = text.lower()
-        text = remove_non_printing_char(moses.normalizer.normalize(replace_unicode_punct(text)))
+        text = remove_non_printing_char(moses.normalizer.normalize(text))
         words: list[str] = moses.tokenizer.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
         out: list[str] = []
         for word in words:

@@ -94,7 +94,7 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
                     infer_parameters[name]["maximum"] = min(maximum, infer_parameters[name].get("maximum", maximum))
             tensor = body.get("properties", {}).get("inputs", {}).get("items", {}).get("properties", {})
             if "data" in tensor:
-                tensor["data"]["items"]["maxLength"] = settings.max_chars_per_sentence
+                tensor["data"]["items"].update(maxLength=settings.max_chars_per_sentence, pattern=NOT_SPACE)
             responses = operation.get("responses", {})
             if "requestBody" in operation and "400" in responses:  # serving.server.http.middleware's Content-Encoding check
                 responses.setdefault("415", {**responses["400"], "description": _UNSUPPORTED_ENCODING})

@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse
 from serving import __version__
 from serving.engine.errors import InvalidInput, LimitExceeded
 from serving.server.http.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
-from serving.server.http.json_types import NOT_SPACE
 from serving.server.http.schemas import (
     error_responses,
 )
@@ -32,9 +31,9 @@ from serving.server.http.schemas_v2 import (
     RepositoryModel,
     ServerMetadata,
 )
+from serving.server.infer_header import infer_request_schema
 from serving.server.oip import (
     INPUT_NAME,
-    OUTPUT_DATATYPES,
     encode_infer_response,
     model_config,
     model_metadata,
@@ -44,85 +43,12 @@ from serving.server.repository import ModelControl
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
-# null stands for "not given" everywhere (as the parser reads it), so the document allows it too.
-_TENSOR_PARAMETERS = {
-    "type": ["object", "null"],
-    "properties": {"binary_data_size": {"type": ["integer", "null"], "minimum": 0}},
-}
-_INFER_REQUEST = {
-    "type": "object",
-    "required": ["inputs"],
-    "properties": {
-        "id": {"type": ["string", "null"]},
-        "parameters": {
-            "type": ["object", "null"],
-            "properties": {
-                "beam_size": {"type": ["integer", "null"], "minimum": 1},
-                "max_length": {"type": ["integer", "null"], "minimum": 1},
-                "min_length": {"type": ["integer", "null"], "minimum": 1},
-                "num_hypotheses": {"type": ["integer", "null"], "minimum": 1, "maximum": 1,
-                                   "description": "1 (n-best lists: POST /v1/translate)"},
-                "repetition_penalty": {"type": ["number", "null"], "exclusiveMinimum": 0},
-                "no_repeat_ngram_size": {"type": ["integer", "null"], "minimum": 1},
-                "disable_unk": {"type": ["boolean", "null"]},
-                "do_sample": {"type": ["boolean", "null"]},
-                "temperature": {"type": ["number", "null"], "exclusiveMinimum": 0},
-                "top_k": {"type": ["integer", "null"], "minimum": 1},
-                "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-                "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**64 - 1},
-                "target_prefix": {"type": ["string", "null"], "description": "the start of every translation"},
-                "timeout": {"type": ["integer", "null"], "minimum": 0,
-                            "description": "deadline in microseconds (0: the server's default)"},
-                "binary_data_output": {"type": "boolean"},
-                "truncate": {"type": ["boolean", "null"],
-                             "description": "cut a sentence longer than the model's positions instead of refusing "
-                                            "it (413)"},
-            },
-        },
-        "inputs": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["name", "datatype", "shape"],
-                # the sentences in "data", or (binary extension) their size in parameters.binary_data_size
-                "anyOf": [{"required": ["data"]}, {"required": ["parameters"], "properties": {"parameters": {
-                    "required": ["binary_data_size"]}}}],
-                "properties": {
-                    "name": {"const": INPUT_NAME},
-                    "datatype": {"const": "BYTES"},
-                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1,
-                              "maxItems": 8, "description": "its element count must equal the number of sentences"},
-                    "data": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": ["string", "array"], "pattern": NOT_SPACE},
-                        "description": "the sentences, flat or nested as the shape says",
-                    },
-                    "parameters": _TENSOR_PARAMETERS,
-                },
-            },
-        },
-        "outputs": {
-            "type": ["array", "null"],
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"enum": list(OUTPUT_DATATYPES)},
-                    "parameters": {"type": ["object", "null"], "properties": {"binary_data": {"type": "boolean"}}},
-                },
-            },
-        },
-    },
-}
 _INFER_BODY = {
     "requestBody": {
         "required": True,
         "content": {
             "application/json": {
-                "schema": _INFER_REQUEST,
+                "schema": infer_request_schema(),
                 "example": {
                     "inputs": [{"name": INPUT_NAME, "shape": [2, 1], "datatype": "BYTES", "data": ["Hello.", "Thanks."]}]
                 },

@@ -228,6 +228,36 @@ def test_one_error_lists_every_problem(tiny_package: Path) -> None:
         parse_manifest(data)
 
 
+
+def test_types_are_strict_and_each_problem_names_its_field_path(tiny_package: Path) -> None:
+    """JSON types as they are (a bool, a string or a float is no integer), a key the reader does not know is ignored,
+    and each problem of every section is listed at once under its path (list items by index)."""
+    data = json.loads((tiny_package / "manifest.json").read_text(encoding="utf-8"))
+    data["architecture"]["some_later_field"] = 1  # a newer writer's key: ignored
+    data["decoding"]["note"] = "x"
+    assert parse_manifest(data).architecture == parse_manifest(json.loads(
+        (tiny_package / "manifest.json").read_text(encoding="utf-8"))).architecture
+    data["special_ids"]["eos"] = True
+    data["architecture"]["d_model"] = "16"
+    data["architecture"]["norm_epsilon"] = None
+    data["decoding"]["bad_word_ids"] = [1, 2.0]
+    data["artifacts"][0]["files"].pop("decoder")
+    data["tokenizer"]["unk_id"] = "0"
+    data["files"]["onnx/encoder.onnx"] = 7
+    data["name"] = 3
+    with pytest.raises(PackageError) as raised:
+        parse_manifest(data, "pkg/manifest.json")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("pkg/manifest.json: ")
+    for problem in ("architecture.d_model: expected an integer, got '16'",
+                    "architecture.norm_epsilon: expected a number, got None",
+                    "special_ids.eos: expected an integer, got True",
+                    "decoding.bad_word_ids[1]: expected an integer, got 2.0", "artifacts[0].files.decoder: missing",
+                    "tokenizer.unk_id: expected an integer, got '0'",
+                    "files.onnx/encoder.onnx: expected a string, got 7", "name: expected a string, got 3"):
+        assert problem in message, problem
+    assert message.count("; ") == 7
+
 def test_written_manifests_are_validated(tiny_package: Path, tmp_path: Path) -> None:
     package = shutil.copytree(tiny_package, tmp_path / "pkg")
     before = (package / "manifest.json").read_bytes()
