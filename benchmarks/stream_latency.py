@@ -21,7 +21,8 @@ the non-streamed translation of the sentence alone. With int8, whose dynamic qua
 the whole batch, a translation can depend on the batch it ran in; the mixed batches' non-streamed answers are
 compared the same way, so that the report shows what the batch, not streaming, changed. fp32 is batch-invariant.
 Each check reports the SHA-256 of the non-streamed translations alone, one per line, so that two runs (the native
-core's and numpy's) can be compared.
+core's and numpy's) can be compared. The beam-``--beam`` check reuses the latency measurement's streams as the
+sentences' streams alone; ``--checks`` and ``--no-latency`` split a run over processes (e.g. one per mode and check).
 
 Writes ``<out-dir>/stream-latency-<UTC date>.json`` and ``.md`` and prints the Markdown. Exit code 0; 1 when a check
 failed (the streamed text was not its final text, or, at fp32, not the translation alone); 2 on a usage error or
@@ -44,7 +45,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +63,7 @@ from serving.engine.native import native_core  # noqa: E402
 
 SOURCES = ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 MODES = ("request", "step")
+CHECKS = ("beam", "length-penalty")  # --beam with the package's rules; --check-beam with --length-penalty
 TIMEOUT_S = 120.0
 
 
@@ -79,6 +80,8 @@ class Config:
     check_beam: int
     length_penalty: float
     clients: int
+    checks: tuple[str, ...]
+    latency: bool
     out_dir: Path
     work_dir: Path
     command: str
@@ -97,6 +100,10 @@ def parse_args(argv: Sequence[str]) -> Config:
     parser.add_argument("--check-beam", type=int, default=5)
     parser.add_argument("--length-penalty", type=float, default=0.6)
     parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--checks", default=",".join(CHECKS),
+                        help="which checks --check runs, comma-separated (to split a run over processes)")
+    parser.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the latency (--no-latency: only the checks)")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "build" / "stream-latency")
     args = parser.parse_args(argv)
@@ -105,13 +112,19 @@ def parse_args(argv: Sequence[str]) -> Config:
         parser.error(f"--modes takes {' and/or '.join(MODES)}, comma-separated")
     if not (args.package / "manifest.json").is_file():
         parser.error(f"--package {args.package}: not a model package")
+    checks = tuple(c for c in args.checks.split(",") if c)
+    if not checks or any(c not in CHECKS for c in checks):
+        parser.error(f"--checks takes {' and/or '.join(CHECKS)}, comma-separated")
+    if not args.latency and not args.check:
+        parser.error("--no-latency without --check measures nothing")
     if not args.sources.is_file():
         parser.error(f"--sources {args.sources}: no such file")
     if min(args.beam, args.check_beam, args.sentences, args.threads, args.clients) < 1:
         parser.error("--beam, --check-beam, --sentences, --threads and --clients must be at least 1")
     command = " ".join(["python -m benchmarks.stream_latency", *map(shlex.quote, argv)])
     return Config(args.package.resolve(), args.sources, args.precision, args.beam, args.sentences, modes, args.threads, args.check,
-                  args.check_beam, args.length_penalty, args.clients, args.out_dir, args.work_dir, command)
+                  args.check_beam, args.length_penalty, args.clients, checks, args.latency, args.out_dir,
+                  args.work_dir, command)
 
 
 def sources(path: Path, count: int) -> list[str]:
@@ -170,8 +183,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
 
 
-def latency(url: str, texts: list[str], beam: int) -> dict[str, Any]:
-    """Every sentence alone, streamed: time to its first partial event and to its final event."""
+def latency(url: str, texts: list[str], beam: int) -> tuple[dict[str, Any], list[Streamed]]:
+    """Every sentence alone, streamed: time to its first partial event and to its final event; the streams."""
+    streams: list[Streamed] = []
     first: list[float] = []
     full: list[float] = []
     share: list[float] = []
@@ -179,6 +193,7 @@ def latency(url: str, texts: list[str], beam: int) -> dict[str, Any]:
     with httpx.Client() as client:
         for i, text in enumerate(texts):
             got = stream(client, url, [text], {"beam_size": beam})
+            streams.append(got)
             full.append(got.final * 1000)
             if 0 in got.first:
                 first.append(got.first[0] * 1000)
@@ -195,19 +210,22 @@ def latency(url: str, texts: list[str], beam: int) -> dict[str, Any]:
     return {"sentences": len(texts), "first_event_ms": summary(first), "full_ms": summary(full),
             "first_over_full_median": round(statistics.median([f / t for f, t in zip(first, full, strict=False)]), 3)
             if no_partial == 0 else None,
-            "first_event_text_share_median": round(statistics.median(share), 3), "without_partial_event": no_partial}
+            "first_event_text_share_median": round(statistics.median(share), 3),
+            "without_partial_event": no_partial}, streams
 
 
-def check(url: str, texts: list[str], beam: int, model: str | None, clients: int, strict: bool) -> dict[str, Any]:
+def check(url: str, texts: list[str], beam: int, model: str | None, clients: int, strict: bool,
+          alone: list[Streamed] | None = None) -> dict[str, Any]:
     """The streamed text of every sentence, alone and in mixed batches, against its final text and against its
-    non-streamed translation alone (module docstring)."""
+    non-streamed translation alone (module docstring); ``alone``: the sentences already streamed alone at this beam
+    and model (the latency measurement's), else they are streamed here."""
     body: dict[str, Any] = {"beam_size": beam, **({"model": model} if model else {})}
     problems: list[str] = []
     reference: list[str] = []
     with httpx.Client() as client:
         for i, text in enumerate(texts):
             plain = translate(client, url, [text], body)[0]
-            got = stream(client, url, [text], body)
+            got = alone[i] if alone is not None else stream(client, url, [text], body)
             reference.append(plain)
             streamed = "".join(got.deltas.get(0, []))
             if streamed != got.texts[0]:
@@ -308,27 +326,32 @@ def length_penalty_copy(config: Config) -> tuple[Path, str]:
 def run(config: Config) -> dict[str, Any]:
     texts = sources(config.sources, config.sentences)
     results: dict[str, Any] = {}
-    with ExitStack() as stack:
-        extra: list[str] = []
-        lp_name = None
-        if config.check:
-            lp_package, lp_name = length_penalty_copy(config)
-            extra = ["-m", str(lp_package)]
-        for mode in config.modes:
-            say(f"{mode}: starting mtgate serve ({config.precision}, {config.threads} thread(s))")
-            server = stack.enter_context(start_server(
-                config.package, config.work_dir / mode / "server.log", extra_args=[
-                    *extra, "--batching", mode, "--precision", config.precision, "--threads", str(config.threads)]))
+    extra: list[str] = []
+    lp_name = None
+    if config.check and "length-penalty" in config.checks:
+        lp_package, lp_name = length_penalty_copy(config)
+        extra = ["-m", str(lp_package)]
+    for mode in config.modes:
+        say(f"{mode}: starting mtgate serve ({config.precision}, {config.threads} thread(s))")
+        with start_server(config.package, config.work_dir / mode / "server.log", extra_args=[
+                *extra, "--batching", mode, "--precision", config.precision, "--threads", str(config.threads)]) as server:
             result: dict[str, Any] = {}
-            say(f"{mode}: latency, beam {config.beam}, {len(texts)} sentences one at a time")
-            result["latency"] = latency(server.url, texts, config.beam)
+            alone = None
+            if config.latency:
+                say(f"{mode}: latency, beam {config.beam}, {len(texts)} sentences one at a time")
+                result["latency"], alone = latency(server.url, texts, config.beam)
             if config.check:
                 strict = config.precision == "fp32"
-                default = default_model(server.url)
                 result["checks"] = []
-                for beam, model in ((config.beam, default), (config.check_beam, lp_name)):
-                    say(f"{mode}: check, beam {beam} ({model})")
-                    result["checks"].append(check(server.url, texts, beam, model, config.clients, strict))
+                if "beam" in config.checks:
+                    default = default_model(server.url)
+                    say(f"{mode}: check, beam {config.beam} ({default})")
+                    result["checks"].append(check(server.url, texts, config.beam, default, config.clients, strict,
+                                                  alone))
+                if "length-penalty" in config.checks:
+                    say(f"{mode}: check, beam {config.check_beam} ({lp_name})")
+                    result["checks"].append(check(server.url, texts, config.check_beam, lp_name, config.clients,
+                                                  strict))
             results[mode] = result
     return results
 
@@ -346,10 +369,13 @@ def to_markdown(data: dict[str, Any]) -> str:
     c = data["config"]
     lines = ["# Streaming latency and exactness (benchmarks/stream_latency.py)", "", *run_header(data),
              f"- package {c['package']} ({c['precision']}, {c['core']} core), {c['threads']} intra-op thread(s), "
-             f"beam {c['beam']}, the first {c['sentences']} sentences of {c['sources']}, one request at a time", "",
-             "| batching | first stable text: median / p95 ms | full sentence: median / p95 ms | first / full "
-             "(median) | text in the first event (median) |", "|---|---|---|---|---|"]
+             f"beam {c['beam']}, the first {c['sentences']} sentences of {c['sources']}, one request at a time"]
+    if any("latency" in result for result in data["modes"].values()):
+        lines += ["", "| batching | first stable text: median / p95 ms | full sentence: median / p95 ms | first / full "
+                  "(median) | text in the first event (median) |", "|---|---|---|---|---|"]
     for mode, result in data["modes"].items():
+        if "latency" not in result:
+            continue
         lat = result["latency"]
         lines.append(f"| {mode} | {lat['first_event_ms']['median']:.0f} / {lat['first_event_ms']['p95']:.0f} | "
                      f"{lat['full_ms']['median']:.0f} / {lat['full_ms']['p95']:.0f} | "
@@ -385,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "core": "numpy" if native_core() is None else "native", "precision": config.precision,
                        "beam": config.beam,
                        "sentences": config.sentences, "threads": config.threads, "check_beam": config.check_beam,
-                       "length_penalty": config.length_penalty, "clients": config.clients},
+                       "length_penalty": config.length_penalty, "clients": config.clients,
+                       "checks": list(config.checks) if config.check else []},
             "modes": modes}
     report.finish(host, lambda: data, to_markdown)
     failed = any(check["failed"] for result in modes.values() for check in result.get("checks", []))
