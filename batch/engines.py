@@ -28,7 +28,9 @@ def model_dir_of(args: argparse.Namespace) -> Path:
     if args.model is not None:
         model: Path = args.model
         if not model.is_dir():
-            raise UsageError(f"{model}: no such model package directory")
+            from serving.package import hub_hint
+
+            raise UsageError(f"{model}: no such model package directory{hub_hint(model)}")
         return model
     from serving.server.settings import demo_missing, demo_model
 

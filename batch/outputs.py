@@ -184,12 +184,9 @@ def shard_name(path: Path, num: int, index: int) -> Path:
 
 
 def side_file(output: Path, ending: str) -> Path:
-    """``OUT.EXT`` -> ``OUT<ending>`` (``.rejects.jsonl``, ``.summary.json``)."""
-    name = output.name
-    for suffix in _OUTPUT_SUFFIX.values():
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return output.with_name(name + ending)
+    """``OUT.EXT`` -> ``OUT<ending>`` (``.rejects.jsonl``, ``.summary.json``) whatever EXT is (``test.hyp.de`` ->
+    ``test.hyp.rejects.jsonl``, as ``test.hyp.txt`` and ``test.hyp.tfrecords``); ``OUT`` without one -> ``OUT<ending>``.
+    """
+    return output.with_name(output.stem + ending)
 
 

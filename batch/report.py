@@ -17,15 +17,19 @@ from batch.scoring import describe
 
 
 def summary_line(summary: dict[str, Any], job: Job) -> str:
-    """``batch-score: 40 of 40 records translated in 3.1 s (...); BLEU 23.41 [signature] ... -> OUT``."""
+    """``batch-score: 40 of 40 records translated in 3.1 s (...); BLEU 23.41 [signature] ... -> OUT``; after a
+    resume, what this run did and in how long apart from what the earlier run had committed."""
     parts = [f"batch-score: {summary['translated']} of {summary['records']} records translated"]
     if summary["rejects"]:
         parts.append(f", {summary['rejects']} rejected ({job.rejects})")
-    parts.append(f" in {summary['wall_seconds']:.1f} s")
-    if summary["this_run"]["translated"]:
-        parts.append(f" ({summary['records_per_second']:.1f} records/s, {summary['tokens_per_second']:.0f} tokens/s)")
+    this_run = summary["this_run"]["translated"]
+    speed = (f"{summary['records_per_second']:.1f} records/s, {summary['tokens_per_second']:.0f} tokens/s"
+             if this_run else "")
     if summary["resumed"]["chunks"]:
-        parts.append(f", resumed {summary['resumed']['records']} records")
+        parts.append(f": {summary['resumed']['records']} committed by an earlier run, {this_run} translated by this one "
+                     f"in {summary['wall_seconds']:.1f} s{f' ({speed})' if speed else ''}")
+    else:
+        parts.append(f" in {summary['wall_seconds']:.1f} s{f' ({speed})' if speed else ''}")
     scores = describe(summary.get("scores"))
     if scores:
         parts.append(f"; {scores}")

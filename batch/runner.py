@@ -114,7 +114,12 @@ def count_owned(job: Job) -> int:
 
 
 class Bar(Protocol):
+    """The progress bar: its count is committed records (what a rerun keeps); the records translated since, not
+    committed yet, show beside it (``set_postfix_str``)."""
+
     def update(self, n: int) -> None: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
 
     def close(self) -> None: ...
 
@@ -199,11 +204,21 @@ class LocalChunks:
         seen = [0]
         executor: Executor | None = None
         pending: dict[cf.Future[list[Outcome]], ParsedChunk] = {}
+        in_flight = [0]  # records translated whose chunk is not committed yet: a rerun translates them again
+
+        def commit(item: ParsedChunk, outcomes: list[Outcome]) -> None:
+            committer.commit(item, outcomes)
+            in_flight[0] = max(0, in_flight[0] - len(item.records))
+            bar.set_postfix_str(f"{in_flight[0]} more translated, not committed" if in_flight[0] else "",
+                                refresh=False)
+            bar.update(len(item.entries))
 
         def collect(timeout: float) -> None:
             finished, _ = cf.wait(list(pending), timeout=timeout, return_when=cf.FIRST_COMPLETED)
             assert executor is not None
-            bar.update(executor.drain_progress())
+            if translated := executor.drain_progress():
+                in_flight[0] += translated
+                bar.set_postfix_str(f"{in_flight[0]} more translated, not committed")
             # Every chunk that finished is committed, in chunk order, before a failed one's error is raised: work
             # done before a crash is never lost (``finished`` is a set, so a failure could otherwise come first).
             failures: list[BaseException] = []
@@ -213,7 +228,7 @@ class LocalChunks:
                 if error is not None:
                     failures.append(error)
                     continue
-                committer.commit(item, future.result())
+                commit(item, future.result())
             if failures:
                 raise failures[0]
 
@@ -221,9 +236,8 @@ class LocalChunks:
             for chunk, entries in read_chunks(job, lambda c: c not in done, seen):
                 item = parse_chunk(parser, chunk, entries)
                 records = item.records
-                bar.update(len(entries) - len(records))
                 if not records:
-                    committer.commit(item, [])
+                    commit(item, [])
                     continue
                 if executor is None:
                     t0 = time.monotonic()
@@ -299,12 +313,16 @@ class _NoBar:
     def update(self, n: int) -> None:
         pass
 
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 def _progress_bar(total: int | None, initial: int, enabled: bool) -> Bar:
-    """tqdm on stderr: records done of the total, records/s and the time left (every 15 s when not a terminal)."""
+    """tqdm on stderr: records committed of the total (what a rerun keeps), records/s and the time left, and the
+    records translated but not committed yet (every 15 s when not a terminal)."""
     if not enabled:
         return _NoBar()
     from tqdm import tqdm

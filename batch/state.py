@@ -71,6 +71,48 @@ class ChunkMeta:
     reference_tokens: int = 0
 
 
+# Fingerprint fields (batch.job's Job.fingerprint and EngineConfig.fingerprint) as the options that set them.
+_OPTION_OF = {
+    "beam_size": "--beam-size", "max_length": "--max-length", "max_tokens": "--max-batch-tokens",
+    "max_batch_size": "--max-batch-size", "runtime": "--runtime", "precision": "--precision", "model_dir": "-m",
+    "manifest_sha256": "the model package's manifest (the package changed)", "server": "--server",
+    "model_name": "--model-name", "chunk_size": "--chunk-size", "num_shards": "--num-shards",
+    "shard_index": "--shard-index", "vocab": "--vocab", "schema": "--input-key/--reference-key",
+    "output_format": "the output format (-o's extension or --output-format)", "format": "--input-format",
+    "score_references": "--score-references", "files": "the input files", "decoding": "the decoding options",
+}
+
+
+def changed_options(existing: Any, wanted: dict[str, Any]) -> list[str]:
+    """What differs between an unfinished run's fingerprint and this command's, as options with the value the
+    unfinished run had: ``--beam-size 4 (now 1)``; empty when ``existing`` is unreadable or of another version."""
+    try:
+        if existing["version"] != wanted["version"]:
+            return []
+        before = {**existing["job"]["job"], **existing["job"]["engine"]}
+        after = {**wanted["job"]["job"], **wanted["job"]["engine"]}
+    except (KeyError, TypeError):
+        return []
+
+    def shown(value: Any) -> str:
+        return "unset" if value is None or value is False else "set" if value is True else str(value)
+
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if key == "decoding":  # one entry per decoding option: --temperature 0.8 (now unset)
+            old, new = old or {}, new or {}
+            changes += [f"--{name.replace('_', '-')} {shown(old.get(name))} (now {shown(new.get(name))})"
+                        for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        elif key in ("files", "schema", "manifest_sha256"):
+            changes.append(_OPTION_OF[key])
+        else:
+            changes.append(f"{_OPTION_OF.get(key, key)} {shown(old)} (now {shown(new)})")
+    return changes
+
+
 class StateDir:
     """``<output>.partial``: committed chunks of an unfinished job, its fingerprint and a lock."""
 
@@ -125,8 +167,12 @@ class StateDir:
         if same_command:
             return InputChanged(f"the input changed since the last run (a file's size differs from the one recorded "
                                 f"in {self.path}); rerun with --restart")
-        return JobError(f"{self.path} holds an unfinished run of a different command (inputs, model or options "
-                        "changed, or an older batch-score); rerun that command to resume it, or add --restart")
+        changes = changed_options(existing, wanted)
+        if not changes:  # unreadable, or an older batch-score's state
+            return JobError(f"{self.path} holds an unfinished run of a different command (or of an older "
+                            "batch-score); rerun that command to resume it, or add --restart")
+        return JobError(f"{self.path} holds an unfinished run of a different command, with {'; '.join(changes)}; "
+                        "rerun it with those to resume it, or add --restart to start over")
 
     def committed(self) -> dict[int, ChunkMeta]:
         """The chunks whose record and data file are both in place."""

@@ -122,7 +122,8 @@ class LocalChunkWorker:
                        else self.translator.prepare_ids([source], self.options, **prefix))
                 prepared[i] = one if seeds is None else dataclasses.replace(one, seeds=seeds[i:i + 1])
             except InputTooLong as e:
-                outcomes[i] = f"source has {e.tokens} tokens; the model accepts at most {e.limit}"
+                outcomes[i] = (f"source has {e.tokens} tokens; the model accepts at most {e.limit} (--truncate cuts "
+                               "it to them)")
             except ServingError as e:
                 outcomes[i] = f"translation refused: {e}"
         if len(prepared) < len(sources):

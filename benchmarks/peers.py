@@ -6,6 +6,8 @@
     python benchmarks/peers.py prepare --artifact ct2-int8 --model HF_DIR --out DIR
     python benchmarks/peers.py run WORKER_CONFIG.json                    # one engine (config written by the harness)
 
+The real-text mode's engines and CTranslate2 conversions (``ct2-cli-*``) are in ``benchmarks/peers_text.py``.
+
 ``make-model`` builds the random-weight Marian model of the benchmark (also used by its ``--quick`` run, so it needs
 only torch, transformers and sentencepiece). ``prepare`` converts the HF directory once for a peer:
 CTranslate2 (``TransformersConverter``, float32 or int8 weights), optimum ONNX export (fp32, and int8 by dynamic
@@ -36,6 +38,7 @@ os.environ.setdefault("USE_TF", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.bench.measure import GenerateFn, package_versions, run_worker  # noqa: E402
+from benchmarks.peers_text import CT2_ARTIFACTS, TEXT_LOADERS, prepare_ct2_cli  # noqa: E402
 
 MULTI30K = ROOT / "models" / "data" / "multi30k"
 EOS_ID = 0
@@ -204,6 +207,8 @@ def prepare(artifact: str, model: Path, out: Path) -> None:
             about = _prepare_ov(model, tmp, int8=False)
         elif artifact == "ov-int8":
             about = _prepare_ov(model, tmp, int8=True)
+        elif artifact in CT2_ARTIFACTS:  # the real-text mode's CTranslate2, converted by its own command
+            about = prepare_ct2_cli(artifact, model, tmp)
         else:
             raise SystemExit(f"unknown artifact {artifact!r}")
         about["versions"] = package_versions(LIBRARIES)
@@ -366,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--out", type=Path, required=True)
     prep = sub.add_parser("prepare", help="convert the HF model for one peer")
     prep.add_argument("--artifact", required=True,
-                      choices=["ct2-float32", "ct2-int8", "ort-fp32", "ort-int8", "ov-fp32", "ov-int8"])
+                      choices=["ct2-float32", "ct2-int8", "ort-fp32", "ort-int8", "ov-fp32", "ov-int8", *CT2_ARTIFACTS])
     prep.add_argument("--model", type=Path, required=True)
     prep.add_argument("--out", type=Path, required=True)
     run = sub.add_parser("run", help="measure one engine (worker config written by the harness)")
@@ -380,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args.artifact, args.model, args.out)
     else:
         config = json.loads(args.config.read_text(encoding="utf-8"))
-        run_worker(config, LOADERS[config["engine"]])
+        loaders = TEXT_LOADERS if config.get("mode") == "text" else LOADERS
+        run_worker(config, loaders[config["engine"]])
     return 0
 
 

@@ -2,17 +2,23 @@
 
     .venv/bin/python benchmarks/profile_engine.py --package ~/.cache/mtgate/bench/random-opus-mt-en-de-seed0/mtgate-package-fp32-int8
     .venv/bin/python benchmarks/profile_engine.py --package DIR --runtime openvino --precision int8 -n 8 -o prof.json
+    .venv/bin/python benchmarks/profile_engine.py --package models/demo-en-de --precision int8 --beam 4 --threads 1 --clock thread
 
 Three views of the same workload as the benchmark (``python -m benchmarks.bench``) (random source ids with Multi30k test_2016 lengths, exactly
 ``--new-tokens`` tokens, EOS banned), at ``--beam`` / ``--batch`` (default greedy, batch 1):
 
-1. wall clock split: ``Translator.translate`` with a timing wrapper around the backend: encoder calls, decoder-step
-   calls (the runtime, plus its input/output conversions), and everything else (search, batching, detokenizing).
-2. inside the decoder step (ONNX Runtime only; greedy, batch 1): a session on the same ``decoder.onnx`` with ONNX
-   Runtime's profiler in place of the backend's decoder session, driven through the backend's own step call
-   (``decode_in_place`` for a stationary cache, ``decode_step`` for a growing one); node times are grouped
-   (vocabulary projection, log-softmax, self/cross attention, FFN, cache concat or the in-place attention, layer
-   norms, other) and compared with the session's own run time and with the Python-side ``run()`` time.
+1. time split (wall time, or with ``--clock thread`` the calling thread's CPU time): ``Translator.translate`` with timing wrappers around the backend and around the runtime's own
+   calls (the sessions' ``run``/``run_with_iobinding``, OpenVINO's ``infer``): encoder calls, decoder-step calls (the
+   backend's step: the runtime plus its input binding), the runtime's calls alone, and everything else. **Outside the
+   runtime** is the step's wall time minus the runtime's calls (input binding, the search, the rows' bookkeeping,
+   batching, detokenizing): ``outside_runtime_ms_per_step`` and its share of the step (issue 37's target: at most 15%
+   at batch 1 and at 64 rows, demo int8, beam 4). With ONNX Runtime, ``binds_per_step`` counts the inputs and outputs
+   the stationary decoder's binding bound (``serving.engine.backends.binding``: a steady step binds none).
+2. inside the decoder step (ONNX Runtime only): the same pass with a session on the same ``decoder.onnx`` with ONNX
+   Runtime's profiler in place of the backend's decoder session; node times are grouped (vocabulary projection,
+   log-softmax, self/cross attention, FFN, cache concat or the in-place attention, layer norms, other) and compared
+   with the session's own run time and with the Python-side ``run()`` time, and listed per operator type with the
+   number of nodes of the optimized graph (the node count is what a small model's step pays per node).
 3. ``cProfile`` of the translate loop: the Python functions that cost the most.
 
 Prints a report and, with ``-o``, writes it as JSON.
@@ -42,6 +48,14 @@ from benchmarks.bench.mtgate_worker import forced_length_translator  # noqa: E40
 from benchmarks.bench.workload import DEFAULT_SENTENCES, random_ids_like, read_sentences, special_ids  # noqa: E402
 from serving.package import open_package  # noqa: E402
 
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = CLOCKS["wall"]
+
+
+def now() -> float:
+    """The clock of the run (``--clock``): wall time, or the calling thread's CPU time."""
+    return _clock()
+
 
 class TimedBackend:
     """Wraps a backend and adds up the time of each call."""
@@ -54,9 +68,9 @@ class TimedBackend:
         self.step_by_past: dict[int, list[float]] = collections.defaultdict(list)
 
     def encode(self, input_ids: np.ndarray) -> Any:
-        start = time.perf_counter()
+        start = now()
         out = self.inner.encode(input_ids)
-        self.encode_s += time.perf_counter() - start
+        self.encode_s += now() - start
         return out
 
     def decode_step(self, input_ids: np.ndarray, step: int, past_kv: np.ndarray, cross_kv: np.ndarray,
@@ -72,9 +86,9 @@ class TimedBackend:
 
     def _step(self, past_len: int, call: Any, *args: Any) -> Any:
         """One decoder step, timed and counted under ``past_len``."""
-        start = time.perf_counter()
+        start = now()
         out = call(*args)
-        elapsed = time.perf_counter() - start
+        elapsed = now() - start
         self.step_s += elapsed
         self.steps += 1
         self.step_by_past[past_len].append(elapsed)
@@ -87,10 +101,10 @@ class TimedBackend:
 def run_pass(translator: Any, texts: list[str], beam: int, batch: int) -> float:
     from serving.engine.translator import DecodeOptions
 
-    start = time.perf_counter()
+    start = now()
     for i in range(0, len(texts), batch):
         translator.translate(texts[i : i + batch], DecodeOptions(beam_size=beam))
-    return time.perf_counter() - start
+    return now() - start
 
 
 # Node groups of the decoder graph (node names follow converters/onnx_emitter.py; ONNX Runtime's fusions keep the
@@ -116,47 +130,73 @@ def _group(node: str, op: str) -> str:
     return "other (gather, reshape, cast...)"
 
 
-def ort_decoder_profile(package: Path, precision: str, threads: int, sources: list[list[int]], new_tokens: int,
-                        eos: int, start_id: int, pad: int) -> dict[str, Any]:
-    """Greedy decoding with ONNX Runtime's profiler on the decoder session; node times grouped per step. The steps
-    go through the backend's own call for the package's decoder contract (a stationary cache written in place, or a
-    growing one), with a profiling session on the same graph in place of the backend's decoder session."""
+class TimedRuntime:
+    """Wraps a runtime object (an ONNX Runtime session, an OpenVINO infer request) and adds up the time of its runs
+    into ``clock["runtime"]``; every other attribute is the wrapped object's."""
+
+    _RUNS = ("run", "run_with_iobinding", "infer")
+
+    def __init__(self, inner: Any, clock: dict[str, float]) -> None:
+        self.inner = inner
+        self.clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name not in self._RUNS:
+            return attribute
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = now()
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                self.clock["runtime"] += now() - start
+
+        return timed
+
+
+def time_runtime(backend: Any, clock: dict[str, float]) -> None:
+    """Put :class:`TimedRuntime` around the backend's runtime objects (ONNX Runtime's sessions, OpenVINO's
+    requests)."""
+    for name in ("encoder", "decoder", "_encoder_request", "_decoder_request"):
+        inner = getattr(backend, name, None)
+        if inner is not None and not (backend.runtime == "openvino" and name in ("encoder", "decoder")):
+            setattr(backend, name, TimedRuntime(inner, clock))
+
+
+def binds(backend: Any) -> int:
+    """Inputs and outputs the backend's stationary-decoder binding has bound so far (0 without one)."""
+    return int(getattr(getattr(backend, "_binding", None), "binds", 0))
+
+
+def ort_decoder_profile(translator: Any, package: Path, precision: str, threads: int, texts: list[str], beam: int,
+                        batch: int) -> dict[str, Any]:
+    """One pass of the workload with ONNX Runtime's profiler on the decoder session (a profiling session on the same
+    graph in place of the backend's); node times grouped per step and listed per operator type."""
     import onnxruntime as ort
 
-    from serving.engine.backends.onnxruntime import OnnxRuntimeBackend, session_options
+    from serving.engine.backends.onnxruntime import session_options
 
     artifact = open_package(package).artifact("onnxruntime", precision)
-    backend = OnnxRuntimeBackend(package / artifact.encoder, package / artifact.decoder, threads)
     options = session_options(threads)
     prefix_dir = Path(tempfile.mkdtemp(prefix="ort-profile-"))
     options.enable_profiling = True
     options.profile_file_prefix = str(prefix_dir / "decoder")
+    options.optimized_model_filepath = str(prefix_dir / "decoder.optimized.onnx")
     decoder = ort.InferenceSession(str(package / artifact.decoder), options, providers=["CPUExecutionProvider"])
-    backend.decoder = decoder
-    run_s = 0.0
-    steps = 0
-    for source in sources:
-        encoded = backend.encode(np.array([[*source, eos]], dtype=np.int64))
-        cross_kv, src_bias = encoded.cross_kv, encoded.src_bias
-        layers, _, _, heads, _, head_dim = cross_kv.shape
-        token = np.array([[start_id]], dtype=np.int64)
-        cache = np.zeros((layers, 2, 1, heads, new_tokens + 1 if backend.stationary else 0, head_dim),
-                         dtype=np.float32)
-        for step in range(new_tokens):
-            start = time.perf_counter()
-            if backend.stationary:
-                log_probs = backend.decode_in_place(token, np.array([step]), cache, cross_kv, src_bias,
-                                                    np.zeros(1, dtype=np.int64))
-            else:
-                log_probs, cache = backend.decode_step(token, step, cache, cross_kv, src_bias)
-            run_s += time.perf_counter() - start
-            steps += 1
-            log_probs[:, [eos, pad]] = -np.inf
-            token = log_probs.argmax(axis=1)[:, None]
+    backend = translator.backend
+    kept = backend.decoder
+    clock = {"runtime": 0.0}
+    backend.decoder = TimedRuntime(decoder, clock)
+    try:
+        run_pass(translator, texts, beam, batch)
+    finally:
+        backend.decoder = kept
     profile_path = Path(decoder.end_profiling())
     events = json.loads(profile_path.read_text(encoding="utf-8"))
     groups: collections.Counter[str] = collections.Counter()
     ops: collections.Counter[str] = collections.Counter()
+    nodes: dict[str, str] = {}
     model_run_us = 0.0
     node_us = 0.0
     runs = 0
@@ -167,21 +207,24 @@ def ort_decoder_profile(package: Path, precision: str, threads: int, sources: li
         elif event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
             node = event["name"][: -len("_kernel_time")]
             op = event.get("args", {}).get("op_name", "?")
+            nodes[node] = op
             groups[_group(node, op)] += event["dur"]
             ops[op] += event["dur"]
             node_us += event["dur"]
-    # The first run of each shape is slower (allocation planning); the profile covers every run.
-    per_step = 1000.0 / max(1, steps)
+    # The first run of each shape is slower (allocation planning); the profile covers every run. The profiler adds
+    # a few microseconds to every node: compare groups and operators with each other, not with an unprofiled step.
+    per_run = 1.0 / 1000.0 / max(1, runs)
     return {
-        "steps": steps,
-        "python_run_ms_per_step": round(run_s * per_step, 3),
-        "ort_model_run_ms_per_step": round(model_run_us / 1000.0 / max(1, runs), 3),
-        "ort_nodes_ms_per_step": round(node_us / 1000.0 / max(1, runs), 3),
-        "groups_ms_per_step": {k: round(v / 1000.0 / max(1, runs), 3) for k, v in
-                               sorted(groups.items(), key=lambda kv: -kv[1])},
-        "ops_ms_per_step": {k: round(v / 1000.0 / max(1, runs), 3) for k, v in
-                            sorted(ops.items(), key=lambda kv: -kv[1])[:12]},
+        "steps": runs,
+        "nodes": len(nodes),
+        "nodes_per_op": dict(collections.Counter(nodes.values()).most_common()),
+        "python_run_ms_per_step": round(clock["runtime"] * 1000.0 / max(1, runs), 3),
+        "ort_model_run_ms_per_step": round(model_run_us * per_run, 3),
+        "ort_nodes_ms_per_step": round(node_us * per_run, 3),
+        "groups_ms_per_step": {k: round(v * per_run, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "ops_ms_per_step": {k: round(v * per_run, 3) for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:16]},
         "profile_file": str(profile_path),
+        "optimized_graph": options.optimized_model_filepath,
     }
 
 
@@ -197,11 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: wall time; thread: the calling thread's CPU time, which with --threads 1 (every "
+                             "node of ONNX Runtime then runs on that thread) other processes' load does not inflate, "
+                             "for profiles taken on a shared machine (default wall)")
     parser.add_argument("-o", "--output", type=Path, default=None)
     args = parser.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
 
     manifest = open_package(args.package).manifest
-    special = manifest.special_ids
     vocab = manifest.architecture.source_vocab_size
     texts_src = read_sentences(DEFAULT_SENTENCES, args.num_sentences)
     sources = random_ids_like(texts_src, vocab, special_ids(manifest), args.seed)
@@ -209,13 +257,19 @@ def main(argv: list[str] | None = None) -> int:
 
     translator = forced_length_translator(args.package, args.runtime, args.precision, args.threads,
                                           args.new_tokens)
+    clock = {"runtime": 0.0}
+    time_runtime(translator.backend, clock)
     warm = max(4, 2 * args.batch)  # the bench's warm-up: every shape of the timed pass seen once
     run_pass(translator, (texts * warm)[:warm], args.beam, args.batch)
+    clock["runtime"] = 0.0
+    binds_before = binds(translator.backend)
     timed = TimedBackend(translator.backend)
     translator.backend = timed
     wall = run_pass(translator, texts, args.beam, args.batch)
     tokens = len(texts) * args.new_tokens
     steps = max(1, timed.steps)
+    # The step's share of the wall time: the whole pass per decoder step (the encoder's calls are runtime time).
+    outside = wall - clock["runtime"]
     split = {
         "sentences": len(texts),
         "tokens": tokens,
@@ -226,12 +280,16 @@ def main(argv: list[str] | None = None) -> int:
         "decode_step_ms_per_step": round(1000 * timed.step_s / steps, 3),
         "encoder_ms_per_sentence": round(1000 * timed.encode_s / len(texts), 3),
         "other_python_ms_per_step": round(1000 * (wall - timed.step_s - timed.encode_s) / steps, 3),
+        "runtime_ms_per_step": round(1000 * clock["runtime"] / steps, 3),
+        "outside_runtime_ms_per_step": round(1000 * outside / steps, 3),
+        "outside_runtime_share": round(outside / wall, 3),
+        "binds_per_step": round((binds(timed.inner) - binds_before) / steps, 3),
         "decode_step_ms_by_past_len": {str(t): round(1000 * float(np.median(v)), 3)
                                        for t, v in sorted(timed.step_by_past.items()) if t in (0, 1, 8, 16, 31)},
     }
     translator.backend = timed.inner
 
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(_clock)
     profiler.enable()
     run_pass(translator, texts[: max(2, len(texts) // 2)], args.beam, args.batch)
     profiler.disable()
@@ -240,12 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     top = [line for line in stream.getvalue().splitlines() if line.strip()][-16:]
 
     report: dict[str, Any] = {"package": str(args.package), "runtime": args.runtime, "precision": args.precision,
-                              "threads": args.threads, "beam": args.beam, "batch": args.batch,
+                              "threads": args.threads, "clock": args.clock, "beam": args.beam, "batch": args.batch,
                               "new_tokens": args.new_tokens, "wall_split": split, "cprofile_top_tottime": top}
-    if args.runtime == "onnxruntime" and args.batch == 1 and args.beam == 1:
-        report["ort_decoder_profile"] = ort_decoder_profile(
-            args.package, args.precision, args.threads, sources, args.new_tokens, special.eos,
-            special.decoder_start, special.pad)
+    if args.runtime == "onnxruntime":
+        report["ort_decoder_profile"] = ort_decoder_profile(translator, args.package, args.precision, args.threads,
+                                                            texts, args.beam, args.batch)
     text = json.dumps(report, indent=1)
     sys.stdout.write(text + "\n")
     if args.output is not None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +91,64 @@ def shortlist_request(args: argparse.Namespace) -> Any:
                             evaluation=None if args.shortlist_eval is None else tuple(args.shortlist_eval))
 
 
+def missing_directory(output: Path) -> Path | None:
+    """The outermost directory of ``output``'s path that does not exist yet, as the user spelled it (None: the
+    package's directory exists). The conversion creates it, and says so."""
+    missing = None
+    for parent in output.parents:
+        if parent.absolute().exists():
+            break
+        missing = parent
+    return missing
+
+
+def output_problem(output: Path) -> str | None:
+    """Why a package cannot be written at ``output``, or None: checked before any work, so that an unwritable place
+    is named (not the staging directory beside it) before anything is read or created."""
+    if output.exists() and not output.is_dir():
+        return "it exists and is not a directory"
+    existing = next(p for p in output.absolute().parents if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:  # the test that holds for read-only mounts, /proc and root alike: make a directory there
+        probe = tempfile.mkdtemp(dir=existing, prefix=f".{output.name}.", suffix=".probe")
+    except OSError as e:
+        return f"cannot create directories in {existing} ({e.strerror})"
+    os.rmdir(probe)
+    return None
+
+
+def _remove_created(output: Path, created: Path | None) -> None:
+    """After a failure, remove the directories this run created for ``output`` (they are empty: the package is
+    written in a staging directory that is removed on failure)."""
+    if created is None:
+        return
+    for directory in [output.parent, *output.parent.parents]:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        if directory == created:
+            return
+
+
+@contextmanager
+def _cleaned_up_on_failure(output: Path, created: Path | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        _remove_created(output, created)
+        raise
+
+
 def run(args: argparse.Namespace) -> int:
     from converters.base import ConversionError
     from converters.convert import ParityError, convert
     from serving.commands.options import UsageError
 
+    if problem := output_problem(args.output):
+        raise UsageError(f"cannot write the package {args.output}: {problem}; give another -o")
+    created = missing_directory(args.output)
     started = time.perf_counter()
     quality = None
     if args.quality is not None:
@@ -99,22 +156,31 @@ def run(args: argparse.Namespace) -> int:
             quality = json.loads(args.quality.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UsageError(f"--quality {args.quality}: {e}") from None
+    from serving.commands.progress import Stages
+
+    stages = Stages("convert")
+
+    def progress(message: str) -> None:
+        logger.info("%s", message)
+        stages(message)
+
     try:
-        manifest = convert(
-            args.source,
-            args.output,
-            runtimes=args.runtimes,
-            precisions=args.precisions,
-            verify=not args.no_verify,
-            name=args.name,
-            version=args.version,
-            reader_options=reader_options(args),
-            fmt=args.fmt,
-            progress=lambda message: logger.info("%s", message),
-            quality=quality,
-            overwrite=args.overwrite,
-            shortlist=shortlist_request(args),
-        )
+        with stages, _cleaned_up_on_failure(args.output, created):
+            manifest = convert(
+                args.source,
+                args.output,
+                runtimes=args.runtimes,
+                precisions=args.precisions,
+                verify=not args.no_verify,
+                name=args.name,
+                version=args.version,
+                reader_options=reader_options(args),
+                fmt=args.fmt,
+                progress=progress,
+                quality=quality,
+                overwrite=args.overwrite,
+                shortlist=shortlist_request(args),
+            )
     except ParityError as e:
         sys.stderr.write(f"mtgate convert: {e}\n")
         return 1
@@ -123,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # e.g. the output's parent is not writable
         raise UsageError(f"{e.filename or args.output}: {e.strerror or e}") from e
     sys.stdout.write(f"wrote {args.output} ({manifest.name} {manifest.version}) in "
-                     f"{time.perf_counter() - started:.1f}s\n")
+                     f"{time.perf_counter() - started:.1f}s{f'; created the directory {created}' if created else ''}\n")
     evaluation = (manifest.shortlist or {}).get("evaluation")
     if evaluation is not None:
         sys.stdout.write(f"  shortlist ({evaluation['artifact']}, {evaluation['sentences']} sentences): BLEU "

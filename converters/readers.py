@@ -36,7 +36,9 @@ def detect_reader(source_dir: Path, fmt: str | None = None) -> type[Converter]:
     if fmt is not None and fmt not in FORMATS:
         raise ConversionError(f"unknown format {fmt!r} (supported formats: {', '.join(FORMATS)})")
     if not source_dir.exists():
-        raise ConversionError(f"{source_dir}: no such directory")
+        from serving.package import hub_hint
+
+        raise ConversionError(f"{source_dir}: no such directory{hub_hint(source_dir, converting=True)}")
     if not source_dir.is_dir():
         raise ConversionError(f"{source_dir}: not a directory")
     if fmt is not None:

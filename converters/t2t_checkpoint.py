@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -67,8 +68,13 @@ def checkpoint_prefix(source_dir: Path) -> tuple[Path | None, str | None]:
 
 
 def _checkpoint_reader(prefix: Path) -> Any:
-    # TF's C++ logging prints several lines at import; keep a user's explicit setting.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Before the import (a user's explicit setting wins): TF's C++ side logs several lines through absl at import
+    # (the instruction-set notice, "All log messages before absl::InitializeLog() ..."), and where oneDNN is on by
+    # default (AVX512_VNNI, AMX CPUs) "oneDNN custom operations are on" whatever TF_CPP_MIN_LOG_LEVEL says. Reading
+    # a checkpoint runs no TensorFlow math; its errors come back as exceptions, reported as one line.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
         import tensorflow as tf
     except ImportError as e:

@@ -45,6 +45,8 @@ class Load(_Strict):
 class Prices(_Strict):
     """Prices in one currency: per core-hour on-prem and in a cloud, or per node per month (with its cores)."""
 
+    currency: str = Field(default="USD", pattern=r"^[A-Za-z$€£¥]{1,8}$",
+                          description="what the prices are in, shown beside every cost (default USD)")
     onprem_per_core_hour: float | None = Field(default=None, gt=0)
     cloud_per_core_hour: float | None = Field(default=None, gt=0)
     node_per_month: float | None = Field(default=None, gt=0)
@@ -106,6 +108,7 @@ class Plan:
     per_million_tokens: dict[str, float]
     three_years: dict[str, float]
     basis: Basis
+    currency: str = "USD"
 
     @property
     def cost_per_month(self) -> float:
@@ -160,7 +163,7 @@ def plan(config: CapacityConfig, replica_tokens_per_s: float, cores_per_replica:
         replicas_per_node=per_node, nodes=nodes, utilisation=demand / (replicas * replica_tokens_per_s),
         tokens_per_month=tokens_per_month, per_month=per_month,
         per_million_tokens={k: v / tokens_per_month * 1e6 for k, v in per_month.items()},
-        three_years={k: v * MONTHS for k, v in per_month.items()}, basis=config.basis)
+        three_years={k: v * MONTHS for k, v in per_month.items()}, basis=config.basis, currency=prices.currency)
 
 
 def describe(p: Plan) -> str:
@@ -168,13 +171,14 @@ def describe(p: Plan) -> str:
     nodes = f" on {p.nodes} node(s)" if p.nodes is not None else ""
     return (f"{p.replicas} replica(s) x {p.cores_per_replica} core(s) = {p.cores} cores{nodes} for "
             f"{p.demand_tokens_per_s:.0f} output tokens/s at peak ({p.utilisation:.0%} of measured capacity); "
-            f"{p.basis}: {p.per_month[p.basis]:.2f} per month, {p.per_million_tokens[p.basis]:.4f} per million "
-            f"tokens, {p.three_years[p.basis]:.2f} over three years")
+            f"{p.basis}: {p.per_month[p.basis]:.2f} {p.currency} per month, {p.per_million_tokens[p.basis]:.4f} "
+            f"{p.currency} per million tokens, {p.three_years[p.basis]:.2f} {p.currency} over three years")
 
 
 def plan_rows(p: Plan) -> list[list[str]]:
     """A table of the plan: one row per price basis."""
-    rows = [["price", "per month", "per million output tokens", "three years"]]
+    rows = [["price", f"per month ({p.currency})", f"per million output tokens ({p.currency})",
+             f"three years ({p.currency})"]]
     rows += [[basis, f"{p.per_month[basis]:.2f}", f"{p.per_million_tokens[basis]:.4f}",
               f"{p.three_years[basis]:.2f}"] for basis in p.per_month]
     return rows

@@ -5,31 +5,53 @@ network to draw or to view (the SVG is the picture), and its tick locators give 
 altair would need a JavaScript runtime in the page (or a renderer binary) to show anything offline.
 
 Only the object-oriented API is used (``Figure``, no ``pyplot``): no global state, safe to call from any thread.
+matplotlib is imported when the first chart is drawn (or by :func:`preload`), not with this module: a command that
+writes a report at its end does not pay for it at start-up.
 Text stays text in the SVG (``svg.fonttype: none``), so the titles can be searched and read by a test; the
 output is deterministic (fixed hash salt, no date).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-from matplotlib.figure import Figure  # noqa: E402  (after choosing the backend)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+if TYPE_CHECKING:
+    import matplotlib.axes
+    from matplotlib.figure import Figure
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _STYLE: Any = {"svg.fonttype": "none", "svg.hashsalt": "mtgate", "font.family": "sans-serif", "font.size": 9,
           "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e5e5"}
 _XML_HEAD = re.compile(r"^.*?(?=<svg)", re.DOTALL)
 _METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)  # RDF about the file: not part of the picture
+
+
+@functools.cache
+def _matplotlib() -> ModuleType:
+    """matplotlib with its non-interactive backend (imported once, on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure
+    import matplotlib.ticker
+
+    return matplotlib
+
+
+def preload() -> None:
+    """Import matplotlib now (e.g. in a thread while a server starts), so that the first chart does not wait."""
+    _matplotlib()
+
+
+def _locator(**kwargs: Any) -> Any:
+    return _matplotlib().ticker.MaxNLocator(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -70,14 +92,14 @@ class Axes:
 def to_svg(figure: Figure) -> str:
     """The figure as an inline ``<svg>`` element (no XML declaration or DOCTYPE)."""
     buffer = io.StringIO()
-    with matplotlib.rc_context(_STYLE):
+    with _matplotlib().rc_context(_STYLE):
         figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
     return _METADATA.sub("", _XML_HEAD.sub("", buffer.getvalue(), count=1), count=1).strip()
 
 
 def _figure(width: float = 6.4, height: float = 3.2, rows: int = 1) -> Figure:
-    with matplotlib.rc_context(_STYLE):
-        figure = Figure(figsize=(width, height * rows), layout="constrained")
+    with _matplotlib().rc_context(_STYLE):
+        figure: Figure = _matplotlib().figure.Figure(figsize=(width, height * rows), layout="constrained")
     return figure
 
 
@@ -100,7 +122,7 @@ def _draw(ax: matplotlib.axes.Axes, series: Sequence[Series], offset: int = 0) -
 
 def panels(axes: Sequence[Axes], width: float = 6.4, height: float = 3.0) -> str:
     """One chart of stacked panels sharing nothing but the figure; each panel with its legend outside on the right."""
-    with matplotlib.rc_context(_STYLE):
+    with _matplotlib().rc_context(_STYLE):
         figure = _figure(width, height, rows=len(axes))
         grid = figure.subplots(len(axes), 1, squeeze=False)
         for ax, spec in zip((row[0] for row in grid), axes, strict=True):
@@ -116,14 +138,14 @@ def panels(axes: Sequence[Axes], width: float = 6.4, height: float = 3.0) -> str
             ax.set_xlabel(spec.x_label)
             ax.set_ylabel(spec.y_label)
             ax.set_ylim(bottom=0)
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=spec.integer_x))
-            ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+            ax.xaxis.set_major_locator(_locator(nbins=8, integer=spec.integer_x))
+            ax.yaxis.set_major_locator(_locator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
             if spec.right:
                 twin = ax.twinx()
                 handles += _draw(twin, spec.right, offset=len(spec.series))
                 twin.set_ylabel(spec.right_label)
                 twin.set_ylim(bottom=0)
-                twin.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+                twin.yaxis.set_major_locator(_locator(nbins=6, integer=True))
                 twin.grid(False)
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02 if not spec.right else 1.12, 1),
                       frameon=False, fontsize=8)
@@ -133,7 +155,7 @@ def panels(axes: Sequence[Axes], width: float = 6.4, height: float = 3.0) -> str
 def scatter(title: str, groups: Sequence[Series], x_label: str, y_label: str, lines: Sequence[Line] = (),
             vertical: Sequence[Line] = (), annotate: dict[str, tuple[float, float]] | None = None) -> str:
     """Points (each group one marker and colour), optional connecting style, target lines, text labels."""
-    with matplotlib.rc_context(_STYLE):
+    with _matplotlib().rc_context(_STYLE):
         figure = _figure(6.4, 3.8)
         ax = figure.subplots()
         if not any(len(g.x) for g in groups):
@@ -160,7 +182,7 @@ def scatter(title: str, groups: Sequence[Series], x_label: str, y_label: str, li
 
 def histogram(title: str, values: Mapping[str, Sequence[float]], x_label: str, bins: Sequence[float]) -> str:
     """Overlaid step histograms (one per label) over the same bins."""
-    with matplotlib.rc_context(_STYLE):
+    with _matplotlib().rc_context(_STYLE):
         figure = _figure(6.4, 3.2)
         ax = figure.subplots()
         if not any(values.values()):
@@ -172,7 +194,7 @@ def histogram(title: str, values: Mapping[str, Sequence[float]], x_label: str, b
         ax.set_title(title, loc="left", fontweight="bold")
         ax.set_xlabel(x_label)
         ax.set_ylabel("sentences")
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+        ax.yaxis.set_major_locator(_locator(nbins=6, integer=True))
         ax.legend(loc="upper left", frameon=False, fontsize=8)
         return to_svg(figure)
 
@@ -180,7 +202,7 @@ def histogram(title: str, values: Mapping[str, Sequence[float]], x_label: str, b
 def bars(title: str, categories: Sequence[str], values: Mapping[str, Sequence[float | None]], y_label: str,
          counts: Sequence[int] | None = None) -> str:
     """Grouped bars: one group per category, one bar per label; ``counts`` are written under the categories."""
-    with matplotlib.rc_context(_STYLE):
+    with _matplotlib().rc_context(_STYLE):
         figure = _figure(6.4, 3.2)
         ax = figure.subplots()
         if not categories:
@@ -196,6 +218,6 @@ def bars(title: str, categories: Sequence[str], values: Mapping[str, Sequence[fl
         ax.grid(axis="x", visible=False)
         ax.set_title(title, loc="left", fontweight="bold")
         ax.set_ylabel(y_label)
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_major_locator(_locator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
         return to_svg(figure)

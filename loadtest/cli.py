@@ -309,9 +309,9 @@ def run(args: argparse.Namespace) -> int:
         raise _usage_error(str(e)) from e
     try:
         if args.start_server:
-            with start_server(args.model, report_dir / "server.log", args.server_timeout) as server:
+            with start_server(args.model, report_dir / "server.log", args.server_timeout, wait=False) as server:
                 results = run_all(server.url, scenarios, report_dir, args.corpus, model_name, args.api_key,
-                                  outputs=outputs)
+                                  outputs=outputs, ready=server.wait_ready)
             host = server.url
         else:
             try:

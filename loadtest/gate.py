@@ -50,6 +50,8 @@ def _format(value: float, unit: str) -> str:
         return f"{value * 100:.2f} %"
     if unit == "":
         return f"{value:g}"
+    if unit == "ms":  # whole milliseconds: Locust's percentiles are rounded (to 10 ms from 100 ms, 100 ms from 1 s)
+        return f"{value:.0f} ms"
     return f"{value:.1f} {unit}" if value < 1000 else f"{value:.0f} {unit}"
 
 

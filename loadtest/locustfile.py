@@ -129,6 +129,10 @@ def next_wait(environment: Environment, pacer: Pacer) -> float:
 
 def _add_options(parser: LocustArgumentParser) -> None:
     group = parser.add_argument_group("mtgate")
+    group.add_argument("--wait-for-start", default="", metavar="FILE",
+                       help="once loaded, create FILE and wait for a line on stdin, 'start [MODEL]', before starting "
+                            "any user (MODEL: as --model-name; the end of stdin: exit): mtgate loadtest starts every "
+                            "scenario's Locust ahead of its turn")
     group.add_argument("--corpus", default="", env_var="MTGATE_CORPUS",
                        help="sentence file, text or .gz, one per line (default: the bundled Multi30k test set)")
     group.add_argument("--bulk-size", type=int, default=16, env_var="MTGATE_BULK_SIZE",
@@ -181,9 +185,21 @@ def _init(environment: Environment, **_: Any) -> None:
         tokens_file=Path(options.tokens_file) if options.tokens_file else None,
         headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
     )
-    # gevent caches its loop clock; the imports and corpus loading above ran without the loop, so the clock is stale
-    # by that long and Locust's --run-time timer (gevent.spawn_later) would fire that much too early.
+    if options.wait_for_start and (model := _wait_for_start(Path(options.wait_for_start))):
+        state_of(environment).model_name = model
+    # gevent caches its loop clock; the imports, corpus loading and gate above ran without the loop, so the clock is
+    # stale by that long and Locust's --run-time timer (gevent.spawn_later) would fire that much too early.
     gevent.get_hub().loop.update_now()
+
+
+def _wait_for_start(loaded: Path) -> str | None:
+    """Say that this Locust is loaded, then block (the whole process: nothing has started yet) until the runner's
+    line on stdin, ``start [MODEL]``; return MODEL. The end of stdin without that line means the run is off."""
+    loaded.touch()
+    words = sys.stdin.readline().split()
+    if words[:1] != ["start"]:
+        sys.exit(0)
+    return words[1] if len(words) > 1 else None
 
 
 def _sample_tokens(state: SuiteState) -> None:

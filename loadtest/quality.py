@@ -58,13 +58,15 @@ class Comparison:
     baseline_ci: float
     identical: bool = False
 
-    def significance(self, alpha: float) -> str:
-        """In words: identical, no significant difference, or a significant gain or drop."""
+    def significance(self, alpha: float, with_p: bool = True) -> str:
+        """In words: identical, no significant difference, or a significant gain or drop (``with_p``: and the p-value,
+        which a caller that shows it already leaves out)."""
         if self.identical:
             return "identical translations: no difference"
+        p = f" (p = {self.p_value:.4f})" if with_p else ""
         if self.p_value >= alpha:
-            return f"no significant difference (p = {self.p_value:.4f})"
-        return f"significant {'gain' if self.delta > 0 else 'drop'} (p = {self.p_value:.4f})"
+            return f"no significant difference{p}"
+        return f"significant {'gain' if self.delta > 0 else 'drop'}{p}"
 
 
 def score(package: Path, hypotheses: list[str], references: list[str], tokens: int, seconds: float,

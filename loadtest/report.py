@@ -9,8 +9,12 @@ tokens per second, and the server's queue wait and batch sizes from its ``/metri
 from __future__ import annotations
 
 import html
+import multiprocessing
+import os
 import re
+import sys
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +39,11 @@ th,td.l{text-align:left}.pass{color:#11772d;font-weight:600}
 figure.chart{display:inline-block;margin:.5em 1em .5em 0;vertical-align:top}figure.chart svg{max-width:100%;height:auto}
 code{background:#f4f4f4;padding:0 .2em}td.text{text-align:left;max-width:28em;white-space:normal}
 """
-_PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4"), "95%": ("p95", "#ff7f0e"), "99%": ("p99", "#d62728")}
+# label, colour, line style, marker: Locust rounds response times (to 10 ms from 100 ms, to 100 ms from 1 s), so p95
+# and p99 (or p50 and p95) are often the same number; each percentile has its own pattern so that none hides another.
+_PERCENTILE_STYLE = {"50%": ("p50", "#1f77b4", "-", "o"), "95%": ("p95", "#ff7f0e", "-.", "s"),
+                     "99%": ("p99", "#d62728", ":", "x")}
+LOCUST_WINDOW_S = 10  # Locust's history rows give the percentiles of the last 10 s (its "current" response times)
 
 
 @dataclass(frozen=True)
@@ -77,17 +85,23 @@ def _latency_series(run: RunStats, first_event: bool) -> list[Series]:
     rows = [h for h in run.history if h.name != AGGREGATED and (h.type == TTFE) == first_event]
     names = sorted({(h.type, h.name) for h in rows})
     origin = _origin(run)
-    shown = _PERCENTILE_STYLE if len(names) == 1 else {"95%": ("p95", "")}
+    shown = _PERCENTILE_STYLE if len(names) == 1 else {"95%": ("p95", "", "-", "o")}
     series = []
     for i, (kind, name) in enumerate(names):
         points = [h for h in rows if (h.type, h.name) == (kind, name) and h.total_requests > 0]
-        for p, (short, color) in shown.items():
+        for p, (short, color, style, marker) in shown.items():
             xy = [(h.timestamp - origin, v) for h in points if (v := h.percentiles.get(p)) is not None and v > 0]
             if xy:
                 label = short if len(names) == 1 else f"{short} {kind} {name}"
-                series.append(Series(label, [x for x, _ in xy], [y for _, y in xy], "-",
-                                     color or COLORS[i % len(COLORS)]))
+                series.append(Series(label, [x for x, _ in xy], [y for _, y in xy], style,
+                                     color or COLORS[i % len(COLORS)], marker))
     return series
+
+
+def window_text(duration_s: float) -> str:
+    """What each point of a latency-over-time chart covers: Locust's last 10 s, or the run so far when shorter."""
+    return (f"each point: the last {LOCUST_WINDOW_S} s" if duration_s > LOCUST_WINDOW_S
+            else "each point: the run so far")
 
 
 def _target_lines(targets: Targets, prefix: str) -> list[Line]:
@@ -97,13 +111,14 @@ def _target_lines(targets: Targets, prefix: str) -> list[Line]:
 
 
 def latency_chart(result: ScenarioResult) -> str:
-    """Latency percentiles over time (Locust's 10 s window) per request entry, with the latency targets."""
+    """Latency percentiles over time (Locust's last 10 s at each point) per request entry, with the targets."""
     run, targets = result.run, result.scenario.targets
     several = len({e.label for e in run.request_entries}) > 1
     title = "p95 latency per entry over time" if several else "Latency over time"
-    axes = [Axes(f"{title} (10 s window)", "ms", _latency_series(run, False), _target_lines(targets, ""))]
+    window = window_text(result.scenario.duration)
+    axes = [Axes(f"{title} ({window})", "ms", _latency_series(run, False), _target_lines(targets, ""))]
     if run.first_event_entries:
-        axes.append(Axes("Time to first event over time", "ms", _latency_series(run, True),
+        axes.append(Axes(f"Time to first event over time ({window})", "ms", _latency_series(run, True),
                          _target_lines(targets, "ttfe_")))
     return panels(axes)
 
@@ -194,6 +209,21 @@ def scenario_charts(result: ScenarioResult) -> list[tuple[str, str, str]]:
     return charts
 
 
+def draw_all(results: list[ScenarioResult]) -> list[list[tuple[str, str, str]]]:
+    """Every scenario's charts, drawn side by side on the cores this process may use.
+
+    Drawing is CPU-bound and most of a report's time (about 0.7 s of CPU per scenario). On Linux the workers are
+    forked from this process, so they start with matplotlib already imported (``loadtest.charts.preload``);
+    elsewhere, or with one core, the charts are drawn here one after another.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(len(results), cores)
+    if workers < 2 or sys.platform != "linux":
+        return [scenario_charts(r) for r in results]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(scenario_charts, results))
+
+
 def figure_html(slug: str, caption: str, svg: str) -> str:
     """A chart as an HTML figure (``data-chart`` names it for tests and readers)."""
     return f'<figure class="chart" data-chart="{html.escape(slug)}">{svg}<figcaption>{html.escape(caption)}' \
@@ -260,8 +290,8 @@ def _tokens_line(run: RunStats) -> str:
 # ---------------------------------------------------------------- documents
 
 
-def scenario_html(result: ScenarioResult) -> str:
-    """One scenario as an HTML fragment: checks, entries, failures, plots."""
+def scenario_html(result: ScenarioResult, charts: list[tuple[str, str, str]] | None = None) -> str:
+    """One scenario as an HTML fragment: checks, entries, failures, plots (``charts``: already drawn, else drawn)."""
     run = result.run
     status = "pass" if result.passed else "FAIL"
     parts = [f'<h2>Scenario {html.escape(result.scenario.name)}: <span class="{status.lower()}">{status}</span></h2>',
@@ -277,7 +307,7 @@ def scenario_html(result: ScenarioResult) -> str:
     elif result.server is not None:
         parts.append("<p>The server's /metrics had no batching metrics (not an mtgate server?).</p>")
     parts += ["<div>", *(figure_html(slug, f"{result.scenario.name}: {caption}", svg)
-                         for slug, caption, svg in scenario_charts(result)), "</div>"]
+                         for slug, caption, svg in (scenario_charts(result) if charts is None else charts)), "</div>"]
     return "\n".join(parts)
 
 
@@ -324,24 +354,29 @@ def render_markdown(host: str, results: list[ScenarioResult], svg_names: dict[st
     return "\n".join(out)
 
 
-def render_html(host: str, results: list[ScenarioResult]) -> str:
+def render_html(host: str, results: list[ScenarioResult], charts: list[list[tuple[str, str, str]]] | None = None) -> str:
     verdict, line = _header(host, results)
+    drawn = charts if charts is not None else [scenario_charts(r) for r in results]
     body = [f'<h1>Load test: <span class="{verdict.lower()} verdict">{verdict}</span></h1>',
-            f"<p>{html.escape(line)}</p>", *(scenario_html(r) for r in results)]
+            f"<p>{html.escape(line)}</p>", *(scenario_html(r, c) for r, c in zip(results, drawn, strict=True))]
     return html_page(f"mtgate load test: {verdict}", "\n".join(body))
 
 
 def write_report(directory: Path, host: str, results: list[ScenarioResult]) -> tuple[Path, Path]:
-    """Write ``report.md`` (+ one SVG per chart) and ``report.html`` into ``directory``; return both paths."""
+    """Write ``report.md`` (+ one SVG per chart) and ``report.html`` into ``directory``; return both paths.
+
+    Each chart is drawn once, for both documents, the scenarios' side by side (:func:`draw_all`).
+    """
     svg_names: dict[str, list[str]] = {}
-    for r in results:
+    charts = draw_all(results)
+    for r, drawn in zip(results, charts, strict=True):
         names = []
-        for slug, _, svg in scenario_charts(r):
+        for slug, _, svg in drawn:
             name = f"{r.scenario.name}-{slug}.svg"
             write_text_atomically(directory / name, svg + "\n")
             names.append(name)
         svg_names[r.scenario.name] = names
     md, page = directory / "report.md", directory / "report.html"
     write_text_atomically(md, render_markdown(host, results, svg_names))
-    write_text_atomically(page, render_html(host, results))
+    write_text_atomically(page, render_html(host, results, charts))
     return md, page

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -71,14 +71,32 @@ class LocalServer:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    timeout_s: float = 120.0  # how long after its start it may take to be ready
+    started: float = field(default_factory=time.monotonic)
+
+    def wait_ready(self) -> None:
+        """Return once the server reports ready.
+
+        Raises:
+            LoadTestError: it exited or was not ready by its deadline (the log's tail is in the message).
+        """
+        while not _ready(self.url):
+            if self.process.poll() is not None:
+                raise LoadTestError(f"server exited with code {self.process.returncode}: {log_tail(self.log)}")
+            if time.monotonic() > self.started + self.timeout_s:
+                raise LoadTestError(f"server not ready after {self.timeout_s:g} s: {log_tail(self.log)}")
+            time.sleep(0.2)
+        logger.info("server ready at %s (pid %d)", self.url, self.process.pid)
 
 
 @contextmanager
 def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> Iterator[LocalServer]:
+                 env: Mapping[str, str] | None = None, wait: bool = True) -> Iterator[LocalServer]:
     """Run ``mtgate serve -m PACKAGE [extra_args]`` on a free 127.0.0.1 port until the block ends (then SIGTERM).
 
-    ``env`` is added to this process's environment for the server (settings such as ``MTGATE_THREADS``).
+    ``env`` is added to this process's environment for the server (settings such as ``MTGATE_THREADS``). With
+    ``wait`` false the block starts at once, before the server is ready: call its ``wait_ready()`` (which has the
+    same ``timeout_s``) before sending it anything.
 
     Raises:
         LoadTestError: the server exited or was not ready within ``timeout_s`` (the log's tail is in the message).
@@ -92,16 +110,11 @@ def start_server(package: Path, log_path: Path, timeout_s: float = 120.0, extra_
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, **env} if env else None)
+    server = LocalServer(url, process, log_path, timeout_s)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _ready(url):
-            if process.poll() is not None:
-                raise LoadTestError(f"server exited with code {process.returncode}: {log_tail(log_path)}")
-            if time.monotonic() > deadline:
-                raise LoadTestError(f"server not ready after {timeout_s:g} s: {log_tail(log_path)}")
-            time.sleep(0.2)
-        logger.info("server ready at %s (pid %d)", url, process.pid)
-        yield LocalServer(url, process, log_path)
+        if wait:
+            server.wait_ready()
+        yield server
     finally:
         _stop(process)
 

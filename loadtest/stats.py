@@ -216,6 +216,8 @@ def read_entries(path: Path) -> list[Entry]:
     """All rows of a ``_stats.csv``, the ``Aggregated`` row last."""
     entries = []
     for row in _rows(path, _STATS_COLUMNS):
+        lowest = _number(row["Min Response Time"], path, "Min Response Time")
+        highest = _number(row["Max Response Time"], path, "Max Response Time")
         entries.append(Entry(
             type=row["Type"],
             name=row["Name"],
@@ -223,14 +225,24 @@ def read_entries(path: Path) -> list[Entry]:
             failures=int(_required(row["Failure Count"], path, "Failure Count")),
             median_ms=_number(row["Median Response Time"], path, "Median Response Time"),
             average_ms=_number(row["Average Response Time"], path, "Average Response Time"),
-            min_ms=_number(row["Min Response Time"], path, "Min Response Time"),
-            max_ms=_number(row["Max Response Time"], path, "Max Response Time"),
+            min_ms=lowest,
+            max_ms=highest,
             average_size=_required(row["Average Content Size"], path, "Average Content Size"),
             rps=_required(row["Requests/s"], path, "Requests/s"),
             failures_per_s=_required(row["Failures/s"], path, "Failures/s"),
-            percentiles={p: _number(row[p], path, p) for p in PERCENTILES},
+            percentiles={p: _within(_number(row[p], path, p), lowest, highest) for p in PERCENTILES},
         ))
     return entries
+
+
+def _within(value: float | None, lowest: float | None, highest: float | None) -> float | None:
+    """A percentile within the entry's exact min and max: Locust computes percentiles from rounded response times
+    (to 10 ms from 100 ms, to 100 ms from 1 s), so a p99 of 2100 ms could stand beside a max of 2070 ms."""
+    if value is None:
+        return None
+    if highest is not None:
+        value = min(value, highest)
+    return value if lowest is None else max(value, lowest)
 
 
 def read_history(path: Path) -> list[HistoryPoint]:

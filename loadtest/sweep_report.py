@@ -44,8 +44,10 @@ def pareto_chart(sweep: Sweep, results: list[PointResult], winner: Winner) -> st
 
 def _rows(sweep: Sweep, results: list[PointResult]) -> list[list[str]]:
     name = sweep.pareto_scenario.name
+    capacity = sweep.file.capacity
+    cost = f"cost/month ({capacity.prices.currency})" if capacity is not None else "cost/month"
     rows = [["#", "configuration", "status", "targets", f"p95 ms ({name})", "tok/s per core", "req/s",
-             "mean batch", "cost/month", "note"]]
+             "mean batch", cost, "note"]]
     for i, r in enumerate(results):
         s = r.scenario(name)
         p = capacity_plan(sweep, r) if r.status == "measured" else None
@@ -76,7 +78,8 @@ def to_json(sweep: Sweep, results: list[PointResult], winner: Winner) -> dict[st
 def write_sweep_report(directory: Path, sweep: Sweep, results: list[PointResult], winner: Winner) -> tuple[Path, Path]:
     """``sweep.html`` and ``sweep.json`` (and ``k8s-patch.yaml`` for the winner); returns the first two."""
     name = sweep.pareto_scenario.name
-    verdict = "no configuration met every target" if winner is None else f"cheapest: {winner[0].point.label}"
+    verdict = ("no configuration met every target" if winner is None else
+               f"#{results.index(winner[0]) + 1} is the cheapest that meets every target")
     parts = [f"<h1>Sweep {html.escape(sweep.file.name)}: <span class=\"{'pass' if winner else 'fail'} verdict\">"
              f"{html.escape(verdict)}</span></h1>",
              f"<p>{len(results)} points from <code>{html.escape(str(sweep.path))}</code> on a node of "

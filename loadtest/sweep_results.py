@@ -105,7 +105,12 @@ def cheapest(sweep: Sweep, results: list[PointResult]) -> tuple[PointResult, Pla
 
 
 def kubernetes_patch(result: PointResult, capacity: Plan | None) -> str:
-    """A strategic-merge patch for deploy/k8s/deployment.yaml: replicas, CPU and memory, the serving settings."""
+    """A strategic-merge patch for deploy/k8s/deployment.yaml: replicas, CPU and memory, the serving settings.
+
+    The memory request is the point's peak RSS + 25 % (in 64 MiB steps); the limit is twice that, not the same: a
+    sweep point runs seconds, and a server's memory grows past what it shows there (glibc's per-thread arenas, a
+    version switch: the README measured 159 MB growing to 301 MB), so a limit at the request would kill the pod.
+    """
     import yaml
 
     p = result.point
@@ -115,10 +120,15 @@ def kubernetes_patch(result: PointResult, capacity: Plan | None) -> str:
            {"name": "MTGATE_MAX_BATCH_SIZE", "value": str(p.max_batch_size)}]
     if p.max_queue_delay_us is not None:
         env.append({"name": "MTGATE_MAX_QUEUE_DELAY_US", "value": str(p.max_queue_delay_us)})
-    resources = {"cpu": str(p.threads), "memory": f"{memory}Mi"}
+    requests = {"cpu": str(p.threads), "memory": f"{memory}Mi"}
+    limits = {"cpu": str(p.threads), "memory": f"{2 * memory}Mi"}
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mtgate"},
              "spec": {"replicas": capacity.replicas if capacity is not None else p.replicas,
                       "template": {"spec": {"containers": [{"name": "mtgate", "env": env,
-                                                            "resources": {"requests": resources,
-                                                                          "limits": dict(resources)}}]}}}}
-    return str(yaml.safe_dump(patch, sort_keys=False))
+                                                            "resources": {"requests": requests,
+                                                                          "limits": limits}}]}}}}
+    rss = "not measured" if result.rss_mb is None else f"{result.rss_mb:.0f} MiB"
+    note = (f"# From mtgate sweep, point {p.label}: memory request = the peak RSS of a {result.seconds:.0f} s run "
+            f"({rss}) + 25 %;\n# the limit is twice that for the growth a short run does not show. Check both under "
+            "your own traffic.\n")
+    return note + str(yaml.safe_dump(patch, sort_keys=False))

@@ -11,6 +11,7 @@ Example (see ``loadtest/targets/*.yaml``)::
         targets: {p95_ms: 500, max_error_rate: 0.0, min_rps: 5}
     quality: {min_bleu: 20, max_bleu_drop: 0.5}       # used by `mtgate validate`
     cost: {max_per_million_tokens: 2.0}                # used by `mtgate validate`
+    shadow: {min_agreement: 0.5, min_chrf_p10: 60}     # used by `mtgate validate --shadow-log`
 
 Every problem in a file is reported at once, one per line, with its location (``scenarios[1].targets.p95_ms: ...``).
 """
@@ -131,6 +132,15 @@ class QualityTargets(_Strict):
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
 
 
+class ShadowTargets(_Strict):
+    """Live-traffic rules for ``mtgate validate --shadow-log`` (the pair log of ``mtgate serve --shadow``)."""
+
+    min_pairs: int | None = Field(default=None, ge=1)
+    min_agreement: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_chrf_mean: float | None = Field(default=None, ge=0.0, le=100.0)
+    min_chrf_p10: float | None = Field(default=None, ge=0.0, le=100.0)
+
+
 class CostTargets(_Strict):
     """Cost rule for ``mtgate validate`` (same currency as ``--price-per-core-hour``)."""
 
@@ -143,6 +153,7 @@ class TargetsFile(_Strict):
     scenarios: list[Scenario] = Field(min_length=1)
     quality: QualityTargets = QualityTargets()
     cost: CostTargets = CostTargets()
+    shadow: ShadowTargets = ShadowTargets()
     capacity: CapacityConfig | None = None
 
     @field_validator("scenarios")

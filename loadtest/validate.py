@@ -30,7 +30,7 @@ from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare
 from loadtest.report import ScenarioResult, write_text_atomically
 from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
-from loadtest.targets import QualityTargets, TargetsError, TargetsFile, load_targets
+from loadtest.targets import QualityTargets, ShadowTargets, TargetsError, TargetsFile, load_targets
 from loadtest.validate_cost import (
     capacity_plan,
     estimate_cost,
@@ -39,7 +39,7 @@ from loadtest.validate_cost import (
     throughput_cost,
 )
 from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
-from loadtest.validate_speed import DEFAULT_REPEATS, Speed, measure_speed, translate_pass
+from loadtest.validate_speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
 if TYPE_CHECKING:
     from serving.engine.translator import DecodeOptions, Translator
@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed passes of the test set per system for the in-process speed, reported as their "
                              f"median and range (default: {DEFAULT_REPEATS}); not run when a load scenario that "
                              "decodes with the same beam measures the throughput")
+    parser.add_argument("--shadow-log", type=Path, metavar="LOG",
+                        help="add live traffic: the pair log of `mtgate serve --shadow` (and its rotated files), "
+                             "gated by the targets file's shadow: rules")
     parser.add_argument("--skip-parity", action="store_true", help="check checksums only, not parity")
     parser.add_argument("--report", type=Path, help="report directory (default: reports/validate-<UTC time>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
@@ -135,6 +138,7 @@ class Outcome:
     analysis: Analysis | None = None
     alpha: float = 0.05
     speed_left_to: str | None = None  # the load scenario that measures throughput instead of timed passes in process
+    shadow: dict[str, Any] | None = None  # --shadow-log: loadtest.validate_shadow.summarize
 
     @property
     def verdict(self) -> str:
@@ -229,7 +233,7 @@ def quality_checks(candidate: SystemScore, comparisons: list[Comparison], rules:
         significant = c.p_value < rules.alpha
         ok = not (drop > allowed and significant)
         detail = (f"candidate {c.candidate:.2f} vs baseline {c.baseline:.2f} (delta {c.delta:+.2f}, "
-                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha)}; a drop over {allowed:g} with "
+                  f"p = {c.p_value:.4f}: {c.significance(rules.alpha, with_p=False)}; a drop over {allowed:g} with "
                   f"p < {rules.alpha:g} rejects)")
         checks.append(Check(f"{c.metric} not worse than baseline", ok, detail))
     return checks
@@ -287,7 +291,7 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
     except PackageError as e:
         outcome.checks.append(Check("candidate loads", False, str(e)))
         return
-    passes = {"candidate": translate_pass(translators["candidate"], sources, options, args.max_batch_size)}
+    passes = {"candidate": _quality_pass("candidate", translators["candidate"], sources, options, args.max_batch_size)}
     if outcome.baseline is not None:
         try:
             translators["baseline"] = load_system(args.baseline, args, outcome.baseline["runtime"],
@@ -295,7 +299,8 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
         except PackageError as e:
             outcome.checks.append(Check("baseline loads", False, f"cannot compare with the baseline: {e}"))
         else:
-            passes["baseline"] = translate_pass(translators["baseline"], sources, options, args.max_batch_size)
+            passes["baseline"] = _quality_pass("baseline", translators["baseline"], sources, options,
+                                               args.max_batch_size)
     speeds: dict[str, Speed] = {}
     if measured_by is None:
         sys.stderr.write(f"timing {args.speed_repeats} pass(es) of the test set per system\n")
@@ -328,6 +333,15 @@ def _evaluate(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile |
                                     "no throughput measured" if cost is None else f"{cost:.4f}"))
 
 
+def _quality_pass(role: str, translator: Translator, sources: list[str], options: DecodeOptions,
+                  batch_size: int) -> Pass:
+    """The test set translated by one system, with a progress bar on a terminal (``serving.commands.progress``)."""
+    from serving.commands.progress import bar
+
+    with bar(f"translating ({role})", "sentences", len(sources)) as done:
+        return translate_pass(translator, sources, options, batch_size, done.update)
+
+
 def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, source: Path, report_dir: Path) -> None:
     """Start the candidate's server on 127.0.0.1 and run the scenarios; the test set is the default corpus."""
     scenarios = targets.select(args.scenario)
@@ -336,10 +350,10 @@ def _load(args: argparse.Namespace, outcome: Outcome, targets: TargetsFile, sour
     if args.threads:
         extra += ["--threads", str(args.threads)]
     try:
-        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra) as server:
+        with start_server(args.model, report_dir / "server.log", args.server_timeout, extra, wait=False) as server:
             outcome.host = server.url
             outcome.load = run_all(server.url, scenarios, report_dir, None, package_model_name(args.model),
-                                   None, default_corpus=source)
+                                   None, default_corpus=source, ready=server.wait_ready)
     except (LoadTestError, CorpusError) as e:
         outcome.checks.append(Check("load test", False, str(e)))
     for r in outcome.load:
@@ -360,7 +374,17 @@ def run(args: argparse.Namespace) -> int:
                                "--baseline-runtime/--baseline-precision") if args.baseline else None
     outcome = Outcome(candidate=candidate, baseline=baseline,
                       testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
+    if getattr(args, "shadow_log", None) is not None:  # before any work: a missing or empty log is a usage error
+        from loadtest.validate_shadow import ShadowLogError, shadow_checks, summarize
+
+        try:
+            outcome.shadow = summarize(args.shadow_log)
+        except ShadowLogError as e:
+            raise _usage_error(str(e)) from None
     _evaluate(args, outcome, targets, sources, references, source, report_dir)
+    if outcome.shadow is not None:
+        rules = targets.shadow if targets is not None else ShadowTargets()
+        outcome.checks += [Check(*check) for check in shadow_checks(outcome.shadow, rules)]
 
     data, page = write_outcome(report_dir, outcome)
     sys.stdout.write(f"{outcome.verdict}\n")

@@ -58,6 +58,7 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
                           for r in outcome.load]},
         "cost": outcome.cost,
         "analysis": outcome.analysis.to_json() if outcome.analysis is not None else None,
+        "shadow": None if outcome.shadow is None else {k: v for k, v in outcome.shadow.items() if k != "chrf_values"},
     }
 
 
@@ -110,6 +111,10 @@ def to_html(outcome: Outcome) -> str:
 
             parts += [f"<p>Capacity for the expected load: {html.escape(describe(outcome.plan))}.</p>",
                       html_table(plan_rows(outcome.plan))]
+    if outcome.shadow is not None:
+        from loadtest.validate_shadow import shadow_html
+
+        parts.append(shadow_html(outcome.shadow))
     if outcome.load:
         parts += [f"<h2>Load (server at {html.escape(outcome.host or '')})</h2>", *(scenario_html(r) for r in outcome.load)]
     return html_page(f"mtgate validate: {verdict}", "\n".join(parts))

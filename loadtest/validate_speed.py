@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +64,10 @@ class Pass:
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def translate_pass(translator: Translator, sources: list[str], options: DecodeOptions, batch_size: int) -> Pass:
-    """Translate ``sources`` in engine calls of ``batch_size`` sentences, timed from tokenizing to the last one."""
+def translate_pass(translator: Translator, sources: list[str], options: DecodeOptions, batch_size: int,
+                   progress: Callable[[int], object] | None = None) -> Pass:
+    """Translate ``sources`` in engine calls of ``batch_size`` sentences, timed from tokenizing to the last one;
+    ``progress`` is told how many sentences each call translated."""
     hypotheses: list[str] = []
     tokens = 0
     start = time.perf_counter()
@@ -74,6 +76,8 @@ def translate_pass(translator: Translator, sources: list[str], options: DecodeOp
         for t in translator.run(prepared.take(range(i, min(i + batch_size, len(sources))))):
             hypotheses.append(t.text)
             tokens += int(t.output_tokens)
+        if progress is not None:
+            progress(min(batch_size, len(sources) - i))
     return Pass(hypotheses, tokens, time.perf_counter() - start)
 
 

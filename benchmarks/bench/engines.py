@@ -40,6 +40,16 @@ PEER_ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec("ov-int8", "optimum-intel OpenVINO int8 weights", "peer", "int8-weights", False, artifact="ov-int8"),
 )
 
+# The real-text mode's peers (``--text``, benchmarks/peers_text.py): text in, text out. CTranslate2 converted by its
+# own ``ct2-transformers-converter`` (int8 weights for both int8 compute types, float32 weights for float32).
+TEXT_PEER_ENGINES: tuple[EngineSpec, ...] = (
+    EngineSpec("transformers-fp32", "transformers fp32", "peer", "fp32", True),
+    EngineSpec("ct2-int8", "CTranslate2 int8", "peer", "int8", False, artifact="ct2-cli-int8"),
+    EngineSpec("ct2-int8_float32", "CTranslate2 int8_float32", "peer", "int8_float32", False,
+               artifact="ct2-cli-int8"),
+    EngineSpec("ct2-float32", "CTranslate2 float32", "peer", "float32", True, artifact="ct2-cli-float32"),
+)
+
 
 def mtgate_engines(runtimes: Sequence[str] = ("onnxruntime", "openvino"),
                    precisions: Sequence[str] = ("fp32", "int8")) -> list[EngineSpec]:

@@ -25,6 +25,11 @@ GenerateFn = Callable[[list[list[int]], int], list[list[int]]]
 """``generate(batch, beam_size)``: source ids of each sentence (EOS not included; the engine appends it as its
 tokenizer would) -> the generated ids of each sentence (no start token, no EOS)."""
 
+TranslateFn = Callable[[list[str], int], list[tuple[str, int]]]
+"""The real-text mode's engine (``--text``): ``translate(texts, beam_size)`` -> each sentence's translation and
+the number of target tokens the engine generated for it (EOS not counted): text in, text out, the engine's own
+tokenizer and detokenizer timed with it."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -92,6 +97,52 @@ def measure(
     return results
 
 
+def measure_text(
+    translate: TranslateFn,
+    sentences: list[str],
+    cases: Sequence[Case],
+    repeats: int,
+    warmup_sentences: int | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`measure` for the real-text mode: the same batches, warm-up and passes over source texts.
+
+    Returns:
+        One dict per case: ``beam``, ``batch``, ``seconds`` and ``cpu_seconds`` of each pass, ``sentences``,
+        ``tokens`` generated per pass, and the ``outputs`` (translations) and ``lengths`` (tokens) of the last pass.
+    """
+    results: list[dict[str, Any]] = []
+    for case in cases:
+        batches = [sentences[i : i + case.batch] for i in range(0, len(sentences), case.batch)]
+        warm = warmup_sentences if warmup_sentences is not None else max(4, 2 * case.batch)
+        warm = min(len(sentences), warm)
+        for i in range(0, warm, case.batch):
+            translate(sentences[i : min(warm, i + case.batch)], case.beam)
+        seconds: list[float] = []
+        cpu_seconds: list[float] = []
+        outputs: list[tuple[str, int]] = []
+        for _ in range(repeats):
+            gc.collect()
+            outputs = []
+            cpu_start = time.process_time()
+            start = time.perf_counter()
+            for batch in batches:
+                outputs.extend(translate(batch, case.beam))
+            seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - cpu_start)
+        results.append({
+            "beam": case.beam,
+            "batch": case.batch,
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "sentences": len(outputs),
+            "tokens": sum(n for _, n in outputs),
+            "lengths": [n for _, n in outputs],
+            "outputs": [text for text, _ in outputs],
+        })
+        logger.info("%s: %d sentences, median %.3fs", case.name, len(outputs), statistics.median(seconds))
+    return results
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident set size so far, MiB (``getrusage``)."""
     import resource
@@ -129,12 +180,14 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-def run_worker(config: dict[str, Any], load: Callable[[dict[str, Any]], tuple[GenerateFn, dict[str, Any]]]) -> None:
+def run_worker(config: dict[str, Any], load: Callable[[dict[str, Any]], tuple[Any, dict[str, Any]]]) -> None:
     """Load one engine, measure it and write its result JSON (``config["result"]``).
 
     Arguments:
-        config: the worker config the harness wrote (engine, workload, threads...).
-        load: builds the engine: ``config -> (generate, {"versions": ..., "settings": ...})``.
+        config: the worker config the harness wrote (engine, workload, threads...; ``"mode": "text"`` for the
+            real-text mode).
+        load: builds the engine: ``config -> (generate, {"versions": ..., "settings": ...})``, ``generate`` a
+            :data:`GenerateFn`, or in the real-text mode a :data:`TranslateFn`.
     """
     workload = json.loads(Path(config["workload"]).read_text(encoding="utf-8"))
     cases = [Case(**c) for c in config["cases"]]
@@ -142,7 +195,8 @@ def run_worker(config: dict[str, Any], load: Callable[[dict[str, Any]], tuple[Ge
     generate, about = load(config)
     load_seconds = time.perf_counter() - started
     load_rss = current_rss_mib()
-    results = measure(generate, workload["sentences"], cases, int(config["repeats"]), config.get("warmup_sentences"))
+    run = measure_text if config.get("mode") == "text" else measure
+    results = run(generate, workload["sentences"], cases, int(config["repeats"]), config.get("warmup_sentences"))
     result = {
         "engine": config["engine"],
         "load_seconds": load_seconds,

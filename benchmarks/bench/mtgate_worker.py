@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench.measure import GenerateFn, package_versions, run_worker
+from benchmarks.bench.measure import GenerateFn, TranslateFn, package_versions, run_worker
 
 
 class IdsTokenizer:
@@ -76,6 +76,25 @@ def load_mtgate(config: dict[str, Any]) -> tuple[GenerateFn, dict[str, Any]]:
     return generate, about
 
 
+def load_mtgate_text(config: dict[str, Any]) -> tuple[TranslateFn, dict[str, Any]]:
+    """The real-text mode's engine (``"mode": "text"``): the package as a server loads it (its tokenizer, its decoding
+    defaults), text in and text out."""
+    from serving.engine.translator import DecodeOptions, Translator
+
+    translator = Translator.load(config["package"], runtime=config["runtime"], precision=config["precision"],
+                                 threads=int(config["threads"]))
+
+    def translate(texts: list[str], beam: int) -> list[tuple[str, int]]:
+        return [(t.text, t.output_tokens) for t in translator.translate(texts, DecodeOptions(beam_size=beam))]
+
+    about = {
+        "versions": package_versions(["mtgate", "onnxruntime", "openvino", "numpy"]),
+        "settings": {"runtime": config["runtime"], "precision": config["precision"], "threads": config["threads"],
+                     "decoding": dataclasses.asdict(translator.info.decoding)},
+    }
+    return translate, about
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of an mtgate engine process."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -85,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("MTGATE_BENCH_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    run_worker(config, load_mtgate)
+    run_worker(config, load_mtgate_text if config.get("mode") == "text" else load_mtgate)
     return 0
 
 

@@ -37,3 +37,6 @@ class Plan:
     timeout: float
     precisions: list[str]
     check_targets: bool
+    text: bool = False  # the real-text mode (benchmarks.bench.text): text in, text out, the trained model
+    package: Path | None = None  # an mtgate package already converted from ``checkpoint`` (else converted once)
+    references_file: Path | None = None  # the text mode's reference translations (BLEU), one per source line

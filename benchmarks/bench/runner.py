@@ -17,16 +17,18 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
-from benchmarks.bench.engines import PEER_ENGINES, EngineSpec, mtgate_engines
+from benchmarks.bench.engines import PEER_ENGINES, TEXT_PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import NAME, Plan
+from benchmarks.bench.processes import PEERS_SCRIPT, Unit, run_rounds, worker_env
+from benchmarks.bench.processes import run_command as _run
+from benchmarks.bench.processes import tail as _tail
 from benchmarks.bench.report import render_markdown
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
 from serving.commands.options import UsageError
@@ -36,33 +38,7 @@ from serving.package.files import atomic_write_text
 logger = logging.getLogger(__name__)
 
 FORMAT = "mtgate-bench/1"
-PEERS_SCRIPT = ROOT / "benchmarks" / "peers.py"
 TARGETS = {"speedup": 1.25, "latency": 0.8, "fp32": 1.0}
-
-
-def _worker_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        env[name] = str(threads)
-    env.update({"TOKENIZERS_PARALLELISM": "false", "USE_TF": "0", "TF_CPP_MIN_LOG_LEVEL": "3",
-                "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
-    return env
-
-
-def _run(cmd: list[str], what: str, timeout: float, env: dict[str, str] | None = None,
-         log: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a step; with ``log``, its stdout and stderr also go to that file (kept for the slow preparation steps)."""
-    logger.info("%s: %s", what, " ".join(cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"$ {' '.join(cmd)}\n{result.stdout}\n{result.stderr}", encoding="utf-8")
-    return result
-
-
-def _tail(text: str, lines: int = 6) -> str:
-    return " | ".join(line for line in text.strip().splitlines()[-lines:])
 
 
 def _model_key(model: Path) -> str:
@@ -86,7 +62,7 @@ def _ensure_model(plan: Plan, python: Path, progress: Callable[[str], None]) -> 
     if not (model / "config.json").is_file():
         progress(f"building the random {plan.preset} model (seed {plan.seed}) in {model}")
         result = _run([str(python), str(PEERS_SCRIPT), "make-model", "--preset", plan.preset, "--seed",
-                       str(plan.seed), "--out", str(model)], "make-model", 3600, _worker_env(plan.threads),
+                       str(plan.seed), "--out", str(model)], "make-model", 3600, worker_env(plan.threads),
                       folder / "logs" / "make-model.log")
         if result.returncode != 0:
             raise RuntimeError(f"building the random model failed ({folder / 'logs'}): {_tail(result.stderr)}")
@@ -124,7 +100,7 @@ def _ensure_package(plan: Plan, model: Path, folder: Path, progress: Callable[[s
            "--runtimes", "onnxruntime,openvino", "--precision", ",".join(plan.precisions), "--name", "bench"]
     if not plan.verify:
         cmd.append("--no-verify")
-    result = _run(cmd, "mtgate convert", 7200, _worker_env(plan.threads), folder / "logs" / f"{package.name}.log")
+    result = _run(cmd, "mtgate convert", 7200, worker_env(plan.threads), folder / "logs" / f"{package.name}.log")
     if result.returncode != 0:
         raise RuntimeError(f"mtgate convert failed ({folder / 'logs'}): {_tail(result.stderr or result.stdout)}")
     atomic_write_text(stamp_file, stamp + "\n")
@@ -158,7 +134,8 @@ def _git_commit() -> str | None:
 
 def _selected_engines(plan: Plan, package: Path) -> list[EngineSpec]:
     artifacts = {(a.runtime, a.precision) for a in open_package(package).manifest.artifacts}
-    engines = [e for e in mtgate_engines() if (e.runtime, e.precision) in artifacts] + list(PEER_ENGINES)
+    peers = TEXT_PEER_ENGINES if plan.text else PEER_ENGINES
+    engines = [e for e in mtgate_engines() if (e.runtime, e.precision) in artifacts] + list(peers)
     if plan.engine_ids is not None:
         chosen = [e for e in engines if e.id in plan.engine_ids]
         missing = set(plan.engine_ids) - {e.id for e in chosen}
@@ -170,50 +147,10 @@ def _selected_engines(plan: Plan, package: Path) -> list[EngineSpec]:
 
 def _peer_libraries(plan: Plan) -> dict[str, Any]:
     result = _run([str(plan.peer_python), str(PEERS_SCRIPT), "versions"], "peer versions", 300,
-                  _worker_env(plan.threads))
+                  worker_env(plan.threads))
     if result.returncode != 0:
         return {"error": _tail(result.stderr)}
     return dict(json.loads(result.stdout))
-
-
-def _ensure_peer_artifact(plan: Plan, engine: EngineSpec, model: Path, folder: Path,
-                          progress: Callable[[str], None]) -> Path | None:
-    if engine.artifact is None:
-        return None
-    path = folder / "peers" / engine.artifact
-    if not (path / ".complete").is_file():
-        progress(f"preparing {engine.artifact} from {model}")
-        result = _run([str(plan.peer_python), str(PEERS_SCRIPT), "prepare", "--artifact", engine.artifact,
-                       "--model", str(model), "--out", str(path)], f"prepare {engine.artifact}", 7200,
-                      _worker_env(plan.threads), folder / "logs" / f"prepare-{engine.artifact}.log")
-        if result.returncode != 0:
-            raise RuntimeError(f"preparing {engine.artifact} failed ({folder / 'logs'}): {_tail(result.stderr)}")
-    return path
-
-
-def _run_engine(plan: Plan, engine: EngineSpec, run_dir: Path, worker_config: dict[str, Any],
-                progress: Callable[[str], None], turn: str) -> dict[str, Any]:
-    stem = f"{engine.id}.{turn}"
-    config_path = run_dir / f"{stem}.config.json"
-    result_path = run_dir / f"{stem}.result.json"
-    config = {**worker_config, "engine": engine.id, "result": str(result_path)}
-    write_json(config_path, config)
-    if engine.family == "mtgate":
-        cmd = [sys.executable, "-m", "benchmarks.bench.mtgate_worker", str(config_path)]
-    else:
-        cmd = [str(plan.peer_python), str(PEERS_SCRIPT), "run", str(config_path)]
-    progress(f"running {engine.id} ({turn})")
-    started = time.perf_counter()
-    try:
-        done = _run(cmd, engine.id, plan.timeout, _worker_env(plan.threads), run_dir / f"{stem}.log")
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": f"no result within {plan.timeout:.0f}s"}
-    if done.returncode != 0 or not result_path.is_file():
-        return {"status": "failed", "error": f"exit {done.returncode}: {_tail(done.stderr)}"}
-    result = dict(json.loads(result_path.read_text(encoding="utf-8")))
-    result["status"] = "ok"
-    result["wall_seconds"] = round(time.perf_counter() - started, 1)
-    return result
 
 
 def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench")) -> int:
@@ -238,9 +175,17 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
     maker = Path(sys.executable) if _has_module("transformers") else plan.peer_python
     try:
         model, folder = _ensure_model(plan, maker, progress)
-        package = _ensure_package(plan, model, folder, progress)
+        package = plan.package or _ensure_package(plan, model, folder, progress)
     except RuntimeError as e:
         raise UsageError(str(e)) from e
+    if plan.text:
+        from benchmarks.bench.text import run_text
+
+        engines = _selected_engines(plan, package)
+        header = {"format": FORMAT, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "command": " ".join(command), "git_commit": _git_commit(), "machine": machine}
+        peer_libraries = _peer_libraries(plan) if any(e.family == "peer" for e in engines) else {}
+        return run_text(plan, header, model, folder, package, engines, peer_libraries, progress)
     try:
         sentences, sentences_from = build_workload(plan.sentences_file, plan.num_sentences, package,
                                                    random=plan.checkpoint is None, seed=plan.seed)
@@ -263,37 +208,13 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
         "special_ids": dataclasses.asdict(manifest.special_ids),
     }
 
-    # Rounds: every engine once per round (with --interleave case, once per case and round), the engines' order
-    # reversed from one case to the next and, for each case, from one round to the next, so that a drift of the
-    # machine's speed over the run weighs on every engine alike; ratios are taken within a round
-    # (analysis.paired_ratio).
-    units = [[case] for case in plan.cases] if plan.interleave == "case" else [list(plan.cases)]
-    results: dict[str, list[dict[str, Any]]] = {e.id: [] for e in engines}
-    failures: dict[str, dict[str, Any]] = {}
-    for round_index in range(plan.rounds):
-        for unit_index, unit in enumerate(units):
-            for engine in engines if (round_index + unit_index) % 2 == 0 else engines[::-1]:
-                if engine.id in failures:
-                    continue
-                try:
-                    artifact = (_ensure_peer_artifact(plan, engine, model, folder, progress)
-                                if engine.family == "peer" else None)
-                    config = {**worker_config, "artifact": artifact and str(artifact),
-                              "cases": [dataclasses.asdict(c) for c in unit]}
-                    if engine.runtime is not None:
-                        config.update(runtime=engine.runtime, precision=engine.precision)
-                    stem = f"round{round_index + 1}" + (f".case{unit_index + 1}" if len(units) > 1 else "")
-                    result = _run_engine(plan, engine, run_dir, config, progress, stem)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    result = {"status": "failed", "error": str(e)}
-                if result.pop("status") != "ok":
-                    failures[engine.id] = result
-                    progress(f"{engine.id}: failed: {result.get('error', '')}")
-                    continue
-                results[engine.id].append(result)
-                progress(f"{engine.id}: " + ", ".join(
-                    f"{Case(r['beam'], r['batch']).name} {r['tokens'] / statistics.median(r['seconds']):.0f} tok/s"
-                    for r in result["cases"]))
+    # With --interleave case a process per engine, case and round, else per engine and round.
+    if plan.interleave == "case" and len(plan.cases) > 1:
+        units = [Unit(plan.threads, [case], f"case{i + 1}") for i, case in enumerate(plan.cases)]
+    else:
+        units = [Unit(plan.threads, list(plan.cases), "")]
+    runs, failures = run_rounds(plan, engines, units, worker_config, run_dir, model, folder, progress)
+    results: dict[str, list[dict[str, Any]]] = {e.id: [r.result for r in runs if r.engine == e.id] for e in engines}
 
     entries: list[dict[str, Any]] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SENTENCES = ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz"
+DEFAULT_REFERENCES = ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.de.gz"
 TOKENS_PER_WORD = 1.4
 
 

@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Triton model repository to write the model into (created if missing)")
     parser.add_argument("--model-name", metavar="NAME", help="Triton model name (default: the package's name)")
     parser.add_argument("--model-version", type=int, default=1, help="numeric version directory (default 1)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace REPO's model of that name if it exists, every version of it (atomically: the "
+                             "old model stays until the new one is complete)")
     add_runtime(parser, threads_help="intra-op threads per model instance (default: the runtime's choice)")
     parser.add_argument("--instances", type=int, default=1, metavar="N",
                         help="model instances (KIND_CPU); instances x threads should not exceed the cores (default 1)")
@@ -131,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
             package, args.output, model_name=args.model_name, version=args.model_version,
             runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
-            max_queue_size=args.max_queue_size,
+            max_queue_size=args.max_queue_size, overwrite=args.overwrite,
         )
-    except (PackageError, ValueError, OSError) as e:
+    except (PackageError, ValueError, FileExistsError, OSError) as e:
         if created:  # leave nothing behind: the repository this command made is removed again
             shutil.rmtree(args.output, ignore_errors=True)
-        if not isinstance(e, OSError):
+        if not isinstance(e, OSError) or isinstance(e, FileExistsError):
             raise UsageError(str(e)) from None
         sys.stderr.write(f"mtgate export-triton: failed: cannot write {e.filename or args.output}: "
                          f"{e.strerror or e}; nothing was changed in {args.output}\n")
@@ -158,8 +161,10 @@ def export_triton(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     max_queue_size: int = 0,
+    overwrite: bool = False,
 ) -> Path:
-    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced).
+    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced with ``overwrite``,
+    else refused before any work, as ``mtgate convert`` refuses an existing package).
 
     Arguments:
         package: the model package (every checksum is verified).
@@ -174,6 +179,7 @@ def export_triton(
         max_batch_size: the model's ``max_batch_size`` (sentences per dynamic batch).
         max_queue_delay_us: the dynamic batcher's ``max_queue_delay_microseconds``.
         max_queue_size: the dynamic batcher's ``default_queue_policy.max_queue_size`` (0: unbounded).
+        overwrite: replace a model of that name (every version of it).
 
     Returns:
         The model directory written.
@@ -182,6 +188,7 @@ def export_triton(
         PackageError: not a package, a file missing or modified, a symlink leading outside the package, or no such
             artifact.
         ValueError: an unusable model name.
+        FileExistsError: a model of that name exists and ``overwrite`` is False.
     """
     manifest = open_package(package).manifest
     choice = choose_precision(manifest, runtime, precision)
@@ -200,11 +207,14 @@ def export_triton(
         )
     if repository.exists() and not repository.is_dir():
         raise ValueError(f"{repository}: not a directory")
+    if (repository / name).exists() and not overwrite:
+        raise FileExistsError(f"{repository / name}: already exists (pass --overwrite to replace the model, every "
+                              "version of it)")
     config = model_config(
         name, runtime=runtime, precision=precision, threads=threads, instances=instances,
         max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
     )
-    with staging_dir(repository / name) as tmp:
+    with staging_dir(repository / name, overwrite=overwrite) as tmp:
         (tmp / "config.pbtxt").write_text(config, encoding="utf-8")
         version_dir = tmp / str(version)
         version_dir.mkdir()

@@ -49,9 +49,9 @@ SERVING_COMMANDS: tuple[Command, ...] = (
 
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules its distributions provide
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml"),
+    "convert": ("onnx", "nncf", "safetensors", "threadpoolctl", "yaml", "sacrebleu"),
     "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient", "tensorboardX"),
-    "ray": ("ray",),
+    "ray": ("ray", "pyarrow"),
     "grpc": ("grpc", "tritonclient"),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorboardX"),
 }

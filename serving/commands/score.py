@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if package is None:
         raise UsageError(demo_missing())
     if not package.exists():
-        raise UsageError(f"model package not found: {package}")
+        from serving.package import hub_hint
+
+        raise UsageError(f"model package not found: {package}{hub_hint(package)}")
     sources, targets = read_lines(args.source, "--source"), read_lines(args.target, "--target")
     if len(sources) != len(targets):
         raise UsageError(f"--source {args.source} has {len(sources)} lines but --target {args.target} has "

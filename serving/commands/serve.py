@@ -32,9 +32,10 @@ from serving.commands.options import (
     add_shortlist,
     non_negative_int,
     positive_float,
+    positive_int,
 )
 from serving.commands.registry import missing_extra
-from serving.package import PackageError, open_package
+from serving.package import PackageError, hub_hint, open_package
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ _SETTINGS_FLAGS = {
     "grace_period": "grace_period_s",
     "drain_delay": "drain_delay_s",
     "log_format": "log_format",
+    "shadow": "shadow",
+    "shadow_fraction": "shadow_fraction",
+    "shadow_precision": "shadow_precision",
+    "shadow_threads": "shadow_threads",
+    "shadow_queue_size": "shadow_queue_size",
+    "shadow_log": "shadow_log",
+    "shadow_redact": "shadow_redact",
 }
 
 
@@ -114,10 +122,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only 1 is supported: one process owns the runtime's threads; scale with replicas and --threads",
     )
     parser.add_argument("--access-log", action="store_true", default=None, help="log one line per HTTP request")
+    _add_shadow(parser)
     parser.epilog = (
         "Every setting can also be given as an environment variable MTGATE_<SETTING> (see serving/server/settings.py), "
         "e.g. MTGATE_API_KEY to require 'Authorization: Bearer <key>' on inference routes."
     )
+
+
+def _add_shadow(parser: argparse.ArgumentParser) -> None:
+    from serving.package.precision import PRECISION_CHOICES
+
+    shadow = parser.add_argument_group("shadow traffic (compare a candidate with production on live requests)")
+    shadow.add_argument("--shadow", type=Path, metavar="CANDIDATE",
+                        help="a candidate model package (or a repository's <name>/<version>/ directory) that also "
+                             "translates a sampled share of the default model's requests, off the critical path; "
+                             "GET /v1/shadow compares it with production (MTGATE_SHADOW)")
+    shadow.add_argument("--shadow-fraction", type=float, metavar="F",
+                        help="share of requests shadowed, 0 to 1 (default 1.0; MTGATE_SHADOW_FRACTION)")
+    shadow.add_argument("--shadow-precision", choices=PRECISION_CHOICES, help="the candidate's artifact (default auto)")
+    shadow.add_argument("--shadow-threads", type=positive_int, metavar="N",
+                        help="intra-op threads of the candidate (default 1)")
+    shadow.add_argument("--shadow-queue-size", type=positive_int, metavar="N",
+                        help="most requests waiting for the candidate; beyond it they are shed and counted "
+                             "(default 64)")
+    shadow.add_argument("--shadow-log", type=Path, metavar="PATH",
+                        help="append every compared pair to this JSONL file (rotated by size; MTGATE_SHADOW_LOG)")
+    shadow.add_argument("--shadow-redact", action="store_true", default=None,
+                        help="write SHA-256 hashes of the texts instead of the texts (log and /v1/shadow)")
 
 
 def build_settings(args: argparse.Namespace) -> Any:
@@ -146,6 +177,8 @@ def build_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"invalid settings: {problems}") from None
     if settings.grpc_port is not None and (missing := missing_extra("grpc")):
         raise UsageError(f"--grpc-port {missing}")
+    if settings.shadow is not None and not settings.shadow.is_dir():  # a package that fails to load only logs
+        raise UsageError(f"--shadow {settings.shadow}: no such model package directory")
     packages = list(settings.model_dirs)
     if settings.model_repository is not None:
         if args.models:
@@ -162,7 +195,7 @@ def build_settings(args: argparse.Namespace) -> Any:
         if package == DEFAULT_MODEL_DIR and not args.models and demo_model() is None:
             raise UsageError(demo_missing())
         if not package.exists():
-            raise UsageError(f"model package {package} does not exist")
+            raise UsageError(f"model package {package} does not exist{hub_hint(package)}")
         try:
             # Before the port is taken: paths, checksums, the requested artifact (the engine checks again at load).
             opened = open_package(package)
@@ -199,6 +232,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def settings_line(settings: Any) -> str:
+    """The start-up line: the models, then only the settings that differ from their defaults (all of them are
+    logged at DEBUG)."""
+    values = settings.model_dump(mode="json", exclude={"api_key"})
+    defaults = type(settings).model_construct().model_dump(mode="json", exclude={"api_key"})
+    models = ("model_repository", "model_dirs") if values["model_repository"] is not None else ("model_dirs",)
+    changed = [f"{key}={values[key]}" for key in values if key not in models and values[key] != defaults.get(key)]
+    parts = [f"{key}={values[key]}" for key in models[:1]]
+    parts.append(", ".join(changed) if changed else "every other setting at its default")
+    return f"settings: {'; '.join(parts)}; api key {'required' if settings.api_key is not None else 'not required'}"
+
+
 def _one_line(message: str) -> str:
     return " ".join(message.split())
 
@@ -218,8 +263,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings)
     for warning in old_environment_warnings():
         logger.warning("%s", warning)
-    shown = settings.model_dump(mode="json", exclude={"api_key"})
-    logger.info("settings: %s (api key %s)", shown, "required" if settings.api_key is not None else "not required")
+    logger.info("%s", settings_line(settings))
+    logger.debug("every setting: %s", settings.model_dump(mode="json", exclude={"api_key"}))
     transports = []
     if settings.grpc_port is not None:
         from serving.server.grpc.service import GrpcTransport
@@ -284,7 +329,7 @@ class DrainingServer:
                 for server in self.servers:
                     for sock in server.sockets:
                         host, port = sock.getsockname()[:2]
-                        logger.warning("mtgate serving on http://%s:%d", host, port)
+                        logger.info("mtgate serving on http://%s:%d", host, port)
 
         self._server = _Server(config)
         self.service = service
@@ -314,7 +359,7 @@ class DrainingServer:
             return False
         self.drain_started = time.monotonic()
         self.service.begin_drain()
-        logger.warning(
+        logger.info(
             "received %s: draining (%d requests in flight, grace period %.0fs)",
             signal.Signals(sig).name,
             self.service.inflight,
@@ -328,7 +373,7 @@ class DrainingServer:
         elapsed = time.monotonic() - self.drain_started
         idle = self.service.inflight == 0
         if idle and elapsed >= self.settings.drain_delay_s:
-            logger.warning("drained in %.1fs; shutting down", elapsed)
+            logger.info("drained in %.1fs; shutting down", elapsed)
         elif elapsed >= self.settings.grace_period_s:
             logger.warning("grace period over with %d requests in flight; shutting down", self.service.inflight)
         else:

@@ -3,6 +3,9 @@
 One translation per output line, in input order; an empty (or blank) input line gives an empty output line. Stdin is
 read and translated in chunks, so output starts before the input ends and memory stays flat on large files.
 
+Over stdin, a progress bar (lines done, lines/s) goes to stderr when it is a terminal other than the output's and the
+work takes more than a couple of seconds (``serving.commands.progress``).
+
 ``--split-sentences`` translates each line as a document (``serving.engine.documents``: split into sentences, the sentences
 of a chunk in one batch, joined with the line's own spaces). ``--truncate`` cuts a sentence longer than the model's
 positions instead of refusing it (exit 2 and one line, the default).
@@ -59,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if package is None:
         raise UsageError(demo_missing())
     if not package.exists():
-        raise UsageError(f"model package not found: {package}")
+        from serving.package import hub_hint
+
+        raise UsageError(f"model package not found: {package}{hub_hint(package)}")
 
     from serving.engine.errors import InferenceFailed, InvalidInput
     from serving.engine.translator import DecodeOptions, Translator
@@ -78,18 +83,22 @@ def run(args: argparse.Namespace) -> int:
                                      shortlist=args.shortlist)
     except PackageError as e:
         raise UsageError(str(e)) from e
+    from serving.commands.progress import bar, on_terminal
+
     subject = "argument" if args.text else "line"
     lines: Iterable[str] = args.text if args.text else _stdin_lines()
     line_number = 0
     try:
-        for chunk in _chunks(lines, _CHUNK_LINES):
-            try:
-                _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
-                                  args.split_sentences))
-            except _BadLine as bad:  # the lines before it are written, then the one-line error
-                _write(bad.done)
-                raise UsageError(bad.message) from None
-            line_number += len(chunk)
+        with bar("translate", "lines", enabled=not args.text and on_terminal(beside_output=True)) as done:
+            for chunk in _chunks(lines, _CHUNK_LINES):
+                try:
+                    _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
+                                      args.split_sentences))
+                except _BadLine as bad:  # the lines before it are written, then the one-line error
+                    _write(bad.done)
+                    raise UsageError(bad.message) from None
+                line_number += len(chunk)
+                done.update(len(chunk))
     except InferenceFailed as e:
         sys.stderr.write(f"mtgate translate: {e}\n")
         return 1
@@ -113,7 +122,7 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
     Raises:
         _BadLine: a line the engine refuses (not Unicode, too long, ...), with the lines before it translated.
     """
-    from serving.engine.errors import InvalidInput
+    from serving.engine.errors import InputTooLong, InvalidInput
     from serving.engine.tokenizers import InvalidText
 
     todo = [i for i, text in enumerate(chunk) if text.strip()]
@@ -127,7 +136,14 @@ def _translate(translator: Any, chunk: list[str], options: Any, subject: str, fi
         if bad is None:
             raise UsageError(str(e)) from e
         where = f"{subject} {first + bad + 1}"
-        message = str(e.about(where)) if isinstance(e, InvalidText) else f"{where}: {e}"
+        if isinstance(e, InvalidText):
+            message = str(e.about(where))
+        elif isinstance(e, InputTooLong):  # in this command's words: where, and the flag that cuts it
+            what = str(e).split(" (max_input_tokens")[0] if split else \
+                f"{e.tokens} tokens, the model accepts at most {e.limit}"
+            message = f"{where}: {what}; --truncate cuts it to the model's positions"
+        else:
+            message = f"{where}: {e}"
         done = _translate(translator, chunk[:bad], options, subject, first, target_prefix, split) if bad else []
         raise _BadLine(message, done) from e
     if (options.num_hypotheses or 1) > 1:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import sentencex
 
-from serving.engine.errors import InputTooLong, InvalidInput, LimitExceeded
+from serving.engine.errors import InputTooLong, LimitExceeded
 from serving.engine.request import DecodeOptions, Engine, ModelInfo, Translation
 from serving.engine.tokenizers.base import check_text
 
@@ -130,16 +130,16 @@ def split_documents(texts: Sequence[str], language: str = DEFAULT_LANGUAGE, *,
 
     Raises:
         InvalidText: a text that is not valid Unicode (the error holds the text; callers name it).
-        InvalidInput: a text without a sentence (empty or whitespace).
         LimitExceeded: more sentences than ``max_sentences``, or a sentence longer than ``max_chars``.
+
+    A text without a sentence (empty, or whitespace only) is a document of no sentence: its translation is its own
+    whitespace, as ``mtgate translate`` gives an empty line for a blank one.
     """
     documents: list[Document] = []
     total = 0
     for i, text in enumerate(texts):
         check_text(text)  # the splitter, like the tokenizers, takes Unicode only
         document = split_sentences(text, language)
-        if not document.spans:
-            raise InvalidInput(f"text[{i}] is empty; nothing to translate")
         total += len(document.spans)
         if max_sentences is not None and total > max_sentences[0]:
             limit, setting = max_sentences
@@ -210,7 +210,7 @@ def translate_documents(engine: Engine, texts: Sequence[str], options: DecodeOpt
         language: the texts' language (default: the model's source language, :func:`source_language`).
 
     Raises:
-        InvalidInput: a text without a sentence, or not valid Unicode (``InvalidText``).
+        InvalidInput: a text that is not valid Unicode (``InvalidText``); a blank text is a document of no sentence.
         InputTooLong: a sentence longer than the model's positions (without ``options.truncate``); ``index`` is
             its text's.
         InferenceFailed: the runtime failed.

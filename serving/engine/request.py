@@ -92,6 +92,10 @@ class Translation:
     token_scores: tuple[float, ...] | None = None
 
 
+# What an empty or blank text is translated to, untranslated (the server, as mtgate translate for a blank line).
+EMPTY_TRANSLATION = Translation(text="", input_tokens=0, output_tokens=0, score=None, token_ids=[])
+
+
 @dataclass(frozen=True)
 class ReferenceScore:
     """The model's log-likelihood of a given translation (teacher-forced: ``serving.engine.reference_scoring``).

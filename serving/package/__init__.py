@@ -10,6 +10,8 @@ This package owns the format; ``converters`` writes packages through it and ``se
   opened file in the checksum list, checksums verified), :func:`write_package_atomically`; what the checksums do not
   cover (:func:`unlisted_files`, :func:`escaping_links`) and a copy of what they do (:func:`copy_listed`).
 - :mod:`serving.package.graph`: the two graphs' input/output names and ``MASK_VALUE``.
+- :mod:`serving.package.missing`: :func:`hub_hint`, what a not-found message adds for a path that looks like a
+  Hugging Face hub id (mtgate downloads nothing; how to make a package of it).
 - :mod:`serving.package.precision`: :func:`choose_precision`, which artifact ``--precision auto`` (every command's
   default) loads, from what the manifest records of int8's cost.
 """
@@ -29,6 +31,7 @@ from serving.package.manifest import (
     SpecialIds,
     TokenizerEntry,
 )
+from serving.package.missing import hub_hint
 from serving.package.parse import find_artifact, parse_manifest
 from serving.package.precision import AUTO, PRECISION_CHOICES, PrecisionChoice, choose_precision
 from serving.package.store import (
@@ -51,6 +54,6 @@ __all__ = [
     "AUTO", "PRECISION_CHOICES", "PrecisionChoice", "choose_precision",
     "DEFAULT_REFERENCE", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
     "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "copy_listed", "cross_names", "escaping_links", "file_checksums",
-    "find_artifact", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",
+    "find_artifact", "hub_hint", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",
     "sha256_of", "stacked", "staging_dir", "unlisted_files", "verify_checksums", "write_manifest", "write_package_atomically",
 ]

@@ -26,6 +26,7 @@ from typing import Any
 
 from serving.package.files import atomic_write_text, fsync_dir
 from serving.package.manifest import FORMAT, MANIFEST, Artifact, Manifest, PackageError
+from serving.package.missing import hub_hint
 from serving.package.parse import parse_manifest
 from serving.package.precision import choose_precision
 
@@ -79,7 +80,7 @@ def _open(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
 def _read(package_dir: Path, verify: bool) -> tuple[dict[str, Any], Package]:
     path = package_dir / MANIFEST
     if not package_dir.is_dir():
-        raise PackageError(f"{package_dir}: not a directory")
+        raise PackageError(f"{package_dir}: not a directory{hub_hint(package_dir)}")
     if not path.is_file():
         raise PackageError(f"{package_dir}: no {MANIFEST}; not an mtgate model package")
     try:
@@ -246,8 +247,11 @@ def staging_dir(output_dir: Path, *, overwrite: bool = True) -> Iterator[Path]:
         FileExistsError: ``output_dir`` exists and ``overwrite`` is False (checked when committing).
     """
     output_dir = output_dir.absolute()
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    except OSError as e:  # name what was asked for, not the staging directory beside it
+        raise OSError(e.errno, f"cannot create it ({e.strerror})", str(output_dir)) from e
     try:
         yield tmp
         if output_dir.exists() and not overwrite:

@@ -54,6 +54,12 @@ class ClientDisconnected(ServingError):
     code = "client_disconnected"
 
 
+class ShadowNotConfigured(ServingError):
+    """``GET /v1/shadow`` on a server started without ``--shadow`` (HTTP 404)."""
+
+    code = "shadow_not_configured"
+
+
 # The one table. Lookup walks the exception's MRO, so subclasses inherit their parent's status.
 STATUS: dict[type[ServingError], int] = {
     InputTooLong: 413,
@@ -61,6 +67,7 @@ STATUS: dict[type[ServingError], int] = {
     InvalidInput: 400,
     Unauthorized: 401,
     ModelNotFound: 404,
+    ShadowNotConfigured: 404,
     RequestTimeout: 408,
     UnsupportedEncoding: 415,
     ClientDisconnected: 499,

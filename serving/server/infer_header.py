@@ -76,7 +76,8 @@ class InputTensor(_Strict):
         max_length=8, description="its element count must equal the number of sentences")
     # strings, or lists nested as the shape says (serving.server.oip flattens and checks them)
     data: list[Annotated[Any, WithJsonSchema({"type": ["string", "array"]})]] | None = Field(
-        default=None, description="the sentences, flat or nested as the shape says",
+        default=None, description="the sentences, flat or nested as the shape says (an empty one: an empty "
+        "translation)",
         json_schema_extra={"minItems": 1})  # none at all is the service's 400 ("no text to translate")
     parameters: TensorParameters | None = None
 

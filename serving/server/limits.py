@@ -51,7 +51,8 @@ class RequestLimits:
         return started + limit
 
     def check_texts(self, texts: Sequence[str], subject: str = "text", work: str = "translate",
-                    more: str = "; use /v1/translate/bulk for more", *, sentences: bool = True) -> int:
+                    more: str = "; use /v1/translate/bulk for more", *, sentences: bool = True,
+                    blank: bool = False) -> int:
         """Check a request's texts against the server's limits; returns their characters.
 
         Arguments:
@@ -61,6 +62,7 @@ class RequestLimits:
             more: the end of the too-many-sentences message (where to send more).
             sentences: each text is a sentence (its characters are limited); False: documents, whose sentences
                 are checked once split.
+            blank: empty or blank texts are allowed (they get an empty translation, untranslated).
 
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
@@ -78,6 +80,8 @@ class RequestLimits:
         total = 0
         for i, text in enumerate(texts if sentences else ()):
             if not text.strip():
+                if blank:
+                    continue
                 raise InvalidInput(f"{subject}[{i}] is empty; nothing to {work}")
             if len(text) > s.max_chars_per_sentence:
                 raise LimitExceeded(

@@ -3,9 +3,9 @@ and, from the same batch events, each model's Triton statistics (``serving.serve
 
 Names follow Prometheus conventions (``mtgate_..._total`` counters, ``mtgate_..._seconds`` histograms) and mirror
 Triton's split: requests by route and status; queue wait vs compute time; batch size (sentences per execution);
-queue depth; tokens in and out; dropped work by reason; model info (the versions served: a version retired or
-unloaded leaves it). Beside them: Triton's own names per model and version (``serving.server.triton_metrics``), and the
-process's CPU and memory (prometheus_client's ``process_*``).
+queue depth; tokens in and out; dropped work by reason; sentences computed after their deadline; model info (the
+versions served: a version retired or unloaded leaves it). Beside them: Triton's own names per model and version
+(``serving.server.triton_metrics``), and the process's CPU and memory (prometheus_client's ``process_*``).
 """
 
 from __future__ import annotations
@@ -82,6 +82,12 @@ class ServingMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.late = Counter(
+            "mtgate_late_sentences_total",
+            "sentences computed but done after their request's deadline (wasted work)",
+            ["model"],
+            registry=r,
+        )
         self.sentences = Counter("mtgate_sentences_total", "sentences translated", ["model"], registry=r)
         self.input_tokens = Counter("mtgate_input_tokens_total", "source tokens translated", ["model"], registry=r)
         self.output_tokens = Counter("mtgate_output_tokens_total", "target tokens generated", ["model"], registry=r)
@@ -149,6 +155,7 @@ class _ModelObserver:
         self._compute = metrics.compute_seconds.labels(model)
         self._size = metrics.batch_size.labels(model)
         self._step = metrics.step_sentences.labels(model)
+        self._late = metrics.late.labels(model)
         self._metrics = metrics
         self._model = model
         self._depth.set(0)
@@ -163,6 +170,8 @@ class _ModelObserver:
         for wait in stats.queue_waits:
             self._queue.observe(wait)
         self._metrics.batches.labels(self._model, "ok" if stats.ok else "error").inc()
+        if stats.late:
+            self._late.inc(stats.late)
         logger.info(
             "batch model=%s batch_size=%d padded_tokens=%d queue_ms=%.1f infer_ms=%.1f ok=%s request_ids=%s",
             self._model,

@@ -267,7 +267,7 @@ class ModelRepository(ModelControl):
 
     def _unload(self, service: TranslationService, name: str) -> None:
         for runner in service.remove(name):
-            logger.warning("model %s version %s unloaded", name, runner.version_name)
+            logger.info("model %s version %s unloaded", name, runner.version_name)
             self._retire(runner)
 
     async def _switch(self, service: TranslationService, name: str, versions: list[Version],
@@ -296,8 +296,8 @@ class ModelRepository(ModelControl):
         if not loaded or loaded.keys() == serving.keys():
             return failures
         retired = service.serve_versions(name, loaded)
-        logger.warning("model %s serving version(s) %s%s", name, ", ".join(sorted(loaded, key=int)),
-                       f"; version(s) {', '.join(r.version_name for r in retired)} retire" if retired else "")
+        logger.info("model %s serving version(s) %s%s", name, ", ".join(sorted(loaded, key=int)),
+                    f"; version(s) {', '.join(r.version_name for r in retired)} retire" if retired else "")
         for runner in retired:
             self._retire(runner)
         return failures
@@ -329,8 +329,8 @@ class ModelRepository(ModelControl):
                 await runner.stop()
             raise
         states.pop(version.number, None)
-        logger.warning("model %s version %d loaded and warm in %.1f s", version.name, version.number,
-                       time.monotonic() - started)
+        logger.info("model %s version %d loaded and warm in %.1f s", version.name, version.number,
+                    time.monotonic() - started)
         return runner
 
     def _retire(self, runner: ModelRunner) -> None:

@@ -26,7 +26,15 @@ from serving.engine.documents import (
     too_long,
 )
 from serving.engine.errors import InputTooLong, InvalidInput, ModelNotFound, ModelNotReady, ServingError
-from serving.engine.request import DecodeOptions, Engine, OnPartial, Prepared, ReferenceScore, Translation
+from serving.engine.request import (
+    EMPTY_TRANSLATION,
+    DecodeOptions,
+    Engine,
+    OnPartial,
+    Prepared,
+    ReferenceScore,
+    Translation,
+)
 from serving.engine.tokenizers.base import InvalidText
 from serving.package import PackageError
 from serving.server.batching import Pending
@@ -34,8 +42,14 @@ from serving.server.limits import RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
+from serving.server.shadow import Shadow
 
 logger = logging.getLogger(__name__)
+
+
+def _at(indexes: Sequence[int] | None, index: int) -> int:
+    """A text's index in the request (``indexes``: of the texts sent to the engine, when some were left out)."""
+    return index if indexes is None else indexes[index]
 
 
 
@@ -77,6 +91,7 @@ class TranslationService:
         # Set when the server is about to close its connections: requests still sending their body get 408 then.
         self.closing = asyncio.Event()
         self.on_fatal: Callable[[str, Exception], None] | None = None
+        self.shadow: Shadow | None = None  # serve --shadow: sampled requests are also translated by a candidate
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -114,7 +129,7 @@ class TranslationService:
         if not self.draining:
             self.draining = True
             self.metrics.ready.set(0)
-            logger.warning("draining: refusing new requests, %d in flight", self.inflight)
+            logger.info("draining: refusing new requests, %d in flight", self.inflight)
 
     async def stop(self) -> None:
         for runner in self.runners():
@@ -250,9 +265,11 @@ class TranslationService:
 
     async def prepare(self, runner: ModelRunner, texts: Sequence[str], options: DecodeOptions,
                       documents: Sequence[Document] | None = None,
-                      target_prefix: Sequence[str] | None = None) -> Prepared:
+                      target_prefix: Sequence[str] | None = None,
+                      indexes: Sequence[int] | None = None) -> Prepared:
         """Check the request-size limits and have the engine prepare the texts (tokenized once, length-checked once).
-        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits).
+        With ``documents``, ``texts`` are their sentences (:meth:`translate_documents` has checked the limits);
+        ``indexes``: each text's index in the request, for the messages (default: its own).
 
         Raises:
             LimitExceeded: too many sentences, or a sentence too long in characters.
@@ -270,16 +287,17 @@ class TranslationService:
                 return translator.prepare(list(texts), options, prefixes)
             return await asyncio.to_thread(translator.prepare, list(texts), options, prefixes)
         except InvalidText as e:  # the tokenizer does not know which text of the request it was
-            where = (f"text[{list(texts).index(e.text)}]" if e.text in texts
-                     else f"target_prefix[{list(target_prefix or []).index(e.text)}]")
+            where = (f"text[{_at(indexes, list(texts).index(e.text))}]" if e.text in texts
+                     else f"target_prefix[{_at(indexes, list(target_prefix or []).index(e.text))}]")
             raise e.about(where) from None
         except InputTooLong as e:  # the server's wording: the index as in the request, the limit's name
             if documents is not None:
                 e = too_long(e, documents)
                 raise InputTooLong(f"text[{e.index}] {e}", index=e.index, tokens=e.tokens, limit=e.limit) from None
+            index = _at(indexes, e.index)
             raise InputTooLong(
-                f"text[{e.index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens)",
-                index=e.index, tokens=e.tokens, limit=e.limit,
+                f"text[{index}] is {e.tokens} tokens long; the model takes at most {e.limit} (max_input_tokens; "
+                "truncate cuts it instead)", index=index, tokens=e.tokens, limit=e.limit,
             ) from None
 
     async def admit(
@@ -294,24 +312,28 @@ class TranslationService:
         wait_for_room: bool = False,
         documents: Sequence[Document] | None = None,
         target_prefix: Sequence[str] | None = None,
+        indexes: Sequence[int] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
-        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`); await ``pending.wait()``
-        for the translations.
+        """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`; ``indexes``: their
+        indexes in the request, for the messages); await ``pending.wait()`` for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
-            Overloaded: the model's queue is full (not with ``wait_for_room``).
+            Overloaded: the model's queue is full, or the work queued ahead would make the request miss its deadline
+                (not with ``wait_for_room``).
         """
         runner = self.ready_model(model)
+        assert runner.batcher is not None
+        if not wait_for_room:  # before tokenizing: a server past its capacity refuses cheaply
+            runner.batcher.check_admission(deadline, items=len(texts))
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options, documents, target_prefix)
+            prepared = await self.prepare(runner, texts, options, documents, target_prefix, indexes)
         except BaseException:
             runner.active -= 1
             raise
         input_s = time.monotonic() - admitted
-        assert runner.batcher is not None
         key = _Key(prepared.search, on_partial is not None)
         sentences, costs = prepared.split(), prepared.lengths
         try:
@@ -326,15 +348,31 @@ class TranslationService:
             runner.active -= 1
             raise
         pending.future.add_done_callback(lambda f: self._record(runner, f, admitted, input_s))
+        if self.shadow is not None:
+            self.shadow.observe(runner.name, texts, options, target_prefix, pending.future, admitted, tag)
         return runner, pending
 
     async def translate(
         self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
         tag: str = "", target_prefix: Sequence[str] | None = None,
     ) -> tuple[ModelRunner, list[Translation]]:
-        """Translate ``texts`` with ``model``: one translation per text, in order."""
-        runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
-        return runner, await pending.wait()
+        """Translate ``texts`` with ``model``: one translation per text, in order. An empty (or blank) text gets an
+        empty translation without being sent to the engine, as ``mtgate translate`` answers a blank line with an
+        empty one."""
+        kept = [i for i, text in enumerate(texts) if text.strip()]
+        if len(kept) == len(texts):
+            runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
+            return runner, await pending.wait()
+        runner = self.ready_model(model)
+        self.limits.check_texts(texts, blank=True)
+        translations = [EMPTY_TRANSLATION] * len(texts)
+        if kept:
+            runner, pending = await self.admit(
+                runner, [texts[i] for i in kept], options, deadline, tag=tag, indexes=kept,
+                target_prefix=None if target_prefix is None else [target_prefix[i] for i in kept])
+            for i, translation in zip(kept, await pending.wait(), strict=True):
+                translations[i] = translation
+        return runner, translations
 
     async def translate_documents(
         self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
@@ -359,8 +397,10 @@ class TranslationService:
                                         max_chars=s.max_chars_per_sentence)
         except InvalidText as e:
             raise e.about(f"text[{list(texts).index(e.text)}]") from None
-        runner, pending = await self.admit(runner, sentences_of(documents), options, deadline, tag=tag,
-                                           documents=documents)
+        sentences = sentences_of(documents)
+        if not sentences:  # every text blank: each one's translation is its whitespace
+            return runner, assemble(documents, [])
+        runner, pending = await self.admit(runner, sentences, options, deadline, tag=tag, documents=documents)
         return runner, assemble(documents, await pending.wait())
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,

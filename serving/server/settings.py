@@ -86,8 +86,11 @@ class ServingSettings(BaseSettings):
             (``request`` only); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
         max_queue_size: most sentences waiting per model; beyond it requests get 503 with Retry-After; the old
             ``MTGATE_QUEUE_CAPACITY`` still works.
-        retry_after_s: the Retry-After value sent with that 503.
-        request_timeout_s: default deadline of a request; a client may only shorten it.
+        retry_after_s: the least Retry-After sent with a 503 for a full queue or a deadline the queued work would
+            make a request miss (the estimated wait until it would fit, when longer).
+        request_timeout_s: default deadline of a request; a client may only shorten it. Behind queued work, a request
+            whose estimated completion (learned from the batches run) falls after its deadline gets 503 at once
+            (``serving.server.batching.queue``).
         max_sentences_per_request: most sentences in one /v1/translate or /v2 infer request.
         max_chars_per_sentence: longest sentence accepted, in characters (with ``split_sentences``: each sentence
             after splitting).
@@ -115,6 +118,20 @@ class ServingSettings(BaseSettings):
         log_level: logging level name.
         log_format: ``text`` or ``json`` (one JSON object per line).
         access_log: also log one line per HTTP request (uvicorn's access log).
+        shadow: a candidate model package (a repository's ``<name>/<version>/`` directory too) that also translates
+            a sampled share of the default model's requests, off the critical path, to compare with it
+            (``serving.server.shadow``); production answers exactly as without it.
+        shadow_fraction: the share of requests shadowed (0 to 1).
+        shadow_precision: which artifact of the candidate to load (as ``precision``).
+        shadow_threads: intra-op threads of the candidate's runtime (its own budget, beside the production model's).
+        shadow_queue_size: most requests waiting for the candidate; beyond it they are shed (counted).
+        shadow_cross_score: also score, with the candidate, its own translation and production's (cross-likelihood).
+        shadow_production_score: also score both with production's model (a second copy of it, loaded in the
+            candidate's process; memory for one more model).
+        shadow_log: append each compared pair to this JSONL file (whole lines; rotated by size).
+        shadow_log_max_bytes: rotate the pair log beyond this size.
+        shadow_log_max_files: rotated pair logs kept (``PATH.1`` ... ``PATH.N``); older ones are deleted.
+        shadow_redact: the pair log and ``/v1/shadow`` hold SHA-256 hashes of the texts instead of the texts.
     """
 
     # validate_by_name: ServingSettings(max_batch_size=...) works although the field's aliases are env var names.
@@ -169,6 +186,18 @@ class ServingSettings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     access_log: bool = False
+
+    shadow: Path | None = None
+    shadow_fraction: float = Field(default=1.0, ge=0, le=1)
+    shadow_precision: Literal["auto", "fp32", "int8"] = "auto"
+    shadow_threads: int = Field(default=1, ge=1)
+    shadow_queue_size: int = Field(default=64, ge=1)
+    shadow_cross_score: bool = True
+    shadow_production_score: bool = False
+    shadow_log: Path | None = None
+    shadow_log_max_bytes: int = Field(default=64 << 20, ge=4096)
+    shadow_log_max_files: int = Field(default=5, ge=1)
+    shadow_redact: bool = False
 
     @classmethod
     def settings_customise_sources(

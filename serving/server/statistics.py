@@ -13,6 +13,10 @@ durations after ``fail`` are those of the successful requests, as perf_analyzer 
   engine does in the batch), again the mean over its sentences;
 - ``compute_output``: 0 ns: the outputs leave the engine as text, so there is no separate output step to time.
 
+They are the model's, not a protocol's: every translation request of the model counts, whichever route or transport
+sent it (``/v1``, its stream and bulk lines, ``/v2``, gRPC), as Triton counts a model's inference requests from
+every frontend (HTTP, gRPC, SageMaker, Vertex AI, the C API); ``/metrics`` has the counts per route.
+
 ``inference_count`` counts sentences and ``execution_count`` engine batches (with ``--batching step``: groups of
 sentences that joined the running batch together); ``batch_stats`` has one entry per batch size.
 """

@@ -38,7 +38,7 @@ K8S_JOB = ROOT / "deploy" / "k8s" / "batch-score-job.yaml"
 NOT_SERVING = {"tensorflow": "tensorflow", "tensorflow-cpu": "tensorflow", "keras": "keras", "locust": "locust",
                "gevent": "gevent", "geventhttpclient": "geventhttpclient", "sacrebleu": "sacrebleu",
                "torch": "torch", "transformers": "transformers", "onnx": "onnx", "nncf": "nncf",
-               "safetensors": "safetensors", "pyyaml": "yaml"}  # tqdm is in the image (sacremoses, for FSMT/fairseq)
+               "safetensors": "safetensors", "pyyaml": "yaml"}  # tqdm is in the image (the plain install: progress bars)
 NOT_SERVING_PACKAGES = ("converters", "batch", "loadtest")  # mtgate's own packages a server never imports
 
 

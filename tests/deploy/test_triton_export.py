@@ -156,9 +156,9 @@ def test_export_replaces_a_model_and_keeps_the_others(model_package: Path, tmp_p
     other = tmp_path / "other-model"
     other.mkdir()
     (other / "config.pbtxt").write_text('name: "other-model"\n')
-    for threads in ("1", "2"):
+    for threads in ("1", "2"):  # the second replaces the first (--overwrite: refused without it)
         assert main(["export-triton", str(model_package), "-o", str(tmp_path), "--model-name", "m",
-                     "--threads", threads]) == 0
+                     "--threads", threads, *(["--overwrite"] if threads == "2" else [])]) == 0
     assert parse_config(tmp_path / "m").parameters["threads"].string_value == "2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "other-model"]  # no staging leftovers
 

@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from serving.engine.backends.base import BackendUnavailable, EncoderOutput, as_floats, as_ids, decoder_feeds, open_graph
+from serving.engine.backends.binding import StepBinding
 from serving.engine.shortlist import Shortlist
-from serving.package import ENCODER_OUTPUTS, PackageError, cross_names, past_names, present_names, stacked
+from serving.package import ENCODER_OUTPUTS, PackageError, present_names, stacked
 
 logger = logging.getLogger(__name__)
+
+
+def physical_cores() -> int:
+    """The machine's physical cores, which is how many intra-op threads ONNX Runtime runs when not told (Linux: the
+    distinct (package, core) pairs of the online CPUs; elsewhere, or when unreadable, ``os.cpu_count()``)."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text()
+                       .strip()))
+        except OSError:
+            return os.cpu_count() or 1
+    return len(cores) or os.cpu_count() or 1
+
+
+def threads_note(threads: int | None) -> str:
+    """How many intra-op threads a session runs, for the load log line."""
+    return f"threads={threads}" if threads is not None else \
+        f"threads={physical_cores()}, ONNX Runtime's default: one per physical core"
 
 
 def session_options(threads: int | None, *, spin: bool = True) -> Any:
@@ -78,9 +99,11 @@ class OnnxRuntimeBackend:
         self.shortlist = shortlist
         self._caches = CacheBuffers()
         self._log_probs = np.empty(0, dtype=np.float32)
+        self._log_probs_view = self._log_probs.reshape(0, 0)
+        self._binding: StepBinding | None = None  # the stationary decoder's, kept across steps
         self._vocab: int | None = None if shortlist is None else shortlist.target_vocab
-        logger.info("onnxruntime %s: loaded %s, %s (threads=%s)", ort.__version__, encoder_path, decoder_path,
-                    threads)
+        logger.info("onnxruntime %s: loaded %s, %s (%s)", ort.__version__, encoder_path, decoder_path,
+                    threads_note(threads))
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         memory, cross_kv, src_bias = self.encoder.run(list(ENCODER_OUTPUTS), {"input_ids": as_ids(input_ids)})
@@ -157,34 +180,23 @@ class OnnxRuntimeBackend:
             log-softmax over its own ids); with ``reuse_buffers`` a view of a buffer valid until the next call.
         """
         rows = int(input_ids.shape[0])
-        layers = cache.shape[0]
         if not (cache.flags.c_contiguous and cache.dtype == np.float32):
             raise ValueError("the stationary cache must be a C-contiguous float32 array")
-        binding = self.decoder.io_binding()
+        binding = self._binding
+        if binding is None or binding.session is not self.decoder:  # the first step, or a session swapped in
+            binding = self._binding = StepBinding(self.decoder, cache.shape[0])
+        extra: dict[str, np.ndarray] | None = None
         if self.shortlist is not None:
             if vocab_ids is None:
                 vocab_ids = np.arange(self._vocab_size())
             if vocab_bias is None:
                 vocab_bias = np.zeros((rows, vocab_ids.size), dtype=np.float32)
             log_probs = self._log_probs_out(rows, vocab_ids.size)
-            binding.bind_cpu_input("vocab_ids", as_ids(vocab_ids))
-            binding.bind_cpu_input("vocab_bias", as_floats(vocab_bias))
+            extra = {"vocab_ids": as_ids(vocab_ids), "vocab_bias": as_floats(vocab_bias)}
         else:
             log_probs = self._log_probs_out(rows)
-        binding.bind_cpu_input("input_ids", as_ids(input_ids))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.reshape(positions, (rows, 1)), dtype=np.int64))
-        binding.bind_cpu_input("src_bias", as_floats(src_bias[:rows]))
-        binding.bind_cpu_input("row_order", as_ids(order))
-        for name, (layer, kind) in stacked(cross_names(layers)):
-            binding.bind_cpu_input(name, as_floats(cross_kv[layer, kind, :rows]))
         # The present caches are the past ones: GroupQueryAttention writes each row's new slot in place.
-        for (name, (layer, kind)), (out_name, _) in zip(stacked(past_names(layers)), stacked(present_names(layers)),
-                                                        strict=True):
-            view = cache[layer, kind, :rows]
-            binding.bind_cpu_input(name, view)
-            binding.bind_output(out_name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
-        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape), log_probs.ctypes.data)
-        self.decoder.run_with_iobinding(binding)
+        binding.run(input_ids, positions, cache, cross_kv, src_bias, order, log_probs, extra)
         return log_probs
 
     def _log_probs_out(self, rows: int, columns: int | None = None) -> np.ndarray:
@@ -193,9 +205,12 @@ class OnnxRuntimeBackend:
         vocab = self._vocab_size() if columns is None else columns
         if not self.reuse_buffers:
             return np.empty((rows, vocab), dtype=np.float32)
+        if self._log_probs_view.shape == (rows, vocab):
+            return self._log_probs_view  # the same array as the last step's: its binding holds
         if self._log_probs.size < rows * vocab:
             self._log_probs = np.empty(rows * vocab, dtype=np.float32)
-        return self._log_probs[: rows * vocab].reshape(rows, vocab)
+        self._log_probs_view = self._log_probs[: rows * vocab].reshape(rows, vocab)
+        return self._log_probs_view
 
     def take_rows(self, cache: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``np.take(cache, rows, axis=2)``; with ``reuse_buffers``, into the cache buffer that does not hold it."""

@@ -61,7 +61,9 @@ class OpenVinoBackend:
         self._encoder_request = self.encoder.create_infer_request()
         self._decoder_request = self.decoder.create_infer_request()
         self.threads = threads
-        logger.info("openvino %s: loaded %s, %s (threads=%s)", ov.__version__, encoder_path, decoder_path, threads)
+        used = self.encoder.get_property("INFERENCE_NUM_THREADS")  # what the plugin chose when not told
+        logger.info("openvino %s: loaded %s, %s (threads=%s%s)", ov.__version__, encoder_path, decoder_path, used,
+                    "" if threads is not None else ", OpenVINO's default")
 
     def encode(self, input_ids: np.ndarray) -> EncoderOutput:
         # share_outputs=False: the results must survive the next call, which reuses the request's buffers.

@@ -54,7 +54,8 @@ class SlotRows:
         self._bias_owners = np.full(1, -1, dtype=np.int64)
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
-        self._tokens = np.zeros((0, 1), dtype=np.int64)
+        self._tokens = np.zeros((0, 1), dtype=np.int64)  # the step's tokens in slot order (the first n rows)
+        self._range = np.zeros(0, dtype=np.int64)
 
     @property
     def count(self) -> int:
@@ -76,7 +77,9 @@ class SlotRows:
         if needed > self.cache.shape[4]:
             self._reserve(n, needed)
         assert self.cache is not None
-        slot_tokens = self._tokens = np.resize(self._tokens, (n, 1))
+        if self._tokens.shape[0] < n:
+            self._tokens = np.zeros((max(n, 2 * self._tokens.shape[0]), 1), dtype=np.int64)
+        slot_tokens = self._tokens[:n]
         slot_tokens[self.slot] = tokens
         shortlist: list[np.ndarray] = []
         if self.candidates:  # the union of the rows' candidates, each row masked to its own
@@ -105,9 +108,17 @@ class SlotRows:
         n = self.count
         self.positions[:n] += 1  # every live row wrote its slot at its position
         parents = np.asarray(parents, dtype=np.int64)
+        if parents.size == n and (parents == self._identity(n)).all():
+            return  # every row continues itself in its slot (greedy search): nothing moves, nobody left
         self._reserve(parents.size)
         self._assign(self.slot[parents])
         self._fit()
+
+    def _identity(self, n: int) -> np.ndarray:
+        """``0..n-1`` (a view of a range kept for the purpose)."""
+        if self._range.size < n:
+            self._range = np.arange(max(n, 2 * self._range.size), dtype=np.int64)
+        return self._range[:n]
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
                 src_bias: np.ndarray | None = None, candidates: np.ndarray | None = None) -> None:
@@ -206,6 +217,9 @@ class SlotRows:
                  src_bias: np.ndarray | None = None) -> None:
         """Grow the arrays to at least ``slots`` slots, ``positions`` cache positions and ``source_width`` source
         positions, keeping the live slots; the first call shapes them after ``cross_kv``."""
+        if (self.cache is not None and self.cross is not None and slots <= self.cache.shape[2]
+                and positions <= self.cache.shape[4] and source_width <= self.cross.shape[4]):
+            return  # room enough (the arrays' slots and the bookkeeping's always agree)
         if self.cache is None:
             assert cross_kv is not None and src_bias is not None
             layers, _, _, heads, _, head_dim = cross_kv.shape

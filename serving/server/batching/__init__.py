@@ -6,7 +6,8 @@ worker thread, in one of two ways (``mtgate serve --batching``):
 - ``step`` (:class:`StepBatcher`, ``serving.server.batching.step``): sentences join the running decode batch at the next
   decoder step and leave it when they are done (:class:`DecoderRunner` drives ``serving.engine.continuous``).
 
-Both admit requests through :class:`Batcher` (``serving.server.batching.queue``): queue limits, deadlines, cancellation.
+Both admit requests through :class:`Batcher` (``serving.server.batching.queue``): queue limits, deadlines,
+cancellation, and admission by estimated completion against the deadline (``serving.server.batching.estimate``).
 """
 
 from serving.server.batching.dynamic import DynamicBatcher, RunBatch

@@ -2,11 +2,18 @@
 run to the end on one worker thread.
 
 The collector forms a batch when the oldest queued item's group (its key) is full (``max_items`` or padded cost
-``max_cost``), or when the oldest item has waited ``max_delay_s``; it picks items of similar cost around the oldest
-one (less padding) and hands them to ``run_batch`` in cost order, on the single worker thread that owns the runtime.
-Only one batch runs at a time: while it runs, the next one accumulates. Admission, limits, deadlines and
-cancellation are the queue's (``serving.server.batching.queue``); if a batch fails, its items are retried one by one so that
-one bad input fails only its own request.
+``max_cost``), or when the oldest item has waited ``max_delay_s``. A batch is made of whole requests, oldest first:
+the oldest request's items, then every later request (among those of the first ``4 x max_items`` items, the last
+one whole) whose items all fit beside them, so that a request's sentences run together and it is done when its
+batch is (a request too big for one batch fills consecutive batches). The batch goes to ``run_batch`` in cost
+order (less padding inside the engine), on the single worker thread that owns the runtime. Only one batch runs at a
+time: while it runs, the next one accumulates.
+
+Admission, limits, deadlines and cancellation are the queue's (``serving.server.batching.queue``). The admission estimate
+(:class:`serving.server.batching.estimate.BatchEstimate`) learns engine seconds per unit of cost, by batch size, from every
+batch that ran; before a batch runs, its requests that the learned estimate says would finish after their deadline
+fail instead (``Batcher.drop_hopeless``). If a batch fails, its items are retried one by one so that one bad input
+fails only its own request.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TypeVar
 
 from serving.engine.errors import InferenceFailed, ServingError
 from serving.engine.request import OnPartial
+from serving.server.batching.estimate import BatchEstimate, Estimate
 from serving.server.batching.queue import (
     Batcher,
     BatchLimits,
@@ -59,6 +67,17 @@ class DynamicBatcher(Batcher[P, R]):
         super().__init__(limits, observer, name)
         self._run_batch = run_batch
         self._running: list[Item[P]] = []
+        self._running_until = 0.0  # when the running batch should be done, by the estimate
+        self.estimator: BatchEstimate = BatchEstimate(limits.prior_s_per_cost)
+
+    def estimate(self, costs: Sequence[int]) -> Estimate:
+        # Batches take requests oldest first: this one runs after what is queued, in batches as full as the queue
+        # (or as recent batches, when more was arriving than is queued now).
+        size = min(self.limits.max_items, max(self.queued + len(costs), self.estimator.recent_size))
+        running = max(0.0, self._running_until - time.monotonic()) if self._running else 0.0
+        ahead, learned = self.estimator.seconds(size, self.queued_cost)
+        own, _ = self.estimator.seconds(size, sum(costs))
+        return Estimate(wait_s=running + ahead, own_s=own, learned=learned)
 
     def abort_running(self, error: ServingError) -> None:
         for item in self._running:  # its results will never be delivered: the collector is cancelled
@@ -78,6 +97,9 @@ class DynamicBatcher(Batcher[P, R]):
                 await self.wait_for_arrival(wait)
                 continue
             batch = self._select(group)
+            seconds, learned = self.estimator.seconds(len(batch), sum(item.cost for item in batch))
+            if learned and self.drop_hopeless({item.request: seconds for item in batch}):
+                continue  # the batch is formed again from what is left
             self.take(batch)
             try:
                 await self._execute(key, batch)
@@ -93,37 +115,41 @@ class DynamicBatcher(Batcher[P, R]):
         return longest * len(group) >= self.limits.max_cost
 
     def _select(self, group: list[Item[P]]) -> list[Item[P]]:
-        """The oldest item plus the items of closest cost that fit; returned in cost order."""
+        """Whole requests, oldest first: the oldest request's items (as many as fit, shortest first, when it is too
+        big for one batch), then each later request whose items all fit beside them; returned in cost order."""
         limits = self.limits
-        candidates = sorted(group[: 4 * limits.max_items], key=lambda item: item.cost)
-        head = group[0]
-        lo = hi = next(i for i, item in enumerate(candidates) if item is head)
-        longest = head.cost
-        while hi - lo + 1 < limits.max_items:
-            n = hi - lo + 1
-            left = candidates[lo - 1] if lo > 0 else None
-            right = candidates[hi + 1] if hi + 1 < len(candidates) else None
-            # Padding each choice adds: a shorter item pads itself up to `longest`; a longer one pads everybody.
-            left_ok = left is not None and (n + 1) * longest <= limits.max_cost
-            right_ok = right is not None and (n + 1) * max(longest, right.cost) <= limits.max_cost
-            if not left_ok and not right_ok:
-                break
-            take_left = left_ok and (
-                not right_ok
-                or (longest - left.cost if left else 0) <= n * (max(longest, right.cost if right else 0) - longest)
-            )
-            if take_left:
-                lo -= 1
+        end = min(len(group), 4 * limits.max_items)  # the requests looked at: the first items', none cut short
+        while end < len(group) and group[end].request is group[end - 1].request:
+            end += 1
+        requests: list[list[Item[P]]] = []  # a request's queued items are consecutive in its group
+        for item in group[:end]:
+            if requests and requests[-1][0].request is item.request:
+                requests[-1].append(item)
             else:
-                hi += 1
-                longest = max(longest, candidates[hi].cost)
-        return candidates[lo : hi + 1]
+                requests.append([item])
+        head = sorted(requests[0], key=lambda item: item.cost)
+        batch = head[:1]
+        for item in head[1:]:
+            if len(batch) + 1 > limits.max_items or (len(batch) + 1) * item.cost > limits.max_cost:
+                return batch  # the rest of the oldest request comes first in the next batch
+            batch.append(item)
+        longest = batch[-1].cost
+        for items in requests[1:]:
+            size, top = len(batch) + len(items), max(longest, *(item.cost for item in items))
+            if size <= limits.max_items and size * top <= limits.max_cost:
+                batch.extend(items)
+                longest = top
+            if len(batch) >= limits.max_items:
+                break
+        return sorted(batch, key=lambda item: item.cost)
 
     async def _execute(self, key: Hashable, batch: list[Item[P]]) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         waits = [started - item.enqueued_at for item in batch]
         self._running = batch
+        cost = sum(item.cost for item in batch)
+        self._running_until = started + self.estimator.seconds(len(batch), cost)[0]
         payloads = [item.payload for item in batch]
         ok = True
         try:
@@ -132,6 +158,7 @@ class DynamicBatcher(Batcher[P, R]):
             )
             if len(results) != len(batch):
                 raise InferenceFailed(f"engine returned {len(results)} results for {len(batch)} inputs")
+            self.estimator.observe(len(batch), cost, time.monotonic() - started)
             for item, result in zip(batch, results, strict=True):
                 item.request.set_result(item.index, result)
         except Exception as error:

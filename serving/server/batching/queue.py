@@ -2,8 +2,9 @@
 
 A request is a list of payloads, each with a cost (e.g. its token count), a hashable key (items with different keys
 never share a batch: e.g. different decoding options) and an optional deadline. :class:`Batcher` admits requests
-into a bounded queue and owns the one worker thread that runs the model; a subclass decides how queued items run
-(its :meth:`Batcher.collect` loop), through the public methods below the admission ones.
+(``serving.server.batching.items``: one :class:`Pending` each, one :class:`Item` per payload) into a bounded queue and owns
+the one worker thread that runs the model; a subclass decides how queued items run (its :meth:`Batcher.collect`
+loop), through the public methods below the admission ones.
 
 The promises users expect from Triton / TF Serving:
 
@@ -11,20 +12,34 @@ The promises users expect from Triton / TF Serving:
 - a request past its deadline fails with :class:`serving.engine.errors.DeadlineExceeded` when the deadline passes, even while
   its items are running, and its queued items are dropped, never computed;
 - cancelling the waiting task (client disconnect) removes the request's queued items.
+
+And the capacity is spent on requests that can still make their deadline:
+
+- admission by estimate: a request with a deadline that other queued work would make it miss is refused at once with
+  Overloaded, its Retry-After the estimated time until it would fit (``serving.server.batching.estimate``: each batcher's
+  :meth:`Batcher.estimate`, learned from what its worker ran; before the worker has timed its own work, no request is
+  refused by a guess); with nothing queued a request is always admitted (a refusal would help nobody: the check before
+  compute below still keeps doomed work off the worker);
+- before compute: a queued request whose deadline passed, or that the learned estimate says would finish after it,
+  fails with DeadlineExceeded instead of running (:meth:`Batcher.drop_expired`, :meth:`Batcher.drop_hopeless`);
+- a sentence whose computation ends after its request's deadline is counted (``BatchStats.late``): wasted work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from serving.engine.errors import DeadlineExceeded, InferenceFailed, ModelNotReady, Overloaded, ServingError
 from serving.engine.request import OnPartial
+from serving.server.batching.estimate import BatchEstimate, Estimate, StepEstimate
+from serving.server.batching.items import BatchObserver, BatchStats, Item, Pending
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +57,10 @@ class BatchLimits:
         max_cost: most padded cost (items x largest cost) in one batch; a single larger item still runs alone.
         max_delay_s: how long the oldest item may wait for a fuller batch.
         queue_capacity: most items waiting (not yet running); beyond it new requests are refused.
-        retry_after_s: the delay suggested to refused clients.
+        retry_after_s: the least delay suggested to refused clients (more when the estimate says so).
+        prior_s_per_cost: engine seconds per unit of cost assumed before the worker has timed any work (the
+            estimate's placeholder, ``serving.server.batching.estimate``: the Retry-After of a full queue; it never refuses
+            or drops a request).
     """
 
     max_items: int = 32
@@ -50,111 +68,8 @@ class BatchLimits:
     max_delay_s: float = 0.005
     queue_capacity: int = 512
     retry_after_s: float = 1.0
+    prior_s_per_cost: float = 0.02
 
-
-@dataclass(frozen=True)
-class BatchStats:
-    """What one batch did, for metrics and the per-batch log line."""
-
-    size: int
-    padded_cost: int
-    cost: int
-    queue_waits: list[float]
-    compute_s: float
-    tags: list[str]
-    ok: bool
-    shares: list[float]  # each item's share of its request (1 / the request's items): per-request statistics
-
-    @classmethod
-    def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool) -> BatchStats:
-        """The statistics of the batch ``items``."""
-        costs = [item.cost for item in items]
-        return cls(size=len(items), padded_cost=len(costs) * max(costs), cost=sum(costs), queue_waits=queue_waits,
-                   compute_s=compute_s, tags=sorted({item.request.tag for item in items}), ok=ok,
-                   shares=[1.0 / max(1, len(item.request.items)) for item in items])
-
-
-class BatchObserver(Protocol):
-    """Receives the batcher's events (implemented by the metrics layer); called on the event loop."""
-
-    def on_queue_depth(self, depth: int) -> None: ...
-
-    def on_batch(self, stats: BatchStats) -> None: ...
-
-    def on_dropped(self, reason: str, items: int) -> None: ...
-
-
-@dataclass(eq=False)
-class Item(Generic[P]):
-    """One payload of an admitted request, queued or running."""
-
-    request: Pending[Any]
-    index: int  # within its request
-    payload: P
-    cost: int
-    enqueued_at: float
-
-
-@dataclass(eq=False)
-class Pending(Generic[R]):
-    """One admitted request: await :meth:`wait` for its results in order, or :meth:`cancel` it."""
-
-    batcher: Batcher[Any, R]
-    key: Hashable
-    deadline: float | None
-    on_partial: OnPartial | None
-    tag: str
-    future: asyncio.Future[list[R]]
-    results: list[Any]
-    remaining: int
-    items: list[Item[Any]] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()
-
-    async def wait(self) -> list[R]:
-        """Wait for every result.
-
-        Raises:
-            DeadlineExceeded: the deadline passed first (queued items are dropped).
-            ServingError: the batch failed (InferenceFailed, or the engine's own error for this input).
-            asyncio.CancelledError: the waiting task was cancelled; queued items are dropped.
-        """
-        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-        try:
-            done, _ = await asyncio.wait({self.future}, timeout=timeout)
-        except asyncio.CancelledError:
-            self.cancel("cancelled")
-            raise
-        if not done:
-            self.batcher.fail(self, DeadlineExceeded(f"request deadline passed after {self._age():.3f}s"), "deadline")
-        return await self.future
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Drop the request's queued items; results still computing are discarded."""
-        if not self.future.done():
-            self.batcher.abandon(self, reason)
-            self.future.cancel()
-
-    def set_error(self, error: BaseException) -> None:
-        """Fail the request (a no-op once it is done)."""
-        if not self.future.done():
-            self.future.set_exception(error)
-            # Nobody else may await it (e.g. cancelled meanwhile): mark the exception retrieved.
-            self.future.exception()
-
-    def set_result(self, index: int, result: Any) -> None:
-        """The result of item ``index``; the request is done with its last one."""
-        if self.future.done():
-            return
-        self.results[index] = result
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.future.set_result(self.results)
-
-    def _age(self) -> float:
-        return time.monotonic() - self.items[0].enqueued_at if self.items else 0.0
 
 
 class Batcher(Generic[P, R]):
@@ -173,6 +88,8 @@ class Batcher(Generic[P, R]):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mtgate-worker-{name}")
         self.groups: dict[Hashable, list[Item[P]]] = {}  # queued items by key, oldest first
         self._queued = 0
+        self._queued_cost = 0
+        self.estimator: BatchEstimate | StepEstimate  # each batcher's, set by its constructor
         self._arrival = asyncio.Event()
         self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -212,6 +129,49 @@ class Batcher(Generic[P, R]):
         """Items waiting (not yet running)."""
         return self._queued
 
+    @property
+    def queued_cost(self) -> int:
+        """The total cost of the items waiting."""
+        return self._queued_cost
+
+    def estimate(self, costs: Sequence[int]) -> Estimate:
+        """When a request of items of ``costs`` would be done if admitted now, behind what is running and queued
+        (each batcher knows how its work runs)."""
+        raise NotImplementedError
+
+    def check_admission(self, deadline: float | None, costs: Sequence[int] = (), items: int | None = None) -> None:
+        """Refuse a request that would finish after ``deadline`` because of the work queued ahead of it, by the learned
+        estimate (the prior never refuses).
+
+        With no ``costs`` (the request is not tokenized yet: ``items`` says how many items it has, for the count of
+        refused items) only the work ahead counts: a cheap early refusal.
+
+        Raises:
+            Overloaded: the estimate says so; its ``retry_after`` is when the request would fit (at least
+                ``limits.retry_after_s``).
+        """
+        late = self._late_by(deadline, costs)
+        if late is None:
+            return
+        late_by, estimate = late
+        if self.observer is not None:
+            self.observer.on_dropped("overloaded", len(costs) or items or 1)
+        assert deadline is not None
+        raise Overloaded(
+            f"overloaded: the queued work ({self._queued} sentences) would finish this request in an estimated "
+            f"{estimate.total_s:.1f}s, after its deadline ({max(0.0, deadline - time.monotonic()):.1f}s); retry later",
+            retry_after=self._retry_after(late_by),
+        )
+
+    def _late_by(self, deadline: float | None, costs: Sequence[int]) -> tuple[float, Estimate] | None:
+        """How late a request of ``costs`` would be behind the queued work, and the estimate (None: in time, or
+        nothing queued)."""
+        if deadline is None or self._queued == 0:
+            return None
+        estimate = self.estimate(costs)
+        late_by = time.monotonic() + estimate.total_s - deadline
+        return (late_by, estimate) if late_by > 0 and estimate.learned else None
+
     def enqueue(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
                 deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> Pending[R]:
         """Admit a request now or refuse it.
@@ -236,10 +196,13 @@ class Batcher(Generic[P, R]):
         if self._queued + len(payloads) > self.limits.queue_capacity:
             if self.observer is not None:
                 self.observer.on_dropped("overloaded", len(payloads))
+            # Room comes as the items ahead start: the time the excess takes of the whole queue's.
+            excess = self._queued + len(payloads) - self.limits.queue_capacity
             raise Overloaded(
                 f"queue full ({self._queued} of {self.limits.queue_capacity} sentences waiting); retry later",
-                retry_after=self.limits.retry_after_s,
+                retry_after=self._retry_after(self.estimate(()).wait_s * min(1.0, excess / max(1, self._queued))),
             )
+        self.check_admission(deadline, costs)
         pending: Pending[R] = Pending(
             batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag,
             future=asyncio.get_running_loop().create_future(), results=[None] * len(payloads), remaining=len(payloads),
@@ -250,6 +213,7 @@ class Batcher(Generic[P, R]):
         ]
         self.groups.setdefault(key, []).extend(pending.items)
         self._queued += len(pending.items)
+        self._queued_cost += sum(item.cost for item in pending.items)
         self.notify()
         self._report_depth()
         return pending
@@ -258,13 +222,14 @@ class Batcher(Generic[P, R]):
         self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None, deadline: float | None = None,
         on_partial: OnPartial | None = None, tag: str = "",
     ) -> Pending[R]:
-        """Like :meth:`enqueue` but wait for room instead of refusing (bulk requests).
+        """Like :meth:`enqueue` but wait for room, and for the estimate to fit the deadline, instead of refusing
+        (bulk requests).
 
         Raises:
             DeadlineExceeded: no room before the deadline.
             ModelNotReady: the batcher stopped meanwhile.
         """
-        while self._queued + len(payloads) > self.limits.queue_capacity and self._queued > 0:
+        while self._queued > 0 and not self._fits(costs, deadline):
             if self._closed:
                 break
             self._room.clear()
@@ -276,6 +241,12 @@ class Batcher(Generic[P, R]):
             except TimeoutError:
                 raise DeadlineExceeded("request deadline passed while waiting for room in the queue") from None
         return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
+
+    def _fits(self, costs: Sequence[int], deadline: float | None) -> bool:
+        return self._queued + len(costs) <= self.limits.queue_capacity and self._late_by(deadline, costs) is None
+
+    def _retry_after(self, seconds: float) -> float:
+        return float(max(self.limits.retry_after_s, math.ceil(seconds)))
 
     async def submit(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
                      deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> list[R]:
@@ -307,6 +278,7 @@ class Batcher(Generic[P, R]):
             else:
                 del self.groups[key]
         self._queued -= len(items)
+        self._queued_cost -= sum(item.cost for item in items)
         self._report_depth()
         self._room.set()
 
@@ -319,6 +291,24 @@ class Batcher(Generic[P, R]):
                 if request.deadline is not None and request.deadline <= now and not request.done:
                     self.fail(request, DeadlineExceeded("request deadline passed while queued"), "deadline")
 
+    def drop_hopeless(self, seconds: Mapping[Pending[Any], float]) -> bool:
+        """Fail the requests about to run that would be done after their deadline: ``seconds[request]`` from now, by
+        the learned estimate. Returns whether any was.
+
+        The caller passes only an estimate learned from observations: a prior never fails a request.
+        """
+        now = time.monotonic()
+        dropped = False
+        for request, needed in seconds.items():
+            if request.deadline is None or request.done:
+                continue
+            if now + needed > request.deadline:
+                error = DeadlineExceeded(f"request would finish after its deadline (estimated {needed:.2f}s to "
+                                         f"compute, {max(0.0, request.deadline - now):.2f}s left); not computed")
+                self.fail(request, error, "deadline")
+                dropped = True
+        return dropped
+
     def fail(self, pending: Pending[Any], error: BaseException, reason: str) -> None:
         """Fail a request and drop its queued items (``reason``: what the observer counts them as)."""
         self.abandon(pending, reason)
@@ -326,17 +316,16 @@ class Batcher(Generic[P, R]):
 
     def abandon(self, pending: Pending[Any], reason: str) -> None:
         """Remove a request's queued items (it failed, expired or was cancelled)."""
-        group = self.groups.get(pending.key)
-        removed = 0
-        if group:
-            kept = [item for item in group if item.request is not pending]
-            removed = len(group) - len(kept)
-            if kept:
-                self.groups[pending.key] = kept
-            else:
-                del self.groups[pending.key]
+        group = self.groups.get(pending.key) or []
+        kept = [item for item in group if item.request is not pending]
+        removed = len(group) - len(kept)
+        if kept:
+            self.groups[pending.key] = kept
+        elif group:
+            del self.groups[pending.key]
         if removed:
             self._queued -= removed
+            self._queued_cost -= sum(item.cost for item in group if item.request is pending)
             self._report_depth()
             self._room.set()
             if self.observer is not None:
@@ -388,3 +377,7 @@ def as_serving_error(error: BaseException) -> ServingError:
         return error
     logger.error("inference failed: %s: %s", type(error).__name__, error, exc_info=error)
     return InferenceFailed(f"inference failed: {type(error).__name__}: {error}")
+
+
+__all__ = ["BatchLimits", "BatchObserver", "BatchStats", "Batcher", "Item", "Pending", "as_serving_error",
+           "relay_partials"]

@@ -10,6 +10,12 @@ away or whose deadline passed leaves the batch at the next step. Work for the wo
 translation (``call_in_worker``: reference scoring) runs at the next step boundary while the loop runs, after the
 runner detached its state from the engine's reused buffers.
 
+A request's items are handed over in order, so they join together when there is room for them all, and otherwise
+take the next free rows (a row left empty would finish nothing sooner). The admission estimate
+(:class:`serving.server.batching.estimate.StepEstimate`) is the decode-step rate: the drive loop times every step (by
+sentences in flight) and each finished chunk says how many steps its longest sentence took per unit of cost. A
+request whose learned latency would end after its deadline fails before it joins (``Batcher.drop_hopeless``).
+
 The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
 over the engine's ``serving.engine.continuous.ContinuousDecoder``, whose payloads are prepared sentences
 (``serving.engine.request.Prepared``).
@@ -27,12 +33,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from serving.engine.errors import InferenceFailed, ModelNotReady, ServingError
 from serving.engine.request import OnPartial, Prepared
+from serving.server.batching.estimate import Estimate, StepEstimate
 from serving.server.batching.queue import (
     Batcher,
     BatchLimits,
     BatchObserver,
     BatchStats,
     Item,
+    Pending,
     as_serving_error,
     relay_partials,
 )
@@ -151,6 +159,12 @@ class _Chunk:
     key: Hashable
     items: list[Item[Any]]
     handed_at: float
+    joined_step: int | None = None  # decoder steps run before it joined (set by the drive loop)
+    done_step: int | None = None  # ... when it was done
+
+    @property
+    def longest(self) -> int:
+        return max(item.cost for item in self.items)
 
 
 class StepBatcher(Batcher[P, R]):
@@ -182,11 +196,31 @@ class StepBatcher(Batcher[P, R]):
         self._stopping = False
         self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
         self._calls: list[_Call] = []  # call_in_worker while the drive loop runs: run between steps (guarded by _lock)
+        self._steps = 0  # decoder steps started (written by the drive loop only)
+        self.estimator: StepEstimate = StepEstimate(limits.prior_s_per_cost)
 
     @property
     def in_flight(self) -> int:
         """Sentences handed to the decode batch and not finished."""
         return sum(len(chunk.items) for chunk in self._chunks)
+
+    def estimate(self, costs: Sequence[int]) -> Estimate:
+        limits = self.limits
+        per_cost, steps_learned = self.estimator.steps_per_cost()
+        sentences = self.in_flight + self.queued + len(costs)
+        step_s, step_learned = self.estimator.step_seconds(min(limits.max_items, sentences))
+        own = per_cost * max(costs, default=0) * step_s
+        if sentences <= limits.max_items:  # it joins at the next step
+            return Estimate(wait_s=0.0, own_s=own, learned=steps_learned and step_learned)
+        # The work ahead in sentence-steps (what each sentence in flight still needs, then the queued ones), done
+        # max_items at a time; the request's rows free up before all of it is done, so this errs on the long side.
+        ahead = per_cost * self.queued_cost
+        for chunk in self._chunks:
+            done = self._steps - chunk.joined_step if chunk.joined_step is not None else 0
+            ahead += sum(max(1.0, per_cost * item.cost - done) for item in chunk.items)
+        full_step_s, full_learned = self.estimator.step_seconds(limits.max_items)
+        return Estimate(wait_s=ahead / limits.max_items * full_step_s, own_s=own,
+                        learned=steps_learned and full_learned)
 
     async def call_in_worker(self, fn: Callable[..., W], *args: Any) -> W:
         """Run ``fn(*args)`` on the worker thread. While the drive loop runs, between two of its steps, so that
@@ -219,10 +253,15 @@ class StepBatcher(Batcher[P, R]):
     def _hand_over(self) -> None:
         """Move queued items, oldest first, into the decode batch while it has room."""
         room = self.limits.max_items - self.in_flight
-        if room <= 0 or not self.groups:
+        chosen: list[Item[P]] = []
+        while room > 0 and self.groups:
+            queued = sorted((item for group in self.groups.values() for item in group), key=lambda i: i.enqueued_at)
+            chosen = queued[:room]
+            if not self._drop_hopeless(chosen):
+                break
+            chosen = []
+        if not chosen:
             return
-        queued = sorted((item for group in self.groups.values() for item in group), key=lambda i: i.enqueued_at)
-        chosen = queued[:room]
         self.take(chosen)
         now = time.monotonic()
         chunks: list[_Chunk] = []
@@ -240,6 +279,17 @@ class StepBatcher(Batcher[P, R]):
             loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self.executor, self._drive, loop)
             future.add_done_callback(_log_drive_failure)
+
+    def _drop_hopeless(self, chosen: list[Item[P]]) -> bool:
+        """Fail the requests of ``chosen`` whose learned latency in the batch would end after their deadline."""
+        per_cost, steps_learned = self.estimator.steps_per_cost()
+        step_s, step_learned = self.estimator.step_seconds(self.in_flight + len(chosen))
+        if not (steps_learned and step_learned):
+            return False
+        seconds: dict[Pending[Any], float] = {}
+        for item in chosen:
+            seconds[item.request] = max(seconds.get(item.request, 0.0), per_cost * item.cost * step_s)
+        return self.drop_hopeless(seconds)
 
     def _finish(self, chunk: _Chunk, outcome: Sequence[Any] | BaseException) -> None:
         """A chunk's results (or error) arrived from the worker thread; deliver them and make room."""
@@ -261,6 +311,8 @@ class StepBatcher(Batcher[P, R]):
             error = InferenceFailed(f"engine returned {len(outcome)} results for {len(chunk.items)} inputs")
             self.fail(chunk.items[0].request, error, "failed")
         else:
+            if chunk.joined_step is not None and chunk.done_step is not None:
+                self.estimator.observe_sentence(chunk.done_step - chunk.joined_step, chunk.longest)
             for item, result in zip(chunk.items, outcome, strict=True):
                 item.request.set_result(item.index, result)
         if self.observer is not None:
@@ -301,15 +353,19 @@ class StepBatcher(Batcher[P, R]):
                 runner.detach()
                 for call in calls:
                     call.run(loop)
+            started = time.perf_counter()  # a step's time includes encoding the sentences that join at it
             for chunk in joining:
                 self._add(runner, chunk, loop)
             if not runner.idle:
                 sentences = runner.sentences
+                self._steps += 1
                 try:
                     runner.step()
                 except Exception as error:  # the runner reports its own failures; this is a bug
                     logger.exception("batcher %s: step failed", self.name)
                     runner.fail(error)
+                else:
+                    self.estimator.observe_step(sentences, time.perf_counter() - started)
                 if observe_step is not None:
                     observe_step(sentences)
 
@@ -317,11 +373,13 @@ class StepBatcher(Batcher[P, R]):
         requests = {id(item.request): item.request for item in chunk.items}
 
         def on_result(outcome: Sequence[Any] | BaseException) -> None:  # worker thread
+            chunk.done_step = self._steps
             loop.call_soon_threadsafe(self._finish, chunk, outcome)
 
         def alive() -> bool:  # worker thread: a plain read of the futures' state
             return not all(request.done for request in requests.values())
 
+        chunk.joined_step = self._steps
         try:
             runner.add(chunk.key, [item.payload for item in chunk.items], on_result, relay_partials(loop, chunk.items),
                        alive)

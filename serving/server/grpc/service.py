@@ -331,5 +331,5 @@ async def start(service: TranslationService, control: ModelControl, host: str,
     server.add_generic_rpc_handlers((handlers(InferenceServicer(service, control)),))
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     await server.start()
-    logger.warning("mtgate gRPC on %s:%d", host, bound)
+    logger.info("mtgate gRPC on %s:%d", host, bound)
     return server, bound

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from serving import __version__
 from serving.engine.request import Engine
-from serving.server.http import bulk, v1, v2
+from serving.server.http import bulk, shadow, v1, v2
 from serving.server.http.deps import ServiceDep
 from serving.server.http.docs import install_docs
 from serving.server.http.errors import install_error_handlers
@@ -28,6 +28,7 @@ from serving.server.metrics import CONTENT_TYPE, ServingMetrics
 from serving.server.repository import ModelControl, ModelRepository
 from serving.server.service import TranslationService
 from serving.server.settings import ServingSettings
+from serving.server.shadow import Shadow
 from serving.server.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -59,10 +60,15 @@ def create_app(
     service.older = older
     control = repository or ModelControl()  # the repository extension, for /v2 and gRPC alike
     control.service = service
+    if settings.shadow is not None:  # the default model's requests are shadowed
+        service.shadow = Shadow(settings, metrics.registry, service.default_model,
+                                production=service.models[service.default_model].package_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        if service.shadow is not None:
+            service.shadow.start()
         started: list[Transport] = []
         for transport in transports:
             await transport.start(service, control)
@@ -92,6 +98,8 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await service.stop()
+            if service.shadow is not None:
+                await service.shadow.stop()
 
     app = FastAPI(
         title="mtgate",
@@ -111,6 +119,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(v1.router)
     app.include_router(bulk.router)
+    app.include_router(shadow.router)
     app.include_router(v2.router)
     install_docs(app, service)
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from serving.engine.errors import InferenceFailed, InvalidInput, LimitExceeded, ServingError
-from serving.engine.request import DecodeOptions
+from serving.engine.request import EMPTY_TRANSLATION, DecodeOptions
 from serving.server.http.deps import ApiKeyDep, ServiceDep, request_id
 from serving.server.http.schemas import BulkLineIn, TranslationOut, error_responses
 from serving.server.http.streams import DuplexStreamingResponse, error_data
@@ -152,9 +152,13 @@ async def _bulk(
         try:
             try:
                 text, line_id = _parse_bulk_line(raw)
-                deadline = service.limits.deadline(time.monotonic(), None)
-                runner, pending = await service.admit(model, [text], options, deadline, tag=tag, wait_for_room=True)
-                (translation,) = await pending.wait()
+                if not text.strip():  # an empty text: an empty translation, as /v1/translate answers it
+                    translation = EMPTY_TRANSLATION
+                else:
+                    deadline = service.limits.deadline(time.monotonic(), None)
+                    runner, pending = await service.admit(model, [text], options, deadline, tag=tag,
+                                                          wait_for_room=True)
+                    (translation,) = await pending.wait()
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))
                 return

@@ -94,7 +94,8 @@ def with_limits(document: dict[str, Any], service: TranslationService) -> dict[s
                     infer_parameters[name]["maximum"] = min(maximum, infer_parameters[name].get("maximum", maximum))
             tensor = body.get("properties", {}).get("inputs", {}).get("items", {}).get("properties", {})
             if "data" in tensor:
-                tensor["data"]["items"].update(maxLength=settings.max_chars_per_sentence, pattern=NOT_SPACE)
+                # an empty or blank sentence gets an empty translation (no pattern), as on /v1/translate
+                tensor["data"]["items"].update(maxLength=settings.max_chars_per_sentence)
             responses = operation.get("responses", {})
             if "requestBody" in operation and "400" in responses:  # serving.server.http.middleware's Content-Encoding check
                 responses.setdefault("415", {**responses["400"], "description": _UNSUPPORTED_ENCODING})
@@ -122,12 +123,13 @@ def _request_limits(schema: dict[str, Any], service: TranslationService, maxima:
     def texts(item: dict[str, Any]) -> list[dict[str, Any]]:
         return [item, {"type": "array", "items": item, "minItems": 1, "maxItems": settings.max_sentences_per_request}]
 
-    sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence, "pattern": NOT_SPACE}
-    if request.get("split_sentences", {}).get("const") is False:  # the stream: texts are sentences
-        request["text"]["anyOf"] = texts(sentence)
+    sentence = {"type": "string", "maxLength": settings.max_chars_per_sentence}
+    if request.get("split_sentences", {}).get("const") is False:  # the stream: texts are sentences, not blank
+        request["text"]["anyOf"] = texts({**sentence, "pattern": NOT_SPACE})
         return
-    # Documents are limited by the body's size (max_body_bytes) and, once split, by max_document_sentences and
-    # max_chars_per_sentence per sentence (413 naming the setting).
-    request["text"]["anyOf"] = texts({"type": "string", "pattern": NOT_SPACE})
+    # /v1/translate answers an empty or blank text with an empty translation. Documents are limited by the body's
+    # size (max_body_bytes) and, once split, by max_document_sentences and max_chars_per_sentence per sentence (413
+    # naming the setting).
+    request["text"]["anyOf"] = texts({"type": "string"})
     schema["if"] = {"properties": {"split_sentences": {"const": True}}, "required": ["split_sentences"]}
     schema["else"] = {"properties": {"text": {"anyOf": texts(sentence)}}}

@@ -73,7 +73,8 @@ def test_the_route_documents_the_model(shared_client: TestClient) -> None:
     parameters = schema["properties"]["parameters"]
     assert parameters["type"] == ["object", "null"] and parameters["properties"]["beam_size"]["maximum"] >= 1
     data = schema["properties"]["inputs"]["items"]["properties"]["data"]
-    assert data["type"] == ["array", "null"] and {"maxLength", "pattern"} <= set(data["items"])
+    assert data["type"] == ["array", "null"] and "maxLength" in data["items"]
+    assert "pattern" not in data["items"]  # an empty or blank sentence gets an empty translation (issue 35 item 8)
     generic = infer_request_schema()
     for name, documented in schema["properties"].items():  # what the limits add aside, the same schema
         assert set(documented) - {"default"} == set(generic["properties"][name]) - {"default"}, name

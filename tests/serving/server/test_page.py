@@ -67,7 +67,7 @@ def test_blank_lines_keep_output_lines_in_line_with_input_lines(server: ServerPr
 def test_model_details_stay_inside_their_column(server: ServerProcess, width: int) -> None:
     with browser_page(width=width) as (page, _):
         page.goto(server.url + "/")
-        page.wait_for_function("document.querySelectorAll('#details pre').length > 0")  # the decoding defaults
+        page.wait_for_function("document.querySelectorAll('#details table.fields').length > 0")  # decoding defaults
         overflow = page.evaluate(
             """() => {
                 const table = document.getElementById('details');

@@ -1,0 +1,116 @@
+"""What a shadow costs production (``mtgate serve --shadow``). A benchmark, not a test.
+
+    .venv/bin/python -m benchmarks.shadow_overhead
+    .venv/bin/python -m benchmarks.shadow_overhead --rate 4 --window 20 --rounds 3 --shadow-precision int8
+
+Two servers of the bundled demo model (fp32, ``--threads 1``) run side by side: one plain, one with the demo's
+``--shadow-precision`` artifact as its shadow at ``--shadow-fraction`` (default 1.0). In each round each server in
+turn (the order reversed every round, so that a drift of the machine's speed hits both alike) gets ``--window``
+seconds of open-loop load: one sentence of the bundled Multi30k test set per ``POST /v1/translate``, ``--rate``
+requests per second, sent on schedule whatever the latency (above the server's capacity: an overload test, whose
+503s are the queue's). Prints, per server, the statuses and the p50/p95/p99 latency of the 200s over all rounds, and the shadow's counts (compared, shed) from ``/v1/shadow``. On a shared machine, say so
+with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.server import start_server  # noqa: E402
+from serving.server.settings import DEFAULT_MODEL_DIR  # noqa: E402
+
+
+def _post(url: str, text: str) -> tuple[float, int]:
+    """Latency and status (0: no answer)."""
+    body = json.dumps({"text": text}).encode()
+    request = urllib.request.Request(url + "/v1/translate", body, {"Content-Type": "application/json"})
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            status = response.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except Exception:
+        status = 0
+    return time.perf_counter() - started, status
+
+
+def _window(url: str, sentences: list[str], rate: float, seconds: float) -> list[tuple[float, int]]:
+    results: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def one(text: str) -> None:
+        result = _post(url, text)
+        with lock:
+            results.append(result)
+
+    with ThreadPoolExecutor(64) as pool:
+        start = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            pool.submit(one, sentences[i % len(sentences)])
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds per server per round (default 20)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shadow-precision", default="int8")
+    parser.add_argument("--shadow-fraction", default="1.0")
+    args = parser.parse_args(argv)
+    corpus = default_corpus()
+    with (gzip.open(corpus, "rt", encoding="utf-8") if corpus.suffix == ".gz" else corpus.open(encoding="utf-8")) as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    common = ["--precision", "fp32", "--threads", "1"]
+    with ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        plain = stack.enter_context(start_server(DEFAULT_MODEL_DIR, logs / "plain.log", extra_args=common))
+        shadowed = stack.enter_context(start_server(
+            DEFAULT_MODEL_DIR, logs / "shadow.log", extra_args=[
+                *common, "--shadow", str(DEFAULT_MODEL_DIR), "--shadow-precision", args.shadow_precision,
+                "--shadow-fraction", args.shadow_fraction]))
+        servers = {"plain": plain.url, "shadow": shadowed.url}
+        while json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))["state"] == "loading":
+            time.sleep(0.2)
+        measured: dict[str, list[tuple[float, int]]] = {name: [] for name in servers}
+        for round_ in range(args.rounds):
+            for name in (list(servers) if round_ % 2 == 0 else list(reversed(servers))):
+                measured[name] += _window(servers[name], sentences, args.rate, args.window)
+                time.sleep(2)  # let the shadow's backlog drain before the other server's window
+        summary = json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))
+    print(f"rate {args.rate:g} req/s, {args.rounds} rounds x {args.window:g} s per server, demo fp32, --threads 1; "
+          f"shadow: demo {args.shadow_precision}, fraction {args.shadow_fraction}")
+    for name, results in measured.items():
+        latencies = np.array([s for s, status in results if status == 200]) * 1000
+        statuses = dict(sorted(Counter(status for _, status in results).items()))
+        p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) if len(latencies) else (np.nan,) * 3
+        print(f"{name:7s} requests {len(results)}  statuses {statuses}  p50 {p50:.0f} ms  p95 {p95:.0f} ms  "
+              f"p99 {p99:.0f} ms (of the 200s)")
+    print(f"shadow: {summary['requests']}, agreement {summary['agreement']}, chrF mean {summary['chrf']['mean']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The shadow's parts on their own (``serving.server.shadow``): a pair's scores, the pair log's whole lines and
+rotation, and a candidate that fails to load or crashes, behind the real app on a real uvicorn (a fake engine)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from serving.engine.errors import InferenceFailed
+from serving.server.http import create_app
+from serving.server.settings import ServingSettings
+from serving.server.shadow import Shadow
+from serving.server.shadow.compare import compare
+from serving.server.shadow.log import PairLog, text_hash
+from tests.fakes import EchoTranslator
+from tests.serving.server.conftest import ROOT
+
+
+def test_compare_scores_a_pair_against_production() -> None:
+    same = compare("Ein Hund läuft.", "Ein Hund läuft.")
+    assert same.identical and same.chrf == 100.0 and same.bleu == 100.0 and same.length_ratio == 1.0
+    near = compare("Ein Hund läuft über die Wiese.", "Ein Hund rennt über die Wiese.")
+    far = compare("Ein Hund läuft über die Wiese.", "Katze")
+    assert not near.identical and 40 < near.chrf < 100 and far.chrf < near.chrf  # type: ignore[operator]
+    assert far.bleu is not None and far.bleu < 10
+    assert round(far.length_ratio, 3) == round(5 / 30, 3)
+
+
+def test_pair_log_rotates_within_its_bound(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "pairs.jsonl"
+    log = PairLog(path, max_bytes=4096, max_files=2)
+    for i in range(200):
+        log.write({"i": i, "text": "x" * 100})
+    log.close()
+    files = sorted(p.name for p in path.parent.iterdir())
+    assert files == ["pairs.jsonl", "pairs.jsonl.1", "pairs.jsonl.2"]  # the bound: PATH + max_files
+    seen = []
+    for name in reversed(files):  # oldest first
+        data = (path.parent / name).read_bytes()
+        assert len(data) <= 4096 and data.endswith(b"\n")
+        seen += [json.loads(line)["i"] for line in data.splitlines()]
+    assert seen == list(range(seen[0], 200))  # whole lines, in order, the newest kept
+    reopened = PairLog(path, max_bytes=4096, max_files=2)  # appends to what is there
+    reopened.write({"i": 200})
+    reopened.close()
+    assert json.loads(path.read_bytes().splitlines()[-1]) == {"i": 200}
+    assert text_hash("Hund").startswith("sha256:") and "Hund" not in text_hash("Hund")
+
+
+class _Crashing(EchoTranslator):
+    def run(self, prepared: Any, on_partial: Any = None) -> Any:
+        raise InferenceFailed("the candidate crashed")
+
+
+@contextmanager
+def _server(tmp_path: Path, load: Any, **shadow: Any) -> Iterator[tuple[str, Any]]:
+    """The real app with an EchoTranslator as production and a shadow built by ``load``, on a real uvicorn."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    settings = ServingSettings(model_dirs=[ROOT / "unused"], max_queue_delay_us=1000, shadow=tmp_path,
+                               shadow_log=tmp_path / "pairs.jsonl", **shadow)
+    app = create_app(settings.model_copy(update={"shadow": None}), EchoTranslator())
+    service = app.state.service
+    service.shadow = Shadow(settings, service.metrics.registry, service.default_model, load=load)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if httpx.get(url + "/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    try:
+        yield url, service.shadow
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def _wait(url: str, done: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while not done(summary := httpx.get(url + "/v1/shadow").json()):
+        assert time.monotonic() < deadline, summary
+        time.sleep(0.02)
+    return summary
+
+
+def test_a_candidate_that_fails_to_load_or_crashes_leaves_production_alone(tmp_path: Path) -> None:
+    def broken() -> Any:
+        raise OSError("no candidate here")
+
+    for load, outcome in ((broken, "unavailable"), (_Crashing, "failed")):
+        with _server(tmp_path, load) as (url, shadow):
+            for _ in range(3):
+                r = httpx.post(url + "/v1/translate", json={"text": "a b c"})
+                assert r.status_code == 200 and r.json()["translations"][0]["text"] == "C B A"
+            summary = _wait(url, lambda s: s["requests"][outcome] == 3)  # noqa: B023
+            assert summary["pairs"] == 0 and summary["requests"]["compared"] == 0
+            metrics = httpx.get(url + "/metrics").text
+            assert f'mtgate_shadow_requests_total{{candidate="{shadow.candidate}",model="echo",outcome="{outcome}"}} 3.0' \
+                in metrics
+            if outcome == "unavailable":
+                assert summary["state"] == "failed" and "no candidate here" in summary["load_error"]
+                assert "mtgate_shadow_up{" in metrics and 'model="echo"} 0.0' in metrics
+            else:
+                assert summary["state"] == "ready"
+
+
+def test_a_shadow_of_the_fake_engine_compares_and_logs(tmp_path: Path) -> None:
+    with _server(tmp_path, EchoTranslator) as (url, _):
+        r = httpx.post(url + "/v1/translate", json={"text": ["a b", "c d e"]})
+        assert r.status_code == 200
+        summary = _wait(url, lambda s: s["pairs"] == 2)
+        assert summary["agreement"] == 1.0 and summary["chrf"]["mean"] == 100.0
+    lines = (tmp_path / "pairs.jsonl").read_text().splitlines()
+    assert [json.loads(line)["candidate_text"] for line in lines] == ["B A", "E D C"]
+
+
+def test_bulk_lines_are_shadowed_and_the_fraction_samples(tmp_path: Path) -> None:
+    with _server(tmp_path, EchoTranslator) as (url, _):
+        body = b"".join(json.dumps({"id": i, "text": f"w{i} x"}).encode() + b"\n" for i in range(5))
+        r = httpx.post(url + "/v1/translate/bulk", content=body, headers={"Content-Type": "application/x-ndjson"})
+        assert r.status_code == 200 and len(r.text.splitlines()) == 5
+        assert _wait(url, lambda s: s["pairs"] == 5)["requests"]["sampled"] == 5
+    with _server(tmp_path, EchoTranslator, shadow_fraction=0.0) as (url, _):
+        for _ in range(5):
+            assert httpx.post(url + "/v1/translate", json={"text": "a b"}).status_code == 200
+        time.sleep(0.3)
+        assert httpx.get(url + "/v1/shadow").json()["requests"]["sampled"] == 0
+
+
+def test_without_a_shadow_the_summary_is_404(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    app = create_app(ServingSettings(model_dirs=[ROOT / "unused"]), EchoTranslator())
+    with TestClient(app) as client:
+        r = client.get("/v1/shadow")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "shadow_not_configured"
+
+
+def test_serve_refuses_a_missing_candidate_or_a_bad_fraction_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for flags, message in ((["--shadow", str(tmp_path / "nothing")], "no such model package directory"),
+                           (["--shadow", str(tmp_path), "--shadow-fraction", "2"], "shadow_fraction")):
+        done = subprocess.run([sys.executable, "-m", "serving.commands.main", "serve", "-m", str(tmp_path), "--port",
+                               "0", *flags], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
