@@ -12,5 +12,5 @@ One way through the modules (each imports only those before it):
   and the resume check; ``assembly``: the output, rejects and summary from the committed chunks;
 - ``workers`` (in process, in worker processes), ``remote`` (through a server): what translates a chunk;
 - ``resources``: workers x threads from the cores and memory; ``scoring``: BLEU, chrF, TER;
-- ``runner``: the run loop; ``report``: what is said on the console; ``cli``: the command.
+- ``run_loop``: the run loop; ``report``: what is said on the console; ``cli``: the command.
 """

@@ -27,7 +27,7 @@ from batch.inputs import resolve_inputs
 from batch.job import Job
 from batch.outputs import check_outputs, default_output, shard_name, side_file
 from batch.report import dry_run_report, empty_warning, summary_line, tensorboard_problem, write_tensorboard
-from batch.runner import ChunkRunner, run_job
+from batch.run_loop import ChunkRunner, run_job
 from batch.schema import detect_schema
 from batch.workers import Executor
 from serving.commands.options import (

@@ -1,6 +1,6 @@
 """How batch-score translates, from its arguments: a model package in this process or worker processes, a server
 over the Open Inference Protocol (``--server``), or a pool of Ray actors (``--ray``). Each set-up returns the
-:class:`~batch.job.EngineConfig` and what ``batch.runner.run_job`` runs it with; a bad argument is a
+:class:`~batch.job.EngineConfig` and what ``batch.run_loop.run_job`` runs it with; a bad argument is a
 ``UsageError`` (one line, exit 2).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from batch.job import EngineConfig
 from batch.resources import available_cores, available_memory, model_bytes, plan_parallelism
-from batch.runner import ChunkRunner
+from batch.run_loop import ChunkRunner
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.commands.options import UsageError
 from serving.commands.registry import missing_extra

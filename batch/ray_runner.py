@@ -1,10 +1,10 @@
 """batch-score on Ray Data (``--ray [ADDRESS]``): the same chunks, parsing, commits and assembly as the local runner,
 with the translation spread over a pool of Ray actors.
 
-The pipeline (``batch.runner`` for every step that decides bytes, so the output is the local runner's, byte for
+The pipeline (``batch.run_loop`` for every step that decides bytes, so the output is the local runner's, byte for
 byte):
 
-    ray.data.read_datasource(ChunkSource)        read tasks on the driver's node: ``batch.runner.read_chunks``
+    ray.data.read_datasource(ChunkSource)        read tasks on the driver's node: ``batch.run_loop.read_chunks``
         |  one row per chunk: its sources,        (mtgate's framing: corrupt TFRecords, positions and the input
         |  the parsed chunk (pickled)             hash of each chunk) and ``parse_chunk`` (the T2T id schema, rejects)
         v
@@ -52,7 +52,7 @@ from typing import Any
 from batch.errors import IOFailure, JobError
 from batch.job import EngineConfig, Job
 from batch.ray_session import first_line
-from batch.runner import Bar, Committer, ParsedChunk, parse_chunk, parser_for, read_chunks
+from batch.run_loop import Bar, Committer, ParsedChunk, parse_chunk, parser_for, read_chunks
 from batch.state import ChunkMeta
 from batch.workers import LocalChunkWorker, Outcome, Source
 
@@ -154,7 +154,7 @@ def _datasource(job: Job, todo: list[int], tasks: int, names: dict[str, str]) ->
     from ray.data.datasource import Datasource, ReadTask
 
     class ChunkSource(Datasource):  # type: ignore[misc]
-        """The chunks still to translate, read and parsed by batch.runner in read tasks on the driver's node."""
+        """The chunks still to translate, read and parsed by batch.run_loop in read tasks on the driver's node."""
 
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
@@ -266,7 +266,7 @@ def _without_benign_native_log(enabled: bool) -> Iterator[None]:
 
 
 class RayChunks:
-    """``batch.runner.ChunkRunner`` on Ray Data: read tasks, an actor pool, commits on the driver."""
+    """``batch.run_loop.ChunkRunner`` on Ray Data: read tasks, an actor pool, commits on the driver."""
 
     def __init__(self, engine: EngineConfig, actors: int, threads: int, debug: bool = False,
                  started: float | None = None) -> None:

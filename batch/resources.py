@@ -64,11 +64,11 @@ def plan_parallelism(workers: int | None, threads: int | None, cores: int, per_w
     return workers, threads
 
 
-def model_bytes(model_dir: Path, manifest: dict[str, Any], backend: str, precision: str) -> int:
+def model_bytes(model_dir: Path, manifest: dict[str, Any], runtime: str, precision: str) -> int:
     """Rough memory of one loaded model: its graph files and a half again for the runtime's own buffers."""
     from serving.package import find_artifact
 
-    artifact = find_artifact(manifest, backend, precision)
+    artifact = find_artifact(manifest, runtime, precision)
     size = 0
     for rel in (artifact.encoder, artifact.decoder):
         path = model_dir / rel

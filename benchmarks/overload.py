@@ -55,15 +55,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/overload.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.overload_phase import Phase, batches_logged, late_metric, run_clients, summarize  # noqa: E402
-from benchmarks.served_batching import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     ReportFiles,
     UsageError,
     machine,
-    parse_server_env,
     read_package,
     run_header,
     say,
+)
+from benchmarks.overload_phase import Phase, batches_logged, late_metric, run_clients, summarize  # noqa: E402
+from benchmarks.served_batching import (  # noqa: E402
+    parse_server_env,
     wait_until_idle,
 )
 from loadtest.corpus import default_corpus, read_lines  # noqa: E402

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench.mtgate_worker import forced_length_translator  # noqa: E402
 from benchmarks.bench.workload import DEFAULT_SENTENCES, random_ids_like, read_sentences, special_ids  # noqa: E402
-from serving.package import open_package  # noqa: E402
+from serving.package import DEFAULT_RUNTIME, RUNTIMES, open_package  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 _clock = CLOCKS["wall"]
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--package", type=Path,
                         default=Path.home() / ".cache/mtgate/bench/random-opus-mt-en-de-seed0/mtgate-package-fp32-int8")
-    parser.add_argument("--runtime", default="onnxruntime", choices=["onnxruntime", "openvino"])
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
     parser.add_argument("-n", "--num-sentences", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)

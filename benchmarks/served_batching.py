@@ -5,7 +5,7 @@
 
 For each mode of ``--modes`` (``request``: a batch runs to completion before the next starts; ``step``: new
 requests join the running decode batch at decoder-step boundaries), ``mtgate serve`` runs on a free loopback port
-with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_BACKEND`` in its environment
+with ``MTGATE_BATCHING=<mode>``, ``MTGATE_THREADS``, ``MTGATE_PRECISION`` and ``MTGATE_RUNTIME`` in its environment
 (plus any ``--server-env NAME=VALUE``); all of them start first and stay up (an idle server uses no CPU). For each
 rate of ``--rates``, in order, the modes take turns (so that a change in the machine's speed over the run, which on a
 shared VM can be tens of percent within minutes, hits every mode alike): headless Locust runs
@@ -27,16 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import os
-import platform
 import re
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -47,11 +42,23 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import (  # noqa: E402
+    BenchmarkError,
+    ReportFiles,
+    UsageError,
+    machine,
+    read_package,
+    run_header,
+    run_name,
+    say,
+    seconds_option,
+)
 from loadtest.cli import LOCUSTFILE, STOP_TIMEOUT_S, LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.metrics_text import MetricsUnavailable, read_metrics, summed  # noqa: E402
 from loadtest.stats import Entry  # noqa: E402
-from loadtest.targets import parse_duration  # noqa: E402
-from serving.package.files import atomic_write_text  # noqa: E402
+from serving.commands.options import add_alias  # noqa: E402
+from serving.package import DEFAULT_RUNTIME, RUNTIMES  # noqa: E402
 
 MODES = ("request", "step")
 DEFAULT_RATES = "2,4,6,8,10,12,14,16,20,24"
@@ -61,16 +68,8 @@ MISSES_TO_STOP = 2  # consecutive rates that do not hold end a mode's ladder
 USERS_PER_RPS, MIN_USERS, MAX_USERS = 4, 16, 200
 IDLE_TIMEOUT_S = 60.0  # the server's request timeout (30 s by default) ends any backlog well within it
 # Set by this script for each server; --server-env may not set them.
-_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_BACKEND", "MTGATE_HOST",
-                 "MTGATE_PORT", "MTGATE_MODEL_DIRS")
-
-
-class UsageError(Exception):
-    """Bad arguments: one line on stderr, exit code 2."""
-
-
-class BenchmarkError(Exception):
-    """A measurement could not be carried out (server, Locust); the message says why."""
+_OWN_SETTINGS = ("MTGATE_BATCHING", "MTGATE_THREADS", "MTGATE_PRECISION", "MTGATE_RUNTIME", "MTGATE_BACKEND",
+                 "MTGATE_HOST", "MTGATE_PORT", "MTGATE_MODEL_DIRS")
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class Config:
     users: int | None  # None: users_for(rate)
     threads: int
     precision: str
-    backend: str
+    runtime: str
     beam_size: int | None
     server_env: dict[str, str]
     out_dir: Path
@@ -141,8 +140,9 @@ def served_parser(name: str, description: str | None) -> argparse.ArgumentParser
     parser.add_argument("--threads", type=int, default=2, help="runtime threads, MTGATE_THREADS (default: 2)")
     parser.add_argument("--precision", choices=["fp32", "int8"], default="int8",
                         help="artifact, MTGATE_PRECISION (default: int8)")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], default="onnxruntime",
-                        help="runtime, MTGATE_BACKEND (default: onnxruntime)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                        help=f"runtime, MTGATE_RUNTIME (default: {DEFAULT_RUNTIME})")
+    add_alias(parser, "--backend", "runtime", new="--runtime", choices=RUNTIMES)
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="another server setting, e.g. MTGATE_MAX_BATCH_DELAY_MS=10 (repeatable)")
     file_name = name.replace("_", "-")
@@ -202,27 +202,9 @@ def parse_server_env(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--server-env {pair!r}: expected MTGATE_<SETTING>=VALUE (see serving/server/settings.py)")
         if name in _OWN_SETTINGS:
             raise UsageError(f"--server-env {name}: set by this script (use --modes, --threads, --precision, "
-                             "--backend; host, port and model are chosen per server)")
+                             "--runtime; host, port and model are chosen per server)")
         env[name] = value
     return env
-
-
-def read_package(path: Path | None) -> tuple[Path, dict[str, Any]]:
-    """The package to serve (``path``, else the bundled demo) and what the report says of it: name, version and
-    beam size from its manifest (UsageError: none given and no demo, or not a package)."""
-    from serving.package import PackageError, read_manifest
-    from serving.server.settings import demo_missing, demo_model
-
-    package = path or demo_model()
-    if package is None:
-        raise UsageError(demo_missing())
-    try:
-        manifest = read_manifest(package)
-    except PackageError as e:
-        raise UsageError(str(e)) from None
-    decoding = manifest.get("decoding") or {}
-    return package, {"name": manifest.get("name"), "version": manifest.get("version"),
-                     "package_beam_size": decoding.get("beam_size")}
 
 
 def parse_args(argv: Sequence[str]) -> Config:
@@ -233,10 +215,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     """
     args = _build_parser().parse_args(argv)
     modes, rates, server_env = parse_modes(args.modes), _rates(args.rates), parse_server_env(args.server_env)
-    try:
-        duration_s = parse_duration(args.duration)
-    except ValueError as e:
-        raise UsageError(f"--duration: {e}") from None
+    duration_s = seconds_option("--duration", args.duration)
     for flag, value in (("--p95-ms", args.p95_ms), ("--server-timeout", args.server_timeout)):
         if not math.isfinite(value) or value <= 0:
             raise UsageError(f"{flag} must be a positive number (got {value:g})")
@@ -246,16 +225,11 @@ def parse_args(argv: Sequence[str]) -> Config:
         if number is not None and number < 1:
             raise UsageError(f"{flag} must be at least 1 (got {number})")
     package, model = read_package(args.model)
-    name = args.name or f"served-batching-{datetime.now(UTC):%Y-%m-%d}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
-    if existing:
-        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    name = run_name(args.name, "served-batching", args.out_dir)
     return Config(
         package=package, model=model, modes=modes, rates=rates, duration_s=duration_s,
         p95_ms=args.p95_ms, users=args.users or None, threads=args.threads, precision=args.precision,
-        backend=args.backend, beam_size=args.beam_size, server_env=server_env,
+        runtime=args.runtime, beam_size=args.beam_size, server_env=server_env,
         out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-batching" / name, name=name,
         server_timeout_s=args.server_timeout,
         command=shlex.join(["python", "-m", "benchmarks.served_batching", *argv]),
@@ -332,13 +306,11 @@ def run_rate(host: str, rate: float, config: Config, directory: Path) -> RateRes
 def server_load(host: str) -> float | None:
     """Requests in flight plus sentences queued, from the server's ``/metrics`` (None: it reports neither)."""
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=5) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError):
+        values = summed(read_metrics(host, 5))
+    except MetricsUnavailable:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(("mtgate_inflight_requests", "mtgate_queue_depth"))]
-    return sum(values) if values else None
+    load = [values[name] for name in ("mtgate_inflight_requests", "mtgate_queue_depth") if name in values]
+    return sum(load) if load else None
 
 
 def wait_until_idle(host: str, timeout_s: float = IDLE_TIMEOUT_S) -> None:
@@ -362,8 +334,16 @@ def reported_batching(log_path: Path) -> str | None:
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    match = re.search(r"settings: .*?['\"]batching['\"]: ['\"]([A-Za-z_-]+)['\"]", text)
-    return match.group(1) if match else None
+    match = re.search(r"settings: .*?['\"]batching['\"]: ['\"]([A-Za-z_-]+)['\"]", text)  # the whole dict (older)
+    if match:
+        return match.group(1)
+    line = re.search(r"settings: (.*)", text)  # only what differs from the defaults
+    if line is None:
+        return None
+    changed = re.search(r"\bbatching=([A-Za-z_-]+)", line.group(1))
+    from serving.server.settings import ServingSettings
+
+    return changed.group(1) if changed else str(ServingSettings.model_fields["batching"].default)
 
 
 class ServerOptions(Protocol):
@@ -376,13 +356,13 @@ class ServerOptions(Protocol):
     @property
     def precision(self) -> str: ...
     @property
-    def backend(self) -> str: ...
+    def runtime(self) -> str: ...
 
 
 def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
     """The ``MTGATE_*`` settings of the server for ``mode``: ``--server-env``'s and this script's own."""
     return {**config.server_env, "MTGATE_BATCHING": mode, "MTGATE_THREADS": str(config.threads),
-            "MTGATE_PRECISION": config.precision, "MTGATE_BACKEND": config.backend}
+            "MTGATE_PRECISION": config.precision, "MTGATE_RUNTIME": config.runtime}
 
 
 def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], object]) -> None:
@@ -433,23 +413,6 @@ def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], o
 # ---------------------------------------------------------------- report
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on (the load average says whether something else used the cores)."""
-    return {"cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "load_average_start": [round(x, 2) for x in os.getloadavg()]}
-
-
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -470,7 +433,7 @@ def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], start
         "complete": complete,
         "machine": host,
         "model": {"package": str(config.package), **config.model},
-        "server": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+        "server": {"runtime": config.runtime, "precision": config.precision, "threads": config.threads,
                    "env": dict(config.server_env)},
         "load": {"user": "TranslateUser", "corpus": str(default_corpus()), "duration_s": config.duration_s,
                  "users": config.users or "auto", "users_rule": _users_text(config), "beam_size": config.beam_size,
@@ -491,7 +454,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"# Served batching at fixed arrival rates: {data['name']}",
         "",
         *run_header(data),
-        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['backend']}, "
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); server: {server['runtime']}, "
         f"{server['precision']}, {server['threads']} threads" + (f", {extra_env}" if extra_env else ""),
         f"- load: Locust `{load['user']}` (one sentence per `POST /v1/translate`), sentences from "
         f"`{Path(load['corpus']).name}`, beam size {beam}, {load['duration_s']:g} s per rate, users: "
@@ -521,49 +484,6 @@ def to_markdown(data: dict[str, Any]) -> str:
                          f"{r['achieved_rps']:.2f} | {_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} | {_ms(r['p99_ms'])} | "
                          f"{verdict} |")
     return "\n".join(lines) + "\n"
-
-
-def say(message: str) -> None:
-    """A progress line on stderr (the report goes to stdout)."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
-def run_header(data: dict[str, Any]) -> list[str]:
-    """The report lines every served benchmark starts with: the command, when, the machine."""
-    m = data["machine"]
-    return [f"- command: `{data['command']}`" + ("" if data["complete"] else " (**incomplete run**)"),
-            f"- started {data['started']}, finished {data['finished'] or '-'}",
-            f"- machine: {m['cpu_count']} CPUs ({m['usable_cpus']} usable), {m['cpu_model'] or 'unknown CPU'}; "
-            f"load average at start {m['load_average_start']}, at end {m.get('load_average_end', '-')}"]
-
-
-@dataclass(frozen=True)
-class ReportFiles:
-    """Where a run writes its report: ``<out_dir>/<name>.json`` and ``.md``, each replaced atomically after every
-    measurement, so that an interrupted run leaves what it measured."""
-
-    json_path: Path
-    md_path: Path
-
-    @classmethod
-    def of(cls, out_dir: Path, name: str) -> ReportFiles:
-        return cls(out_dir / f"{name}.json", out_dir / f"{name}.md")
-
-    def write(self, data: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> str:
-        """Write ``data`` as JSON and ``markdown(data)``; return the markdown."""
-        text = markdown(data)
-        self.json_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.json_path, json.dumps(data, indent=2) + "\n")
-        atomic_write_text(self.md_path, text)
-        return text
-
-    def finish(self, host: dict[str, Any], data: Callable[[], dict[str, Any]],
-               markdown: Callable[[dict[str, Any]], str]) -> None:
-        """The complete report: the end load average recorded, written, printed."""
-        host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-        sys.stdout.write(self.write(data(), markdown))
-        say(f"wrote {self.json_path} and {self.md_path}")
 
 
 # ---------------------------------------------------------------- command

@@ -3,7 +3,7 @@ on the same sentences and options, in one run. A benchmark, not a test.
 
     .venv/bin/python -m benchmarks.served_offline -m models/demo-en-de --duration 45s
 
-Offline: the package is loaded in this process (``Translator.load`` with ``--backend``, ``--precision``,
+Offline: the package is loaded in this process (``Translator.load`` with ``--runtime``, ``--precision``,
 ``--threads``: what the server loads), and the sentences the Locust users draw from (the bundled Multi30k test set,
 ``loadtest.corpus.default_corpus``; ``--sentences N``: its first N) are translated in file order, ``--batch-size``
 sentences per ``Translator.translate`` call (a saturated request-level server runs batches of its
@@ -14,7 +14,7 @@ that a change in the machine's load between the parts shows and hits both; the m
 counted as the server counts ``output_tokens`` (generated tokens before EOS, per translation).
 
 Served: for each mode of ``--modes``, ``mtgate serve`` starts as benchmarks/served_batching.py starts it
-(``MTGATE_BATCHING``, ``MTGATE_THREADS``, ``MTGATE_PRECISION``, ``MTGATE_BACKEND``, plus ``MTGATE_MAX_BATCH_SIZE``
+(``MTGATE_BATCHING``, ``MTGATE_THREADS``, ``MTGATE_PRECISION``, ``MTGATE_RUNTIME``, plus ``MTGATE_MAX_BATCH_SIZE``
 and any ``--server-env``), and headless Locust runs ``--users`` ``TranslateUser``s in a closed loop (one sentence
 per ``POST /v1/translate``, the next request as soon as the last one is answered, no think time), all started at
 once. Once the first request is in flight, ``--warmup`` seconds pass; then the server's ``/metrics`` are scraped at
@@ -37,14 +37,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import resource
 import shlex
 import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -56,26 +53,30 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_offline.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.served_batching import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     BenchmarkError,
     ReportFiles,
-    UsageError,
-    locust_command,
     machine,
+    read_package,
+    run_header,
+    run_name,
+    say,
+    seconds_option,
+)
+from benchmarks.served_batching import (  # noqa: E402
+    locust_command,
     parse_modes,
     parse_server_env,
-    read_package,
     reported_batching,
-    run_header,
-    say,
     served_parser,
     server_environment,
     wait_until_idle,
 )
 from loadtest.cli import LoadTestError, run_locust, start_server  # noqa: E402
 from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
+from loadtest.metrics_text import MetricsUnavailable, fetch_metrics, parse_families, summed  # noqa: E402
 from loadtest.stats import RunStats  # noqa: E402
-from loadtest.targets import parse_duration  # noqa: E402
+from serving.commands.options import UsageError  # noqa: E402
 
 TARGET_RATIO = 0.85  # issue 15: at saturation the server delivers >= 85% of the engine's offline tokens/s
 WARMUP_BATCHES = 2  # offline: batches translated once after each load, before the timed passes
@@ -101,7 +102,7 @@ class Config:
     users: int
     threads: int
     precision: str
-    backend: str
+    runtime: str
     beam_size: int | None
     batch_size: int
     passes: int
@@ -292,13 +293,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _seconds(flag: str, text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise UsageError(f"{flag}: {e}") from None
-
-
 def parse_args(argv: Sequence[str]) -> Config:
     """Check the command line and turn it into a Config.
 
@@ -310,7 +304,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     taken = [name for name in _BATCH_SIZE_SETTINGS if name in server_env]
     if taken:
         raise UsageError(f"--server-env {taken[0]}: set by this script (use --batch-size: the offline part uses it too)")
-    duration_s, warmup_s = _seconds("--duration", args.duration), _seconds("--warmup", args.warmup)
+    duration_s, warmup_s = seconds_option("--duration", args.duration), seconds_option("--warmup", args.warmup)
     if not math.isfinite(args.server_timeout) or args.server_timeout <= 0:
         raise UsageError(f"--server-timeout must be a positive number (got {args.server_timeout:g})")
     for flag, number in (("--users", args.users), ("--threads", args.threads), ("--beam-size", args.beam_size),
@@ -320,15 +314,10 @@ def parse_args(argv: Sequence[str]) -> Config:
     if args.sentences < 0:
         raise UsageError(f"--sentences must be 0 (all) or a number of sentences (got {args.sentences})")
     package, model = read_package(args.model)
-    name = args.name or f"served-offline-{datetime.now(UTC):%Y-%m-%d}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    existing = [p for p in (args.out_dir / f"{name}.json", args.out_dir / f"{name}.md") if p.exists()]
-    if existing:
-        raise UsageError(f"{existing[0]} exists; pass another --name (or remove it)")
+    name = run_name(args.name, "served-offline", args.out_dir)
     return Config(
         package=package, model=model, modes=modes, duration_s=duration_s, warmup_s=warmup_s, users=args.users,
-        threads=args.threads, precision=args.precision, backend=args.backend, beam_size=args.beam_size,
+        threads=args.threads, precision=args.precision, runtime=args.runtime, beam_size=args.beam_size,
         batch_size=args.batch_size, passes=args.passes, sentences=args.sentences or None,
         server_env={**server_env, "MTGATE_MAX_BATCH_SIZE": str(args.batch_size)},
         out_dir=args.out_dir, work_dir=args.work_dir or ROOT / "build" / "served-offline" / name, name=name,
@@ -353,7 +342,7 @@ def run_offline(result: OfflineResult, config: Config, texts: list[str], slot: s
     options = DecodeOptions(beam_size=config.beam_size)
     try:
         started = time.perf_counter()
-        translator = Translator.load(config.package, runtime=config.backend, precision=config.precision,
+        translator = Translator.load(config.package, runtime=config.runtime, precision=config.precision,
                                      threads=config.threads)
         result.load_s = max(result.load_s or 0.0, time.perf_counter() - started)
         result.beam_size = translator.search_options(options).beam_size
@@ -382,24 +371,19 @@ def parse_metrics(text: str, when: float) -> Scrape:
     Raises:
         BenchmarkError: not the exposition format, or no ``mtgate_output_tokens_total`` (not an mtgate server).
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    families: set[str] = set()
-    ok = failed = 0.0
     try:
-        for family in text_string_to_metric_families(text):
-            families.add(family.name)
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-                if sample.name == "mtgate_requests_total" and sample.labels.get("route") == ROUTE:
-                    if sample.labels.get("status") == "200":
-                        ok += sample.value
-                    else:
-                        failed += sample.value
-    except ValueError as e:
-        raise BenchmarkError(f"/metrics is not in Prometheus' text format ({e})") from None
-    if "mtgate_output_tokens" not in families:  # a counter with labels has no sample until its first increment
+        families = parse_families(text)
+    except MetricsUnavailable as e:
+        raise BenchmarkError(str(e)) from None
+    values = summed(families)
+    ok = failed = 0.0
+    for sample in (s for family in families for s in family.samples):
+        if sample.name == "mtgate_requests_total" and sample.labels.get("route") == ROUTE:
+            if sample.labels.get("status") == "200":
+                ok += sample.value
+            else:
+                failed += sample.value
+    if "mtgate_output_tokens" not in {family.name for family in families}:  # a counter with labels has no sample until its first increment
         raise BenchmarkError("/metrics has no mtgate_output_tokens_total: not an mtgate server?")
     return Scrape(
         time=when, output_tokens=values.get("mtgate_output_tokens_total", 0.0),
@@ -418,10 +402,9 @@ def scrape(host: str) -> Scrape:
     """
     sent = time.monotonic()
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=10) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError) as e:
-        raise BenchmarkError(f"{host}/metrics did not answer ({e})") from None
+        text = fetch_metrics(host, 10)
+    except MetricsUnavailable as e:
+        raise BenchmarkError(str(e)) from None
     return parse_metrics(text, (sent + time.monotonic()) / 2)
 
 
@@ -577,7 +560,7 @@ def to_json(config: Config, host: dict[str, Any], offline: OfflineResult, modes:
         "complete": complete,
         "machine": host,
         "model": {"package": str(config.package), **config.model},
-        "engine": {"backend": config.backend, "precision": config.precision, "threads": config.threads,
+        "engine": {"runtime": config.runtime, "precision": config.precision, "threads": config.threads,
                    "beam_size": config.beam_size, "batch_size": config.batch_size},
         "corpus": str(default_corpus()),
         "target_ratio": TARGET_RATIO,
@@ -601,7 +584,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"# Served vs offline throughput: {data['name']}",
         "",
         *run_header(data),
-        f"- model: `{model['package']}` ({model['name']} {model['version']}); {engine['backend']}, "
+        f"- model: `{model['package']}` ({model['name']} {model['version']}); {engine['runtime']}, "
         f"{engine['precision']}, {engine['threads']} threads, beam size {beam}",
         f"- sentences: `{Path(data['corpus']).name}` ({off['sentences_rule']}: {off['sentences']} offline; the Locust "
         "users draw from all of it)",

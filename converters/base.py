@@ -11,7 +11,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from converters.spec import TransformerSpec
 
@@ -96,3 +96,27 @@ def read_json(path: Path) -> dict[str, Any]:
 def cannot_convert(source_dir: Path, kind: str, problems: list[str]) -> ConversionError:
     """The error for a checkpoint with unsupported options or missing parts: a header line, then one per reason."""
     return ConversionError(f"{source_dir}: cannot convert this {kind} checkpoint:\n  " + "\n  ".join(problems))
+
+
+class TokenizerFields(TypedDict):
+    """:class:`LoadedModel`'s three tokenizer fields, as one reader helper returns them."""
+
+    tokenizer: dict[str, Any]
+    tokenizer_files: dict[str, Path]
+    tokenizer_data: dict[str, bytes]
+
+
+def sentencepiece_tokenizer(spm: tuple[Path, Path], vocab: bytes, target_vocab: bytes | None,
+                            unk: int | None) -> TokenizerFields:
+    """The tokenizer fields of a package whose pieces come from two SentencePiece models (``spm``: source, target)
+    and whose ids from vocabularies the reader read (Marian NMT npz, OpenNMT-py): ``vocab`` written as
+    ``tokenizer/vocab.json`` and, when the target's differs (else None), ``target_vocab`` as ``target_vocab.json``."""
+    files = {"source_spm": "tokenizer/source.spm", "target_spm": "tokenizer/target.spm",
+             "vocab": "tokenizer/vocab.json"}
+    data = {files["vocab"]: vocab}
+    if target_vocab is not None:
+        files["target_vocab"] = "tokenizer/target_vocab.json"
+        data[files["target_vocab"]] = target_vocab
+    return TokenizerFields(tokenizer={"kind": "sentencepiece", "files": files, "unk_id": unk},
+                           tokenizer_files={files["source_spm"]: spm[0], files["target_spm"]: spm[1]},
+                           tokenizer_data=data)

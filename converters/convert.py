@@ -85,7 +85,7 @@ def convert(
     Arguments:
         source_dir: a checkpoint directory of any format ``converters/readers.py`` knows.
         output_dir: the package directory; written atomically, untouched on any error.
-        runtimes: subset of ``("onnxruntime", "openvino")``.
+        runtimes: subset of ``serving.package.RUNTIMES``.
         precisions: subset of ``("fp32", "int8")``.
         verify: run the parity checks (and fail on an fp32 mismatch).
         name: package name (default: the reader's, usually the source directory name).

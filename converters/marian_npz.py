@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from converters.base import ConversionError, Converter, LoadedModel, cannot_convert
+from converters.base import ConversionError, Converter, LoadedModel, cannot_convert, sentencepiece_tokenizer
 from converters.spec import Activation, DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 from converters.t2t_checkpoint import timing_signal
 
@@ -94,20 +94,14 @@ class MarianNpzConverter(Converter):
         eos, unk = source_vocab["</s>"], source_vocab["<unk>"]
         special = SpecialIds(pad=len(source_vocab), eos=eos, decoder_start=eos, unk=unk)
         spec = TransformerSpec(config=config, special_ids=special, decoding=_decoding(decoder, unk), weights=weights)
-        files = {"source_spm": "tokenizer/source.spm", "target_spm": "tokenizer/target.spm",
-                 "vocab": "tokenizer/vocab.json"}
-        data = {files["vocab"]: _json(source_vocab)}
-        if target_vocab != source_vocab:
-            files["target_vocab"] = "tokenizer/target_vocab.json"
-            data[files["target_vocab"]] = _json(target_vocab)
         source: dict[str, Any] = {"framework": self.framework, "path": str(src.absolute()), "model": model_path.name,
                                   "vocabs": [p.name for p in vocab_paths]}
         ignored = {k: decoder[k] for k in ("word-penalty", "max-length-factor") if decoder.get(k) not in (None, 0)}
         if ignored:
             source["ignored_decoding_options"] = ignored
-        return LoadedModel(spec=spec, tokenizer={"kind": "sentencepiece", "files": files, "unk_id": unk},
-                           tokenizer_files={files["source_spm"]: spm[0], files["target_spm"]: spm[1]},
-                           tokenizer_data=data, source=source, name=src.absolute().name)
+        tokenizer = sentencepiece_tokenizer(spm, _json(source_vocab),
+                                            _json(target_vocab) if target_vocab != source_vocab else None, unk)
+        return LoadedModel(spec=spec, source=source, name=src.absolute().name, **tokenizer)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.base import Converter, LoadedModel, cannot_convert
+from converters.base import Converter, LoadedModel, cannot_convert, sentencepiece_tokenizer
 from converters.spec import Activation, DecodingDefaults, SpecialIds, TransformerConfig, TransformerSpec
 from converters.torch_checkpoint import load_checkpoint, plain, tensors
 
@@ -106,16 +106,10 @@ class OpenNmtPyConverter(Converter):
         if weight_problems:
             raise cannot_convert(src, "OpenNMT-py", weight_problems)
         spec = TransformerSpec(config=config, special_ids=ids, decoding=DECODING, weights=weights)
-        files = {"source_spm": "tokenizer/source.spm", "target_spm": "tokenizer/target.spm",
-                 "vocab": "tokenizer/vocab.json"}
-        data = {files["vocab"]: _json(source_tokens)}
-        if target_tokens != source_tokens:
-            files["target_vocab"] = "tokenizer/target_vocab.json"
-            data[files["target_vocab"]] = _json(target_tokens)
         source = {"framework": self.framework, "path": str(src.absolute()), "checkpoint": path.name}
-        return LoadedModel(spec=spec, tokenizer={"kind": "sentencepiece", "files": files, "unk_id": ids.unk},
-                           tokenizer_files={files["source_spm"]: spm[0], files["target_spm"]: spm[1]},
-                           tokenizer_data=data, source=source, name=src.absolute().name)
+        tokenizer = sentencepiece_tokenizer(spm, _json(source_tokens),
+                                            _json(target_tokens) if target_tokens != source_tokens else None, ids.unk)
+        return LoadedModel(spec=spec, source=source, name=src.absolute().name, **tokenizer)
 
 
 def _option_problems(opts: dict[str, Any]) -> list[str]:

@@ -1,7 +1,7 @@
 """``mtgate loadtest``: run Locust headless against a server, gate on the targets, write a report.
 
 The scenarios come from ``--targets`` or, without it, one ad-hoc scenario from Locust's own options. Each runs in
-``loadtest.runner`` (a bounded Locust subprocess, the server's /metrics scraped meanwhile); a table goes to stdout,
+``loadtest.locust_run`` (a bounded Locust subprocess, the server's /metrics scraped meanwhile); a table goes to stdout,
 a Markdown + HTML report to ``--report`` and, with ``--tensorboard DIR``, scalars and the verdict to a new
 TensorBoard run directory. Exit 0 when every target passed, 1 when one failed, 2 on a usage or run error.
 ``--server URL`` loads a running server (Locust's ``--host URL`` is accepted too); ``--start-server -m PKG`` runs
@@ -27,8 +27,7 @@ from pydantic import ValidationError
 from loadtest.corpus import CorpusError
 from loadtest.errors import LoadTestError
 from loadtest.gate import format_table
-from loadtest.report import ScenarioResult, write_report
-from loadtest.runner import (
+from loadtest.locust_run import (
     GRACE_S,
     LOCUSTFILE,
     STOP_TIMEOUT_S,
@@ -37,6 +36,7 @@ from loadtest.runner import (
     run_all,
     run_locust,
 )
+from loadtest.report import ScenarioResult, write_report
 from loadtest.server import check_host, free_port, reachable, served_model, start_server
 from loadtest.stats import AGGREGATED, TTFE
 from loadtest.targets import USER_CLASSES, Scenario, Targets, TargetsError, load_targets, parse_duration

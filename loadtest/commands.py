@@ -7,8 +7,8 @@ from serving.commands.registry import Command
 
 COMMANDS = [
     Command("loadtest", "loadtest.cli", "run Locust against a server and gate on latency targets", "loadtest", rank=6),
-    Command("validate", "loadtest.validate", "parity + quality + latency + cost -> PROMOTE or REJECT", "loadtest",
+    Command("validate", "loadtest.validate.command", "parity + quality + latency + cost -> PROMOTE or REJECT", "loadtest",
             rank=7),
-    Command("sweep", "loadtest.sweep", "measure serving configurations; the cheapest that meets every target",
+    Command("sweep", "loadtest.sweep.command", "measure serving configurations; the cheapest that meets every target",
             "loadtest", rank=8),
 ]

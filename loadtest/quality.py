@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.charts import bars, histogram
-from loadtest.validate_speed import Speed
+from loadtest.validate.speed import Speed
 
 BUCKETS: tuple[tuple[int, int | None], ...] = ((1, 5), (6, 10), (11, 15), (16, 20), (21, None))
 EXAMPLES = 5

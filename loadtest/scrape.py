@@ -15,13 +15,16 @@ import logging
 import math
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from loadtest.metrics_text import MetricsUnavailable, parse_families, read_metrics
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +132,18 @@ class ServerMetrics:
 
 
 def parse(text: str, now: float) -> Sample | None:
-    """One sample from the text exposition format, or None when it has none of mtgate's batching metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """One sample from the text exposition format, or None when it has none of mtgate's batching metrics (raises
+    ``MetricsUnavailable`` when the text is not that format)."""
+    return sample_of(parse_families(text), now)
 
+
+def sample_of(families: Iterable[Metric], now: float) -> Sample | None:
+    """One sample from a ``/metrics``' families, or None when they hold none of mtgate's batching metrics."""
     buckets: dict[str, dict[float, float]] = {QUEUE: {}, BATCH: {}, STEP: {}}
     sums: dict[str, float] = dict.fromkeys(buckets, 0.0)
     counts: dict[str, float] = dict.fromkeys(buckets, 0.0)
     depth, seen = 0.0, False
-    for family in text_string_to_metric_families(text):
+    for family in families:
         if family.name == DEPTH:
             depth += sum(s.value for s in family.samples)
         if family.name not in buckets:
@@ -159,13 +166,8 @@ def parse(text: str, now: float) -> Sample | None:
 def scrape_once(host: str, timeout_s: float = 2.0) -> Sample | None:
     """One sample of ``host``'s ``/metrics``, or None when it does not answer with mtgate's metrics."""
     try:
-        with urllib.request.urlopen(f"{host}/metrics", timeout=timeout_s) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    try:
-        return parse(text, time.time())
-    except ValueError:  # not the Prometheus text format
+        return sample_of(read_metrics(host, timeout_s), time.time())
+    except MetricsUnavailable:
         return None
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -23,6 +21,8 @@ from serving.engine.decoding import SearchOptions
 from serving.engine.errors import InvalidInput
 from serving.engine.request import (
     DecodeOptions,
+    Engine,
+    ModelInfo,
     OnPartial,
     Prepared,
     ReferenceScore,
@@ -30,19 +30,18 @@ from serving.engine.request import (
     check_lengths,
     fit_sources,
 )
+from serving.package import DecodingDefaults
 
 EOS = 0
+VOCAB_SIZE = 1 << 20  # the echo's vocabulary grows as it meets new words: no fixed size
 
 
-@dataclass(frozen=True)
-class FakeModelInfo:
-    name: str = "echo"
-    version: str = "1"
-    runtime: str = "fake"
-    precision: str = "fp32"
-    max_input_tokens: int = 64
-    source_language: str = "en"
-    target_language: str = "xx"
+def echo_info(name: str = "echo", max_input_tokens: int = 64) -> ModelInfo:
+    """The ``ModelInfo`` EchoTranslator reports: a greedy model of ``max_input_tokens`` positions."""
+    return ModelInfo(name=name, version="1", runtime="fake", precision="fp32", source_framework="echo",
+                     max_input_tokens=max_input_tokens, decoding=DecodingDefaults(beam_size=1,
+                                                                                  max_length=max_input_tokens),
+                     source_vocab_size=VOCAB_SIZE, target_vocab_size=VOCAB_SIZE, source_language="en")
 
 
 def echo(text: str) -> str:
@@ -68,11 +67,11 @@ class EchoTranslator:
         max_input_tokens: int = 64,
         fail_on: str | None = None,
     ) -> None:
-        self.info = FakeModelInfo(name=name, max_input_tokens=max_input_tokens)
+        self.info = echo_info(name, max_input_tokens)
         self.step_delay = step_delay
         self.fail_on = fail_on
         self.batches: list[list[str]] = []
-        self.options: list[Any] = []
+        self.options: list[SearchOptions] = []  # each batch's search options
         self.threads: set[str] = set()
         self._lock = threading.Lock()
         self._words = ["</s>"]  # id -> word; id 0 is EOS
@@ -162,3 +161,8 @@ class EchoTranslator:
             self._ids[word] = len(self._words)
             self._words.append(word)
         return self._ids[word]
+
+
+def as_engine(fake: EchoTranslator) -> Engine:
+    """``fake`` as the engine protocol: mypy (tests/fakes.py is in its ``files``) checks here that the fake meets it."""
+    return fake

@@ -243,7 +243,7 @@ def test_same_option_same_default(every_option: list[Option]) -> None:
 
 
 def test_precision_defaults_to_auto(every_option: list[Option]) -> None:
-    from loadtest.sweep_config import Space
+    from loadtest.sweep.config import Space
     from serving.server.settings import ServingSettings
 
     precision = [o for o in every_option if o.name == "--precision" and o.command != "convert"]
@@ -295,3 +295,19 @@ def test_run_with_every_default_needs_nothing() -> None:
         parser = _subparser(command)
         assert [a.dest for a in parser._actions if a.required and a.nargs != "*"] == [], command
         assert not parser._mutually_exclusive_groups or not any(g.required for g in parser._mutually_exclusive_groups)
+
+
+RUNTIME_LIST = re.compile(r"""[\[(]\s*["'](onnxruntime|openvino)["']\s*,\s*["'](onnxruntime|openvino)["']\s*[\])]""")
+"""The two runtimes as a list, tuple or Literal of their own (not among other names, e.g. of PyPI packages)."""
+
+
+def test_the_runtime_list_is_spelled_once() -> None:
+    """``serving.package.Runtime`` is the one list of runtimes (``RUNTIMES`` its values, ``DEFAULT_RUNTIME``): every
+    option, setting and default takes it from there, so a new runtime is one line."""
+    root = README.parent
+    places = [f"{path.relative_to(root)}:{number}"
+              for folder in ("serving", "converters", "batch", "loadtest", "benchmarks")
+              for path in sorted((root / folder).rglob("*.py"))
+              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if RUNTIME_LIST.search(line)]
+    assert places == ["serving/package/manifest.py:15"], places

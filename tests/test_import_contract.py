@@ -10,7 +10,8 @@
   and gRPC transports) and ``commands`` (the CLIs), each importing only the rooms before it.
 
 Everything is parsed, nothing imported. ``python tests/test_import_contract.py`` prints every import between the
-folders; ``python benchmarks/import_graph.py`` draws the graph.
+folders; ``python benchmarks/import_graph.py`` draws the graph (its module walk and cycle search are the ones
+used here).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tomllib
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+
+from benchmarks.import_graph import cycles, modules
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("serving", "converters", "batch", "loadtest", "benchmarks")
@@ -54,14 +57,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def module_names() -> dict[str, Path]:
     """Dotted name -> file of every module of the folders."""
-    found: dict[str, Path] = {}
-    for folder in FOLDERS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
+    return modules(ROOT, FOLDERS)
 
 
 def arrows() -> Iterator[tuple[str, int, str]]:
@@ -114,47 +110,11 @@ def test_serving_is_walked() -> None:
     assert {"serving/engine/translator.py", "serving/package/manifest.py", "serving/engine/backends/base.py"} <= files
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one node (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return groups
-
-
 def test_no_cycle_between_top_level_packages() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
     for file, _, module in arrows():
         graph[file.split("/")[0]].add(module.split(".")[0])
-    assert _cycles(graph) == []
+    assert cycles(graph) == []
 
 
 def module_graph() -> dict[str, set[str]]:
@@ -176,7 +136,7 @@ def module_graph() -> dict[str, set[str]]:
 def test_no_cycle_between_modules() -> None:
     """No two modules import each other, directly or around a circle (a package's ``__init__`` that re-exports its
     modules is not part of a circle through them: a module importing its own package's parts is an arrow down)."""
-    assert _cycles(module_graph()) == []
+    assert cycles(module_graph()) == []
 
 
 def test_serving_has_nothing_at_its_top_but_its_rooms() -> None:

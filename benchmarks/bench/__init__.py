@@ -29,7 +29,7 @@ Modules, in the order a run uses them:
 ``cli``            the options, the resolved :class:`~benchmarks.bench.cli.Plan`, ``main``
 ``workload``       sentences, random source ids of the same lengths, summaries
 ``engines``        which engines exist (:class:`~benchmarks.bench.engines.EngineSpec`)
-``runner``         builds/converts the models once (cached), runs one process per engine, case and round, writes
+``rounds``         builds/converts the models once (cached), runs one process per engine, case and round, writes
                    the reports
 ``measure``        the measuring loop every engine process runs (standard library and numpy only: the peers'
                    interpreter imports it without mtgate's dependencies)

@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns the exit code."""
-    from benchmarks.bench.runner import run
+    from benchmarks.bench.run import run
 
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from serving.package import PRECISIONS, RUNTIMES
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -51,8 +53,7 @@ TEXT_PEER_ENGINES: tuple[EngineSpec, ...] = (
 )
 
 
-def mtgate_engines(runtimes: Sequence[str] = ("onnxruntime", "openvino"),
-                   precisions: Sequence[str] = ("fp32", "int8")) -> list[EngineSpec]:
+def mtgate_engines(runtimes: Sequence[str] = RUNTIMES, precisions: Sequence[str] = PRECISIONS) -> list[EngineSpec]:
     """The mtgate engines for the given runtimes x precisions."""
     names = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
     return [

@@ -1,5 +1,5 @@
 """What one run of ``python -m benchmarks.bench`` does: its :class:`Plan` (the options resolved by
-``benchmarks.bench.cli``, carried out by ``benchmarks.bench.runner``)."""
+``benchmarks.bench.cli``, carried out by ``benchmarks.bench.run``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``models/demo-en-de-src``, with its built package ``models/demo-en-de``) translates held-out sentences text to text,
 each engine with its own tokenizer and detokenizer, until EOS.
 
-The engines run as in the random-model mode (``benchmarks.bench.processes``: a process per engine, case and round,
+The engines run as in the random-model mode (``benchmarks.bench.rounds``: a process per engine, case and round,
 the engines' order alternating); a case's speed is sentences/s (engines generate different tokens, so tokens/s is
 shown but not compared), paired round by round. Every engine's translations are scored with BLEU against the
 references and compared with transformers' ``generate`` (identical translations). The ratios that the issue's
@@ -23,11 +23,11 @@ from benchmarks.bench.analysis import merge_rounds
 from benchmarks.bench.engines import EngineSpec
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import Plan
-from benchmarks.bench.processes import Unit, run_rounds
+from benchmarks.bench.rounds import Unit, run_rounds
 from benchmarks.bench.text_report import render_text_markdown
 from benchmarks.bench.workload import WorkloadError, read_sentences
+from benchmarks.common import ReportFiles
 from serving.commands.options import UsageError
-from serving.package.files import atomic_write_text
 
 TARGET_RATIO = 1.5  # issue 37: mtgate's best >= 1.5x CTranslate2's best, at batch 1 and 32
 REFERENCE_ENGINE = "transformers-fp32"
@@ -215,13 +215,9 @@ def run_text(plan: Plan, header: dict[str, Any], model: Path, folder: Path, pack
         "analysis": analysis,
         "outputs": outputs,
     }
-    json_path = plan.output_dir / f"{plan.name}.json"
-    md_path = plan.output_dir / f"{plan.name}.md"
-    markdown = render_text_markdown(report)
-    write_json(json_path, report)
-    atomic_write_text(md_path, markdown)
-    sys.stdout.write(markdown)
-    sys.stdout.write(f"\nwrote {json_path} and {md_path}\n")
+    files = ReportFiles.of(plan.output_dir, plan.name)
+    sys.stdout.write(files.write(report, render_text_markdown))
+    sys.stdout.write(f"\nwrote {files.json_path} and {files.md_path}\n")
     if plan.check_targets and not analysis["targets_met"]:
         return 1
     return 0 if any(e["status"] == "ok" for e in entries) else 1

@@ -29,13 +29,15 @@ import re
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from serving.commands.options import add_package, add_runtime, package_of
 from serving.package import (
+    DEFAULT_RUNTIME,
     Manifest,
     PackageError,
     choose_precision,
@@ -47,6 +49,10 @@ from serving.package import (
 )
 from serving.server.oip import CONFIG_TYPES, INPUT_NAME, OUTPUT_DATATYPES, check_one_hypothesis, output_values
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
+
+if TYPE_CHECKING:
+    from serving.engine.errors import ServingError
+    from serving.engine.request import DecodeOptions, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -130,12 +136,13 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot create the model repository {args.output}: {e.strerror or e}; give another -o") from None
     try:
-        model_dir = export_triton(
-            package, args.output, model_name=args.model_name, version=args.model_version,
+        settings = TritonModelSettings(
             runtime=args.runtime, precision=args.precision, threads=args.threads, instances=args.instances,
             max_batch_size=args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us,
-            max_queue_size=args.max_queue_size, overwrite=args.overwrite,
+            max_queue_size=args.max_queue_size,
         )
+        model_dir = export_triton(package, args.output, model_name=args.model_name, version=args.model_version,
+                                  settings=settings, overwrite=args.overwrite)
     except (PackageError, ValueError, FileExistsError, OSError) as e:
         if created:  # leave nothing behind: the repository this command made is removed again
             shutil.rmtree(args.output, ignore_errors=True)
@@ -148,29 +155,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_triton(
-    package: Path,
-    repository: Path,
-    *,
-    model_name: str | None = None,
-    version: int = 1,
-    runtime: str = "onnxruntime",
-    precision: str = "fp32",
-    threads: int | None = None,
-    instances: int = 1,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
-    max_queue_size: int = 0,
-    overwrite: bool = False,
-) -> Path:
-    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced with ``overwrite``,
-    else refused before any work, as ``mtgate convert`` refuses an existing package).
+@dataclass(frozen=True)
+class TritonModelSettings:
+    """How the exported model runs on Triton (what ``config.pbtxt`` says besides its name).
 
-    Arguments:
-        package: the model package (every checksum is verified).
-        repository: the Triton model repository (created if missing).
-        model_name: Triton model name (default: the package's manifest name).
-        version: the numeric version directory.
+    Attributes:
         runtime: runtime the Python backend loads the package with.
         precision: artifact precision (``auto``: the package's choice, ``serving.package.choose_precision``,
             written into the config as the precision it chose).
@@ -179,6 +168,28 @@ def export_triton(
         max_batch_size: the model's ``max_batch_size`` (sentences per dynamic batch).
         max_queue_delay_us: the dynamic batcher's ``max_queue_delay_microseconds``.
         max_queue_size: the dynamic batcher's ``default_queue_policy.max_queue_size`` (0: unbounded).
+    """
+
+    runtime: str = DEFAULT_RUNTIME
+    precision: str = "fp32"
+    threads: int | None = None
+    instances: int = 1
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US
+    max_queue_size: int = 0
+
+
+def export_triton(package: Path, repository: Path, *, model_name: str | None = None, version: int = 1,
+                  settings: TritonModelSettings | None = None, overwrite: bool = False) -> Path:
+    """Write ``repository/<model_name>`` (atomically; an existing model of that name is replaced with ``overwrite``,
+    else refused before any work, as ``mtgate convert`` refuses an existing package).
+
+    Arguments:
+        package: the model package (every checksum is verified).
+        repository: the Triton model repository (created if missing).
+        model_name: Triton model name (default: the package's manifest name).
+        version: the numeric version directory.
+        settings: how the model runs (default: ``TritonModelSettings()``).
         overwrite: replace a model of that name (every version of it).
 
     Returns:
@@ -190,8 +201,10 @@ def export_triton(
         ValueError: an unusable model name.
         FileExistsError: a model of that name exists and ``overwrite`` is False.
     """
+    settings = settings or TritonModelSettings()
+    runtime = settings.runtime
     manifest = open_package(package).manifest
-    choice = choose_precision(manifest, runtime, precision)
+    choice = choose_precision(manifest, runtime, settings.precision)
     manifest.artifact(runtime, precision := choice.precision)
     escaping = escaping_links(package)
     if escaping:
@@ -210,10 +223,7 @@ def export_triton(
     if (repository / name).exists() and not overwrite:
         raise FileExistsError(f"{repository / name}: already exists (pass --overwrite to replace the model, every "
                               "version of it)")
-    config = model_config(
-        name, runtime=runtime, precision=precision, threads=threads, instances=instances,
-        max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size,
-    )
+    config = model_config(name, replace(settings, precision=precision))
     with staging_dir(repository / name, overwrite=overwrite) as tmp:
         (tmp / "config.pbtxt").write_text(config, encoding="utf-8")
         version_dir = tmp / str(version)
@@ -232,24 +242,15 @@ def export_triton(
     return repository / name
 
 
-def model_config(
-    name: str,
-    *,
-    runtime: str = "onnxruntime",
-    precision: str = "fp32",
-    threads: int | None = None,
-    instances: int = 1,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
-    max_queue_size: int = 0,
-) -> str:
+def model_config(name: str, settings: TritonModelSettings) -> str:
     """config.pbtxt (Triton's ModelConfig in protobuf text format) for the Python backend model."""
+    threads, max_queue_size = settings.threads, settings.max_queue_size
     # With max_batch_size > 0 Triton adds the batch dimension itself: dims [1] is our [-1, 1].
     outputs = ",\n".join(
         f'  {{\n    name: "{out}"\n    data_type: {dtype}\n    dims: [ 1 ]\n  }}' for out, (dtype, _) in OUTPUTS.items()
     )
     queue_policy = f"\n  default_queue_policy {{ max_queue_size: {max_queue_size} }}" if max_queue_size else ""
-    parameters = {"runtime": runtime, "precision": precision, "threads": "" if threads is None else str(threads),
+    parameters = {"runtime": settings.runtime, "precision": settings.precision, "threads": "" if threads is None else str(threads),
                   "package": PACKAGE_DIR}
     params = "\n".join(
         f'parameters {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}' for key, value in parameters.items()
@@ -257,9 +258,9 @@ def model_config(
     return f"""# Written by `mtgate export-triton`: an mtgate model package on Triton's Python backend.
 name: "{name}"
 backend: "python"
-max_batch_size: {max_batch_size}
+max_batch_size: {settings.max_batch_size}
 dynamic_batching {{
-  max_queue_delay_microseconds: {max_queue_delay_us}{queue_policy}
+  max_queue_delay_microseconds: {settings.max_queue_delay_us}{queue_policy}
 }}
 input [
   {{
@@ -273,7 +274,7 @@ output [
 ]
 instance_group [
   {{
-    count: {instances}
+    count: {settings.instances}
     kind: KIND_CPU
   }}
 ]
@@ -379,7 +380,7 @@ class TritonPythonModel:
                 raise InvalidInput(f"{INPUT_NAME!r} element {i} is not valid UTF-8") from None
         return texts, tuple(int(d) for d in array.shape)
 
-    def _options(self, request: Any) -> Any:
+    def _options(self, request: Any) -> DecodeOptions:
         from serving.engine.errors import InvalidInput
         from serving.engine.request import DecodeOptions
 
@@ -394,10 +395,10 @@ class TritonPythonModel:
         check_one_hypothesis(params.get("num_hypotheses"))
         return DecodeOptions.from_parameters(params)
 
-    def _error(self, error: Any) -> Any:
+    def _error(self, error: ServingError) -> Any:
         return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(error.message))
 
-    def _outputs(self, translations: Sequence[Any], shape: tuple[int, ...]) -> list[Any]:
+    def _outputs(self, translations: Sequence[Translation], shape: tuple[int, ...]) -> list[Any]:
         values = output_values(translations)
         values["OUTPUT_TEXT"] = [text.encode("utf-8") for text in values["OUTPUT_TEXT"]]
         return [self._pb.Tensor(name, np.array(values[name], dtype=dtype).reshape(shape))

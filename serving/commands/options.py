@@ -23,8 +23,6 @@ class UsageError(Exception):
     """Bad arguments or input: reported as one line on stderr, exit code 2."""
 
 
-RUNTIMES = ("onnxruntime", "openvino")
-DEFAULT_RUNTIME = "onnxruntime"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -194,20 +192,20 @@ def package_of(args: argparse.Namespace, usage: str) -> Path:
     return package
 
 
-def add_runtime(parser: argparse.ArgumentParser | Any, *, default_runtime: str | None = DEFAULT_RUNTIME,
-                default_precision: str | None = "auto", threads_help: str = "intra-op threads of the runtime "
-                "(default: the engine's choice for this machine)") -> None:
+def add_runtime(parser: argparse.ArgumentParser | Any, *, defaults: bool = True, threads_help: str = "intra-op "
+                "threads of the runtime (default: the engine's choice for this machine)") -> None:
     """``--runtime``, ``--precision`` and ``--threads`` (the old ``--backend`` hidden). The defaults are shown in
-    the help; None leaves them to the caller (``serve``: its settings, whose defaults are the same)."""
+    the help; ``defaults=False`` leaves the values None for the caller to fill (``serve``: its settings, whose
+    defaults are the same)."""
     # here, not at the top: `mtgate` imports this module for every command, serving.package only those that load one
-    from serving.package.precision import AUTO, INT8_MAX_BLEU_DROP, PRECISION_CHOICES
+    from serving.package import AUTO, DEFAULT_RUNTIME, PRECISION_CHOICES, RUNTIMES
+    from serving.package.precision import INT8_MAX_BLEU_DROP
 
-    shown = f" (default {default_runtime or DEFAULT_RUNTIME})"
-    parser.add_argument("--runtime", choices=RUNTIMES, default=default_runtime,
-                        help=f"runtime that runs the graphs{shown}")
+    parser.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME if defaults else None,
+                        help=f"runtime that runs the graphs (default {DEFAULT_RUNTIME})")
     add_alias(parser, "--backend", "runtime", new="--runtime", choices=RUNTIMES)
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, default=default_precision,
-                        help=f"which artifact of the package to load (default {default_precision or AUTO}: int8 "
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default=AUTO if defaults else None,
+                        help=f"which artifact of the package to load (default {AUTO}: int8 "
                              f"where the package's manifest shows it costs at most {INT8_MAX_BLEU_DROP:g} BLEU, "
                              "else fp32)")
     parser.add_argument("--threads", type=positive_int, metavar="N", help=threads_help)

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import IO, Any
 
 DELAY_S = 2.0
+MININTERVAL_S = 0.1  # tqdm's: redraws at most this often
 
 
 def on_terminal(stream: IO[str] | None = None, *, beside_output: bool = False) -> bool:
@@ -36,7 +37,7 @@ def bar(desc: str, unit: str, total: int | None = None, *, enabled: bool | None 
     stream = stream or sys.stderr
     show = on_terminal(stream) if enabled is None else enabled
     return tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, delay=DELAY_S, leave=False, dynamic_ncols=True,
-                disable=not show, smoothing=0.1)
+                mininterval=MININTERVAL_S, disable=not show, smoothing=0.1)
 
 
 class Stages:

@@ -53,6 +53,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "batch": ("google_crc32c", "sacrebleu", "tritonclient", "geventhttpclient", "tensorboardX"),
     "ray": ("ray", "pyarrow"),
     "grpc": ("grpc", "tritonclient"),
+    "shadow": ("sacrebleu",),
     "loadtest": ("locust", "tritonclient", "geventhttpclient", "yaml", "sacrebleu", "matplotlib", "tensorboardX"),
 }
 

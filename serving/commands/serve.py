@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -37,6 +37,12 @@ from serving.commands.options import (
 from serving.commands.registry import missing_extra
 from serving.package import PackageError, hub_hint, open_package
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from serving.server.service import TranslationService
+    from serving.server.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=non_negative_int, metavar="PORT",
                         help="also serve gRPC (KServe v2 / Triton's GRPCInferenceService) on PORT (Triton's is 8001; "
                              "0 picks a free one; needs the grpc extra; MTGATE_GRPC_PORT)")
-    add_runtime(parser, default_runtime=None, default_precision=None)  # None: the settings' (the same) defaults
+    add_runtime(parser, defaults=False)  # the settings' (the same) defaults
     add_shortlist(parser, default=None)
     add_max_batch_size(parser, f"most sentences per engine batch (default {DEFAULT_MAX_BATCH_SIZE})")
     add_max_batch_tokens(parser, f"most padded source tokens per batch (default {DEFAULT_MAX_BATCH_TOKENS})")
@@ -151,7 +157,7 @@ def _add_shadow(parser: argparse.ArgumentParser) -> None:
                         help="write SHA-256 hashes of the texts instead of the texts (log and /v1/shadow)")
 
 
-def build_settings(args: argparse.Namespace) -> Any:
+def build_settings(args: argparse.Namespace) -> ServingSettings:
     """ServingSettings from the environment, overridden by the flags given.
 
     Raises:
@@ -267,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     logger.debug("every setting: %s", settings.model_dump(mode="json", exclude={"api_key"}))
     transports = []
     if settings.grpc_port is not None:
-        from serving.server.grpc.service import GrpcTransport
+        from serving.server.grpc.servicer import GrpcTransport
 
         transports.append(GrpcTransport(settings.host, settings.grpc_port))
     try:
@@ -310,7 +316,7 @@ class DrainingServer:
         service: the app's TranslationService (its ``draining`` flag and ``inflight`` count).
     """
 
-    def __init__(self, config: Any, service: Any) -> None:
+    def __init__(self, config: uvicorn.Config, service: TranslationService) -> None:
         import uvicorn
 
         outer = self
@@ -324,7 +330,7 @@ class DrainingServer:
                 outer.tick(self)
                 return await super().on_tick(counter)
 
-            async def startup(self, sockets: Any = None) -> None:
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
                 await super().startup(sockets)
                 for server in self.servers:
                     for sock in server.sockets:
@@ -367,7 +373,7 @@ class DrainingServer:
         )
         return True
 
-    def tick(self, server: Any) -> None:
+    def tick(self, server: uvicorn.Server) -> None:
         if self.drain_started is None or server.should_exit:
             return
         elapsed = time.monotonic() - self.drain_started

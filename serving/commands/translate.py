@@ -18,7 +18,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.commands.options import (
     UsageError,
@@ -32,6 +32,9 @@ from serving.commands.options import (
     flag_name,
 )
 from serving.server.settings import DEFAULT_MODEL_DIR, MAX_BEAM_SIZE, MAX_OUTPUT_TOKENS, demo_missing, demo_model
+
+if TYPE_CHECKING:
+    from serving.engine.request import DecodeOptions, Engine
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ class _BadLine(Exception):
         self.done = done
 
 
-def _translate(translator: Any, chunk: list[str], options: Any, subject: str, first: int,
+def _translate(translator: Engine, chunk: list[str], options: DecodeOptions, subject: str, first: int,
                target_prefix: str | None = None, split: bool = False) -> list[str]:
     """One output line per input line (blank for a blank input); with ``num_hypotheses`` above 1, the n-best lines
     of each input line, Marian's way: ``LINE ||| TEXT ||| SCORE`` (LINE counts from 0).
@@ -159,7 +162,7 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def _translations(translator: Any, texts: list[str], options: Any, split: bool,
+def _translations(translator: Engine, texts: list[str], options: DecodeOptions, split: bool,
                   prefixes: list[str] | None) -> list[Any]:
     """The engine's translations of ``texts`` (each with ``text``); with ``split`` (``--split-sentences``), of
     ``texts`` as documents."""

@@ -19,6 +19,7 @@ This package owns the format; ``converters`` writes packages through it and ``se
 from serving.package.graph import ENCODER_OUTPUTS, MASK_VALUE, cross_names, past_names, present_names, stacked
 from serving.package.manifest import (
     DEFAULT_REFERENCE,
+    DEFAULT_RUNTIME,
     FORMAT,
     MANIFEST,
     PRECISIONS,
@@ -28,6 +29,7 @@ from serving.package.manifest import (
     DecodingDefaults,
     Manifest,
     PackageError,
+    Runtime,
     SpecialIds,
     TokenizerEntry,
 )
@@ -52,8 +54,8 @@ from serving.package.store import (
 
 __all__ = [
     "AUTO", "PRECISION_CHOICES", "PrecisionChoice", "choose_precision",
-    "DEFAULT_REFERENCE", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
-    "Manifest", "Package", "PackageError", "SpecialIds", "TokenizerEntry", "copy_listed", "cross_names", "escaping_links", "file_checksums",
+    "DEFAULT_REFERENCE", "DEFAULT_RUNTIME", "ENCODER_OUTPUTS", "FORMAT", "MANIFEST", "MASK_VALUE", "PRECISIONS", "RUNTIMES", "Architecture", "Artifact", "DecodingDefaults",
+    "Manifest", "Package", "PackageError", "Runtime", "SpecialIds", "TokenizerEntry", "copy_listed", "cross_names", "escaping_links", "file_checksums",
     "find_artifact", "hub_hint", "load_manifest", "open_package", "parse_manifest", "past_names", "present_names", "read_manifest",
     "sha256_of", "stacked", "staging_dir", "unlisted_files", "verify_checksums", "write_manifest", "write_package_atomically",
 ]

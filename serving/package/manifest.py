@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FORMAT = "mtgate-model/4"
 MANIFEST = "manifest.json"
-RUNTIMES = ("onnxruntime", "openvino")
+Runtime = Literal["onnxruntime", "openvino"]
+"""The runtimes a package has artifacts for and the engine runs (the one list: ``RUNTIMES``)."""
+RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
+DEFAULT_RUNTIME: Runtime = "onnxruntime"
 PRECISIONS = ("fp32", "int8")
 DEFAULT_REFERENCE = {"encoder": "onnx/encoder.onnx", "decoder": "onnx/decoder.onnx"}
 

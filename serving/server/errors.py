@@ -80,7 +80,7 @@ STATUS: dict[type[ServingError], int] = {
     ServingError: 500,
 }
 
-# The same errors on gRPC (serving.server.grpc.service): each HTTP status's gRPC code, as Triton and KServe map them (a
+# The same errors on gRPC (serving.server.grpc.servicer): each HTTP status's gRPC code, as Triton and KServe map them (a
 # full queue and a model that is not ready are UNAVAILABLE, to retry; a size limit is RESOURCE_EXHAUSTED, as gRPC's
 # own message size limit).
 GRPC_CODES: dict[int, str] = {

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from serving.engine.errors import InvalidInput
+from serving.server.client_json import parse_client_json
 from serving.server.infer_header import INPUT_NAME as INPUT_NAME  # the input's name, part of this contract
 from serving.server.infer_header import InferRequestHeader, problems
 
@@ -187,12 +188,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         header, binary = body[:n], body[n:]
     if not header.strip():
         raise InvalidInput("empty request body; expected an inference request JSON object")
-    try:
-        doc = json.loads(header)
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidInput(f"the request body is not valid JSON ({e})") from None
-    except RecursionError:
-        raise InvalidInput("request JSON is nested too deeply") from None
+    doc = parse_client_json(header, "the request body")
     if not isinstance(doc, dict):
         raise InvalidInput("request must be a JSON object with an 'inputs' list")
     try:

@@ -16,6 +16,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from serving.package.manifest import DEFAULT_RUNTIME, Runtime
 from serving.server.versions import VersionPolicy
 
 # The caps on what a client may ask for, shared by the server (defaults of its settings) and `mtgate translate`.
@@ -142,8 +143,8 @@ class ServingSettings(BaseSettings):
     repository_version_policy: str = "latest:1"
     repository_poll_secs: float | None = Field(default=None, gt=0)
     # An alias is the whole environment variable name (the prefix does not apply to aliases).
-    runtime: Literal["onnxruntime", "openvino"] = Field(
-        default="onnxruntime", validation_alias=AliasChoices("mtgate_runtime", "mtgate_backend")
+    runtime: Runtime = Field(
+        default=DEFAULT_RUNTIME, validation_alias=AliasChoices("mtgate_runtime", "mtgate_backend")
     )
     precision: Literal["auto", "fp32", "int8"] = "auto"
     threads: int | None = Field(default=None, ge=1)

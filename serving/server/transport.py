@@ -1,6 +1,6 @@
 """What a transport besides HTTP is to the server: something the data plane is served over, started once the event
 loop runs and stopped after the HTTP drain (``serving.server.http.app.create_app``'s lifespan, the loop uvicorn
-runs). The gRPC transport (``serving.server.grpc.service.GrpcTransport``) is one; ``mtgate serve`` hands it in."""
+runs). The gRPC transport (``serving.server.grpc.servicer.GrpcTransport``) is one; ``mtgate serve`` hands it in."""
 
 from __future__ import annotations
 

@@ -7,13 +7,13 @@ version's files changed. Applied by ``serving.server.repository``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from serving.engine.errors import InvalidInput, NotSupported
+from serving.server.client_json import parse_client_json
 
 MANIFEST = "manifest.json"
 
@@ -169,10 +169,7 @@ def config_policy(name: str, parameters: Mapping[str, object]) -> VersionPolicy 
         return None
     if not isinstance(config, str):
         raise InvalidInput("load parameter 'config' must be a string: a model configuration in JSON")
-    try:
-        document = json.loads(config)
-    except ValueError as e:
-        raise InvalidInput(f"load parameter 'config' is not valid JSON ({e})") from None
+    document = parse_client_json(config, "load parameter 'config'")
     if not isinstance(document, dict):
         raise InvalidInput("load parameter 'config' must be a JSON object (a model configuration)")
     others = sorted(set(document) - {"name", "version_policy"})

@@ -71,6 +71,17 @@ def text_examples(sources: list[str], references: list[str]) -> list[bytes]:
     return out
 
 
+def t2t_examples(encoder: Any, sources: list[str], references: list[str]) -> list[bytes]:
+    """tensor2tensor datagen's records: ``inputs`` and ``targets`` as ``encoder``'s ids, EOS-terminated."""
+    out = []
+    for src, ref in zip(sources, references, strict=True):
+        ex = tf.train.Example()
+        ex.features.feature["inputs"].int64_list.value.extend(encoder.encode(src) + [EOS_ID])
+        ex.features.feature["targets"].int64_list.value.extend(encoder.encode(ref) + [EOS_ID])
+        out.append(ex.SerializeToString())
+    return out
+
+
 def write_tfrecord(path: Path, records: list[bytes]) -> Path:
     with tf.io.TFRecordWriter(str(path)) as writer:
         for r in records:
@@ -125,13 +136,8 @@ def test_t2t_int64_schema_with_the_wmt8k_vocab(tmp_path: Path, package: Path, tr
     from serving.engine.translator import DecodeOptions
 
     encoder = SubwordTextEncoder(VOCAB_8K)
-    records = []
-    for src, ref in zip(SOURCES, REFERENCES, strict=True):
-        ex = tf.train.Example()
-        ex.features.feature["inputs"].int64_list.value.extend(encoder.encode(src) + [EOS_ID])
-        ex.features.feature["targets"].int64_list.value.extend(encoder.encode(ref) + [EOS_ID])
-        records.append(ex.SerializeToString())
-    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001", records)
+    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001",
+                            t2t_examples(encoder, SOURCES, REFERENCES))
     out = tmp_path / "scored.tfrecord"
 
     rc = main([str(source), "-m", str(package), "-o", str(out), "--dry-run", *FAST])
@@ -171,13 +177,8 @@ def test_t2t_datagen_records_with_a_t2t_package_use_its_vocab(tmp_path: Path, t2
 
     encoder = SubwordTextEncoder(VOCAB_8K)
     sources, references = SOURCES[:8], REFERENCES[:8]
-    records = []
-    for src, ref in zip(sources, references, strict=True):
-        ex = tf.train.Example()
-        ex.features.feature["inputs"].int64_list.value.extend(encoder.encode(src) + [EOS_ID])
-        ex.features.feature["targets"].int64_list.value.extend(encoder.encode(ref) + [EOS_ID])
-        records.append(ex.SerializeToString())
-    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001", records)
+    source = write_tfrecord(tmp_path / "translate_ende_wmt8k-dev-00000-of-00001",
+                            t2t_examples(encoder, sources, references))
     out = tmp_path / "scored.tfrecord"
     # the 1-step test checkpoint babbles: keep outputs short
     rc = main([str(source), "-m", str(t2t_package), "-o", str(out), "--beam-size", "1", "--max-length", "6", *FAST])

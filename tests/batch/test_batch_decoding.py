@@ -21,7 +21,7 @@ from batch.engines import decoding_of  # noqa: E402
 from batch.job import EngineConfig  # noqa: E402
 from serving.engine.request import DecodeOptions  # noqa: E402
 from tests.batch.helpers import assert_one_line_error, run_cli  # noqa: E402
-from tests.serving.server.servers import start_server  # noqa: E402
+from tests.utils.server import start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 12

@@ -8,7 +8,7 @@ from pathlib import Path
 
 BATCH = Path(__file__).resolve().parents[2] / "batch"
 LAYERS = ["commands", "errors", "example", "framing", "inputs", "schema", "records", "job", "outputs", "state", "scoring",
-          "assembly", "workers", "remote", "resources", "runner", "ray_session", "ray_runner", "tensorboard", "report",
+          "assembly", "workers", "remote", "resources", "run_loop", "ray_session", "ray_runner", "tensorboard", "report",
           "engines", "cli"]
 
 

@@ -1,6 +1,6 @@
 """What batch-score says about a resumed run (issue 35): a rerun with other options names them, the progress bar
 counts what a rerun keeps, the summary line tells this run's work from the earlier run's, and the side files are
-named the same way whatever the output's extension. A fake translator (tests/batch/test_batch_runner.py's)."""
+named the same way whatever the output's extension. A fake translator (tests/batch/test_batch_run_loop.py's)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-import batch.runner  # noqa: E402
+import batch.run_loop  # noqa: E402
 from batch.errors import JobError  # noqa: E402
 from batch.job import EngineConfig  # noqa: E402
 from batch.outputs import side_file  # noqa: E402
 from batch.report import summary_line  # noqa: E402
-from batch.runner import run_job  # noqa: E402
+from batch.run_loop import run_job  # noqa: E402
 from batch.workers import LocalChunkWorker, ThreadExecutor  # noqa: E402
-from tests.batch.test_batch_runner import FakeTranslator, make_job, write_input  # noqa: E402
+from tests.batch.test_batch_run_loop import FakeTranslator, make_job, write_input  # noqa: E402
 
 
 def _run(job: Any, translator: FakeTranslator, engine: EngineConfig | None = None, **kw: Any) -> Any:
@@ -66,7 +66,7 @@ def test_the_bar_counts_what_a_rerun_keeps(tmp_path: Path, monkeypatch: pytest.M
         bars.append(Recording(total, initial, enabled))
         return bars[-1]
 
-    monkeypatch.setattr(batch.runner, "_progress_bar", recording)
+    monkeypatch.setattr(batch.run_loop, "_progress_bar", recording)
     write_input(tmp_path / "in.tfrecord", 40)
     job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=6)
     with pytest.raises(RuntimeError, match="worker crashed"):  # interrupted after 5 batches of up to 4 records
@@ -101,10 +101,10 @@ def test_side_files_are_named_alike_whatever_the_extension(output: str, tmp_path
 
 
 def test_an_over_long_record_s_reason_names_truncate(tmp_path: Path) -> None:
-    from tests.batch.test_batch_runner import _Info
+    from tests.fakes import echo_info
 
     class Short(FakeTranslator):
-        info = _Info(max_input_tokens=4)
+        info = echo_info("upper", max_input_tokens=4)
 
     write_input(tmp_path / "in.tfrecord", 7)  # record i: 1 + i % 7 words, its index and EOS (records 2-6 > 4)
     job = make_job(tmp_path, tmp_path / "in.tfrecord", chunk_size=7)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench import runner as bench
+from benchmarks.bench import run as bench
 from benchmarks.bench.analysis import agreement, analyze, merge_rounds, summarize_case
 from benchmarks.bench.cli import main
 from benchmarks.bench.measure import Case, measure

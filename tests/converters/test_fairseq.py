@@ -1,16 +1,15 @@
-"""fairseq checkpoint_best.pt -> package (issue 16 item 3), with no fairseq installed.
+"""fairseq checkpoint_best.pt -> package (issue 16 item 3), with no fairseq installed: what is fairseq's own.
 
 Checkpoints are written by the test the way fairseq writes them (tests/utils/fairseq_factory.py: fairseq's
 parameter names, ``args`` or fairseq >= 0.10's omegaconf ``cfg``, classes of packages that are not installed in the
-pickle), in several shapes: post-norm with unequal stacks and separate vocabularies; the pre-norm t2t preset with
-learned positions, ``layernorm_embedding``, unscaled embeddings and an untied output; ``share_all_embeddings`` with
-a pre-norm decoder without final norm over a post-norm encoder. The reference is an independent numpy forward pass
-written from fairseq's parameter names (tests/utils/fairseq_reference.py), itself checked against transformers'
-FSMT (its port of fairseq) on the post-norm shape. Encoder outputs and teacher-forced decoder-step log-probs are
-within 1e-4 of it, and mtgate's search over the ONNX graphs gives exactly its tokens and beam scores on 16
-sentences: greedy, beam 4, a length penalty with forced EOS and bad words, early stopping.
+pickle), in the shapes of tests/utils/checkpoint_parity.py (``FAIRSEQ``): post-norm with unequal stacks and separate
+vocabularies; the pre-norm t2t preset with learned positions, ``layernorm_embedding``, unscaled embeddings and an
+untied output; ``share_all_embeddings`` with a pre-norm decoder without final norm over a post-norm encoder. Their
+parity with an independent numpy forward pass written from fairseq's parameter names
+(tests/utils/fairseq_reference.py) is tests/converters/test_checkpoint_parity.py's; here that reference is itself
+checked against transformers' FSMT (its port of fairseq) on the post-norm shape, and the manifest, the tokenizer, the
+weights-only unpickling and the refusals are checked.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -25,15 +24,15 @@ import numpy as np
 import pytest
 
 from converters.base import ConversionError
-from converters.convert import convert, load_source
+from converters.convert import load_source
 from converters.torch_checkpoint import Stub, load_checkpoint
-from serving.engine.backends import create_backend, empty_past
 from serving.engine.tokenizers import load_tokenizer
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, search_tokens
-from tests.utils.fairseq_factory import PAD, dictionaries, fairseq_model, make_fairseq_dir
+from tests.utils.checkpoint_parity import FAIRSEQ, Converted, ConvertedCheckpoints, source_ids
+from tests.utils.fairseq_factory import PAD, dictionaries, make_fairseq_dir
 from tests.utils.fairseq_reference import FairseqReference, fairseq_sinusoids
-from tests.utils.fsmt_factory import moses_words
+from tests.utils.fsmt_factory import merge_pair, moses_words
+from tests.utils.refusals import assert_refused_at_once
 
 torch = pytest.importorskip("torch")
 
@@ -41,64 +40,22 @@ ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-4
 N_SENTENCES = 16
 DECODER_STEPS = 8
-MAX_STEPS = 23
 EOS = 2
-
-SHAPES: dict[str, dict[str, Any]] = {
-    "post-norm, unequal stacks, separate vocabularies": {
-        "encoder_layers": 3, "decoder_layers": 1, "decoder_attention_heads": 2, "decoder_ffn_embed_dim": 24,
-        "seed": 1},
-    "t2t preset: pre-norm, learned positions, layernorm_embedding, unscaled, untied (cfg)": {
-        "arch": "transformer_wmt_en_de_big_t2t", "encoder_normalize_before": True, "decoder_normalize_before": True,
-        "encoder_learned_pos": True, "decoder_learned_pos": True, "layernorm_embedding": True,
-        "no_scale_embedding": True, "share_decoder_input_output_embed": False, "activation_fn": "gelu",
-        "cfg_style": True, "std": 0.5, "seed": 2},
-    "shared vocabulary, pre-norm decoder without final norm, gelu_accurate": {
-        "share_all_embeddings": True, "decoder_normalize_before": True, "no_decoder_final_norm": True,
-        "encoder_learned_pos": True, "activation_fn": "gelu_accurate", "decoder_layers": 3,
-        "decoder_attention_heads": 8, "seed": 3},
-}
-OPENVINO_SHAPE = "t2t preset: pre-norm, learned positions, layernorm_embedding, unscaled, untied (cfg)"
+POST_NORM = "post-norm, unequal stacks, separate vocabularies"
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, FairseqReference]]:
-    """shape -> (checkpoint dir, package dir, numpy reference): one conversion per shape."""
-    root = tmp_path_factory.mktemp("fairseq")
-    out = {}
-    for i, (name, shape) in enumerate(SHAPES.items()):
-        source = make_fairseq_dir(root / f"src{i}", **shape)
-        package = root / f"pkg{i}"
-        runtimes = ["onnxruntime", "openvino"] if name == OPENVINO_SHAPE else ["onnxruntime"]
-        convert(source, package, runtimes=runtimes, precisions=["fp32"], verify=i == 0)
-        opts, state = fairseq_model(**{k: v for k, v in shape.items() if k != "cfg_style"})
-        out[name] = (source, package, FairseqReference(dict(state), opts))
-    return out
+def models(converted_checkpoints: ConvertedCheckpoints) -> dict[str, Converted]:
+    """shape -> (checkpoint dir, package dir, numpy reference): the session's conversions."""
+    return converted_checkpoints(FAIRSEQ)
 
 
-def _inputs(package: Path) -> np.ndarray:
-    """16 Multi30k sentences through the package's tokenizer, EOS-terminated, right-padded."""
-    manifest = open_package(package).manifest
-    tokenizer = load_tokenizer(package, manifest.tokenizer.to_dict())
-    with gzip.open(ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-        rows = [tokenizer.encode(line) + [EOS] for line in f.read().splitlines()[:N_SENTENCES]]
-    ids = np.full((len(rows), max(map(len, rows))), PAD, dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-    return ids
-
-
-def _backend(package: Path, runtime: str = "onnxruntime") -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
-
-
-def test_reference_matches_transformers_fsmt(models: dict[str, Any]) -> None:
+def test_reference_matches_transformers_fsmt(models: dict[str, Converted]) -> None:
     """The numpy reference is fairseq's math: on the post-norm shape it equals transformers' FSMT (its port of
     fairseq) given the same tensors under FSMT's names."""
     transformers = pytest.importorskip("transformers")
-    source, package, ref = models["post-norm, unequal stacks, separate vocabularies"]
+    source, package, ref = models[POST_NORM]
+    assert isinstance(ref, FairseqReference)
     o = ref.o
     en, de, _ = dictionaries()
     config = transformers.FSMTConfig(
@@ -113,7 +70,7 @@ def test_reference_matches_transformers_fsmt(models: dict[str, Any]) -> None:
     table = torch.from_numpy(fairseq_sinusoids(o["max_source_positions"] + PAD + 1, 32, PAD).astype(np.float32))
     state |= {"model.encoder.embed_positions.weight": table, "model.decoder.embed_positions.weight": table}
     model.load_state_dict(state, strict=True)
-    ids = _inputs(package)
+    ids = source_ids(package, FAIRSEQ.ids_of(package), N_SENTENCES)
     mask = ids != PAD
     targets = np.random.default_rng(4).integers(4, config.tgt_vocab_size, size=(N_SENTENCES, DECODER_STEPS))
     targets[:, 0] = EOS
@@ -126,39 +83,8 @@ def test_reference_matches_transformers_fsmt(models: dict[str, Any]) -> None:
                                torch.log_softmax(out.logits, dim=-1).numpy(), rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_forward_matches_reference(models: dict[str, Any], shape: str) -> None:
-    _, package, ref = models[shape]
-    ids = _inputs(package)
-    mask = ids != PAD
-    vocab = open_package(package).manifest.architecture.target_vocab_size
-    targets = np.random.default_rng(5).integers(4, vocab, size=(N_SENTENCES, DECODER_STEPS))
-    targets[:, 0] = EOS
-    memory = ref.encode(ids, mask)
-    log_probs = ref.decode(memory, mask, targets)
-    for runtime in ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]:
-        backend = _backend(package, runtime)
-        enc = backend.encode(ids)
-        assert np.abs(enc.memory - memory)[mask].max() <= TOL, runtime
-        past = empty_past(enc.cross_kv)
-        for step in range(DECODER_STEPS):
-            got, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
-            assert np.abs(got - log_probs[:, step]).max() <= TOL, (runtime, step)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_search_equals_reference(models: dict[str, Any], shape: str, case: str) -> None:
-    _, package, ref = models[shape]
-    ids = _inputs(package)
-    expected, scores = search_tokens(ref.backend(), ids, EOS, EOS, PAD, CASES[case], MAX_STEPS)
-    got, got_scores = search_tokens(_backend(package), ids, EOS, EOS, PAD, CASES[case], MAX_STEPS)
-    assert got == expected
-    np.testing.assert_allclose(got_scores, scores, rtol=0, atol=1e-4)
-
-
-def test_manifest_records_the_model(models: dict[str, Any]) -> None:
-    manifest = open_package(models[OPENVINO_SHAPE][1]).manifest
+def test_manifest_records_the_model(models: dict[str, Converted]) -> None:
+    manifest = open_package(models[FAIRSEQ.openvino_shape].package).manifest
     arch = manifest.architecture
     assert manifest.source_framework == "fairseq" and manifest.source["arch"] == "transformer_wmt_en_de_big_t2t"
     assert arch.encoder.pre_norm and arch.decoder.pre_norm and arch.encoder.final_norm and arch.decoder.final_norm
@@ -168,18 +94,18 @@ def test_manifest_records_the_model(models: dict[str, Any]) -> None:
     assert (decoding.beam_size, decoding.max_length, decoding.bad_word_ids) == (5, 200, (PAD,))
     assert decoding.forced_eos and decoding.early_stopping
     assert manifest.special_ids.decoder_start == manifest.special_ids.eos == EOS
-    shared = open_package(models["shared vocabulary, pre-norm decoder without final norm, gelu_accurate"][1])
+    shared = open_package(models["shared vocabulary, pre-norm decoder without final norm, gelu_accurate"].package)
     arch = shared.manifest.architecture
     assert arch.shared_embeddings and arch.decoder.pre_norm and not arch.decoder.final_norm
     assert not arch.encoder.pre_norm and arch.decoder.activation == "gelu_tanh" and arch.decoder.heads == 8
-    assert open_package(models["post-norm, unequal stacks, separate vocabularies"][1]).manifest.parity[
+    assert open_package(models[POST_NORM].package).manifest.parity[
         "onnxruntime/fp32"]["passed"]
 
 
-def test_tokenizer_applies_the_dictionaries_and_codes(models: dict[str, Any]) -> None:
+def test_tokenizer_applies_the_dictionaries_and_codes(models: dict[str, Converted]) -> None:
     """The package's tokenizer gives the ids fairseq's pipeline gives (Moses, the codes' BPE with ``@@``, the
     dictionary's ids) on 200 Multi30k sentences."""
-    source, package, _ = models["post-norm, unequal stacks, separate vocabularies"]
+    source, package, _ = models[POST_NORM]
     tokenizer = load_tokenizer(package, open_package(package).manifest.tokenizer.to_dict())
     symbols = ["<s>", "<pad>", "</s>", "<unk>"] + [line.rsplit(" ", 1)[0] for line in
                                                    (source / "dict.en.txt").read_text(encoding="utf-8").splitlines()]
@@ -194,15 +120,7 @@ def test_tokenizer_applies_the_dictionaries_and_codes(models: dict[str, Any]) ->
             rank, i = min(pairs)
             if rank == 1 << 30:
                 break
-            merged, j, pair = [], 0, (parts[i], parts[i + 1])
-            while j < len(parts):
-                if j < len(parts) - 1 and (parts[j], parts[j + 1]) == pair:
-                    merged.append(parts[j] + parts[j + 1])
-                    j += 2
-                else:
-                    merged.append(parts[j])
-                    j += 1
-            parts = merged
+            parts = merge_pair(parts, (parts[i], parts[i + 1]))
         return [p[:-4] if p.endswith("</w>") else p + "@@" for p in parts]
 
     with gzip.open(ROOT / "models" / "data" / "multi30k" / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
@@ -246,14 +164,9 @@ def test_unsupported_options_are_listed_at_once(tmp_path: Path) -> None:
     source = make_fairseq_dir(tmp_path / "src", adaptive_softmax_cutoff="1000,2000", activation_fn="tanh",
                               decoder_embed_dim=48, bpe="sentencepiece")
     (source / "bpecodes").unlink()
-    with pytest.raises(ConversionError) as info:
-        load_source(source)
-    lines = str(info.value).splitlines()
-    assert "cannot convert this fairseq checkpoint" in lines[0]
-    for reason in ("adaptive_softmax_cutoff", "activation_fn 'tanh'", "decoder_embed_dim=48 differs",
-                   "bpe 'sentencepiece'", "missing vocab/tokenizer file(s): BPE codes"):
-        assert sum(reason in line for line in lines[1:]) == 1, reason
-    assert len(lines) == 6
+    assert_refused_at_once(source, "fairseq", [
+        "adaptive_softmax_cutoff", "activation_fn 'tanh'", "decoder_embed_dim=48 differs", "bpe 'sentencepiece'",
+        "missing vocab/tokenizer file(s): BPE codes"])
 
 
 def test_missing_dictionary_and_format_forced(tmp_path: Path) -> None:

@@ -24,18 +24,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from converters.base import ConversionError
-from converters.convert import convert, load_source
-from serving.engine.backends import create_backend, empty_past
 from serving.engine.decoding import search
 from serving.engine.tokenizers import InvalidText, load_tokenizer
 from serving.engine.tokenizers.fsmt_bpe import FsmtBpeTokenizer
 from serving.engine.translator import Translator
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, search_tokens
+from tests.utils.checkpoint_parity import convert_each
+from tests.utils.decoding_parity import CASES, assert_forward_matches, package_backend, search_tokens
 from tests.utils.fsmt_factory import EOS_ID, PAD_ID, make_fsmt_dir
 from tests.utils.marian_factory import corpus
 from tests.utils.prefix_backend import PrefixBackend
+from tests.utils.refusals import assert_refused_at_once
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -64,26 +63,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     """shape -> (checkpoint dir, package dir, the FSMT model): one conversion per shape."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("fsmt")
-    out: dict[str, tuple[Path, Path, Any]] = {}
-    for i, (name, shape) in enumerate(SHAPES.items()):
-        source = make_fsmt_dir(root / f"src{i}", generation={"max_length": MAX_LENGTH}, **shape)
-        package = root / f"pkg{i}"
-        runtimes = ["onnxruntime", "openvino"] if name == OPENVINO_SHAPE else ["onnxruntime"]
-        convert(source, package, runtimes=runtimes, precisions=["fp32"], verify=i == 0)
-        out[name] = (source, package, transformers.FSMTForConditionalGeneration.from_pretrained(source).eval())
-    return out
+    converted = convert_each(SHAPES, make_fsmt_dir, root, OPENVINO_SHAPE, generation={"max_length": MAX_LENGTH})
+    return {name: (source, package, transformers.FSMTForConditionalGeneration.from_pretrained(source).eval())
+            for name, (source, package) in converted.items()}
 
 
 def _inputs(source: Path) -> np.ndarray:
     tokenizer = transformers.FSMTTokenizer.from_pretrained(source)
     return np.asarray(tokenizer(corpus("en")[:N_SENTENCES], return_tensors="np", padding=True)["input_ids"],
                       dtype=np.int64)
-
-
-def _backend(package: Path, runtime: str = "onnxruntime") -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
 
 
 def test_manifest_records_the_model(models: dict[str, Any]) -> None:
@@ -119,14 +107,7 @@ def test_forward_matches_transformers(models: dict[str, Any], shape: str) -> Non
     memory = out.encoder_last_hidden_state.numpy()
     log_probs = torch.log_softmax(out.logits, dim=-1).numpy()
     runtimes = ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]
-    for runtime in runtimes:
-        backend = _backend(package, runtime)
-        enc = backend.encode(ids)
-        assert np.abs(enc.memory - memory)[mask].max() <= TOL, runtime
-        past = empty_past(enc.cross_kv)
-        for step in range(DECODER_STEPS):
-            got, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
-            assert np.abs(got - log_probs[:, step]).max() <= TOL, (runtime, step)
+    assert_forward_matches(package, runtimes, ids, targets, memory, log_probs, mask, TOL)
 
 
 def fsmt_backend(model: Any) -> PrefixBackend:
@@ -156,7 +137,8 @@ def test_search_equals_fsmt_forward(models: dict[str, Any], shape: str, case: st
     source, package, model = models[shape]
     ids = _inputs(source)
     expected, scores = search_tokens(fsmt_backend(model), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case], MAX_LENGTH - 1)
-    got, got_scores = search_tokens(_backend(package), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case], MAX_LENGTH - 1)
+    got, got_scores = search_tokens(package_backend(package), ids, EOS_ID, EOS_ID, PAD_ID, CASES[case],
+                                    MAX_LENGTH - 1)
     assert got == expected
     np.testing.assert_allclose(got_scores, scores, rtol=0, atol=1e-4)
 
@@ -240,13 +222,8 @@ def test_unsupported_options_are_listed_at_once(models: dict[str, Any], tmp_path
     config |= {"activation_function": "relu6", "langs": ["en"]}
     (source / "config.json").write_text(json.dumps(config))
     (source / "merges.txt").unlink()
-    with pytest.raises(ConversionError) as info:
-        load_source(source)
-    lines = str(info.value).splitlines()
-    assert "cannot convert this FSMT checkpoint" in lines[0]
-    for reason in ("activation_function 'relu6'", "langs=['en']", "missing vocab/tokenizer file(s): merges.txt"):
-        assert sum(reason in line for line in lines[1:]) == 1, reason
-    assert len(lines) == 4
+    assert_refused_at_once(source, "FSMT", [
+        "activation_function 'relu6'", "langs=['en']", "missing vocab/tokenizer file(s): merges.txt"])
 
 
 def test_serving_without_sacremoses_says_what_to_install(models: dict[str, Any],

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from converters.convert import convert
-from serving.engine.backends import create_backend, empty_past
 from serving.engine.translator import Translator
 from serving.package import open_package
-from tests.utils.decoding_parity import CASES, generate_tokens, search_tokens
+from tests.utils.checkpoint_parity import convert_each
+from tests.utils.decoding_parity import CASES, assert_forward_matches, generate_tokens, package_backend, search_tokens
 from tests.utils.marian_factory import corpus, make_marian_dir
 
 torch = pytest.importorskip("torch")
@@ -48,26 +47,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     """shape -> (checkpoint dir, package dir, the MarianMTModel): one conversion per shape."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("marian-shapes")
-    out: dict[str, tuple[Path, Path, Any]] = {}
-    for i, (name, shape) in enumerate(SHAPES.items()):
-        source = make_marian_dir(root / f"src{i}", generation={"max_length": MAX_LENGTH}, **shape)
-        package = root / f"pkg{i}"
-        runtimes = ["onnxruntime", "openvino"] if name == OPENVINO_SHAPE else ["onnxruntime"]
-        convert(source, package, runtimes=runtimes, precisions=["fp32"], verify=False)
-        out[name] = (source, package, transformers.MarianMTModel.from_pretrained(source).eval())
-    return out
+    converted = convert_each(SHAPES, make_marian_dir, root, OPENVINO_SHAPE, verify_first=False,
+                             generation={"max_length": MAX_LENGTH})
+    return {name: (source, package, transformers.MarianMTModel.from_pretrained(source).eval())
+            for name, (source, package) in converted.items()}
 
 
 def _inputs(source: Path) -> np.ndarray:
     tokenizer = transformers.MarianTokenizer.from_pretrained(source)
     batch = tokenizer(corpus("en")[:N_SENTENCES], return_tensors="np", padding=True)
     return np.asarray(batch["input_ids"], dtype=np.int64)
-
-
-def _backend(package: Path, runtime: str = "onnxruntime") -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
 
 
 def test_shapes_are_recorded(models: dict[str, Any]) -> None:
@@ -98,14 +87,7 @@ def test_forward_matches_transformers(models: dict[str, Any], shape: str) -> Non
                        decoder_input_ids=torch.from_numpy(targets)).logits
     log_probs = torch.log_softmax(logits, dim=-1).numpy()
     runtimes = ["onnxruntime", "openvino"] if shape == OPENVINO_SHAPE else ["onnxruntime"]
-    for runtime in runtimes:
-        backend = _backend(package, runtime)
-        enc = backend.encode(ids)
-        assert np.abs(enc.memory - memory).max() <= TOL, runtime
-        past = empty_past(enc.cross_kv)
-        for step in range(DECODER_STEPS):
-            out, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
-            assert np.abs(out - log_probs[:, step]).max() <= TOL, (runtime, step)
+    assert_forward_matches(package, runtimes, ids, targets, memory, log_probs, None, TOL)
 
 
 # transformers' beam search needs decoder_vocab_size == vocab_size (it reshapes the scores with vocab_size): that
@@ -120,7 +102,7 @@ def test_search_equals_generate(models: dict[str, Any], shape: str, case: str) -
     ids = _inputs(source)
     config = model.config
     expected, scores = generate_tokens(model, ids, config.pad_token_id, config.eos_token_id, CASES[case], MAX_LENGTH)
-    got, got_scores = search_tokens(_backend(package), ids, config.decoder_start_token_id, config.eos_token_id,
+    got, got_scores = search_tokens(package_backend(package), ids, config.decoder_start_token_id, config.eos_token_id,
                                     config.pad_token_id, CASES[case], MAX_LENGTH - 1)
     assert got == expected
     if scores is not None:

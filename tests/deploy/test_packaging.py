@@ -180,7 +180,7 @@ OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {
     "convert": {"torch": "torch", "tensorflow": "t2t"},  # fairseq / OpenNMT-py / pytorch_model.bin; tensor2tensor
     "verify": {"torch": "torch", "tensorflow": "t2t"},  # --source of those formats
     "batch-score": {"ray": "ray", "pyarrow": "ray"},  # --ray
-    "serve": {"grpc": "grpc", "tritonclient": "grpc"},  # --grpc-port
+    "serve": {"grpc": "grpc", "tritonclient": "grpc", "sacrebleu": "shadow"},  # --grpc-port; --shadow's chrF/BLEU
 }
 # Provided where the code runs, not by any install of mtgate: Triton's Python backend runs export-triton's model.py.
 HOSTED = {"triton_python_backend_utils"}

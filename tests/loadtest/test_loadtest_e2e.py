@@ -20,7 +20,7 @@ import pytest
 
 from batch.tensorboard import read_events
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
-from loadtest.runner import GRACE_S, STOP_TIMEOUT_S
+from loadtest.locust_run import GRACE_S, STOP_TIMEOUT_S
 from loadtest.scrape import read as read_metrics
 from loadtest.server import start_server
 from loadtest.stats import PERCENTILE_FRACTIONS, read_run

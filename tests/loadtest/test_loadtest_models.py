@@ -4,14 +4,13 @@ the report says which model was tested; a model the server does not serve is exi
 
 from __future__ import annotations
 
-import re
 import shutil
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from loadtest.metrics_text import read_metrics
 from loadtest.server import start_server
 from loadtest.stats import read_run
 from serving.commands.main import main
@@ -50,10 +49,8 @@ def server(packages: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 
 def _sentences(url: str) -> dict[str, float]:
     """mtgate_sentences_total per model, from the server's /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r'^mtgate_sentences_total\{model="([^"]+)"\} (\S+)$', text, re.MULTILINE)}
+    return {s.labels["model"]: s.value for family in read_metrics(url, 10) for s in family.samples
+            if s.name == "mtgate_sentences_total" and set(s.labels) == {"model"}}
 
 
 def test_the_named_package_is_the_model_tested(server: str, packages: tuple[Path, Path], tmp_path: Path,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import loadtest.runner as runner
-from loadtest.runner import run_all
+import loadtest.locust_run as runner
+from loadtest.locust_run import run_all
 from loadtest.server import start_server
 from loadtest.targets import Scenario, Targets
 

@@ -11,10 +11,10 @@ import pytest
 from loadtest.quality import analyse
 from loadtest.report import write_report
 from loadtest.scrape import Histogram, Sample, ServerMetrics
-from loadtest.sweep_config import Point, load_sweep
-from loadtest.sweep_report import write_sweep_report
-from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest
-from loadtest.validate import Check, Outcome, SystemScore, compare, write_outcome
+from loadtest.sweep.config import Point, load_sweep
+from loadtest.sweep.report import write_sweep_report
+from loadtest.sweep.results import PointResult, ScenarioSummary, cheapest
+from loadtest.validate.command import Check, Outcome, SystemScore, compare, write_outcome
 from tests.loadtest.test_report import _result
 
 CHROMIUM = "/usr/bin/chromium"

@@ -8,15 +8,15 @@ import dataclasses
 from pathlib import Path
 
 import yaml
+from tests.loadtest.sweep.test_sweep import _measured, _package, _point, _write
 
 from loadtest.capacity import describe, plan_rows
 from loadtest.quality import Comparison, SystemScore
-from loadtest.sweep_config import load_sweep
-from loadtest.sweep_report import write_sweep_report
-from loadtest.sweep_results import cheapest, kubernetes_patch
+from loadtest.sweep.config import load_sweep
+from loadtest.sweep.report import write_sweep_report
+from loadtest.sweep.results import cheapest, kubernetes_patch
 from loadtest.targets import QualityTargets
-from loadtest.validate import quality_checks
-from tests.loadtest.test_sweep import _measured, _package, _point, _write
+from loadtest.validate.command import quality_checks
 
 
 def test_validate_names_the_p_value_once() -> None:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--server-env", "MTGATE_BATCHING=step"], "set by this script"),
     (["--server-env", "THREADS=2"], "expected MTGATE_<SETTING>=VALUE"),
     (["-m", "/nonexistent/package"], "not a directory"),
+    (["--name", "bad name"], "--name 'bad name': use letters, digits"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main([*argv, "--out-dir", str(tmp_path)]) == 2
@@ -46,7 +47,7 @@ def test_one_short_rate_end_to_end(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "e2e.json").read_text(encoding="utf-8"))
     assert data["complete"] and data["command"].endswith("--work-dir " + str(tmp_path / "work"))
     assert data["model"]["package"] == str(package) and data["model"]["name"] == "demo-en-de"
-    assert data["server"] == {"backend": "onnxruntime", "precision": "int8", "threads": 2, "env": {}}
+    assert data["server"] == {"runtime": "onnxruntime", "precision": "int8", "threads": 2, "env": {}}
     assert data["load"]["duration_s"] == 3.0 and data["load"]["users"] == 2 and data["load"]["beam_size"] is None
     assert data["machine"]["cpu_count"] >= 1 and len(data["machine"]["load_average_end"]) == 3
     [mode] = data["modes"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.served_batching import BenchmarkError
+from benchmarks.common import BenchmarkError
 from benchmarks.served_offline import ModeResult, main, parse_metrics, server_threads
 from serving.server.settings import demo_model
 
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--server-env", "MTGATE_MAX_BATCH_SIZE=8"], "set by this script (use --batch-size"),
     (["--server-env", "MTGATE_BATCHING=step"], "set by this script"),
     (["-m", "/nonexistent/package"], "not a directory"),
+    (["--name", "bad name"], "--name 'bad name': use letters, digits"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main([*argv, "--out-dir", str(tmp_path)]) == 2
@@ -102,7 +103,7 @@ def test_one_short_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "e2e.json").read_text(encoding="utf-8"))
     assert data["complete"] and data["model"]["package"] == str(package) and data["model"]["name"] == "demo-en-de"
-    assert data["engine"] == {"backend": "onnxruntime", "precision": "int8", "threads": 2, "beam_size": None,
+    assert data["engine"] == {"runtime": "onnxruntime", "precision": "int8", "threads": 2, "beam_size": None,
                               "batch_size": 8}
     assert data["machine"]["cpu_model"] is not None and len(data["machine"]["load_average_end"]) == 3
 

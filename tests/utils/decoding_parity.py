@@ -4,17 +4,23 @@
 words as opus-mt sets them); ``generate_tokens`` runs ``model.generate`` with them, ``search_tokens`` runs
 ``serving.engine.decoding.search`` with the same settings over any backend (ONNX Runtime, OpenVINO, the source framework's
 forward pass or an independent numpy one through tests/utils/prefix_backend.py).
-Both return each hypothesis' generated ids up to and including EOS.
+Both return each hypothesis' generated ids up to and including EOS. ``package_backend`` opens a converted package's
+fp32 graphs as the backend ``search_tokens`` drives; ``assert_forward_matches`` compares its encoder outputs and
+teacher-forced decoder steps with a reference's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from serving.engine.backends import Backend, create_backend, empty_past
 from serving.engine.decoding import SearchOptions, search
+from serving.package import open_package
 
 
 @dataclass(frozen=True)
@@ -65,3 +71,26 @@ def search_tokens(backend: Any, input_ids: np.ndarray, start: int, eos: int, pad
     caps = np.full(input_ids.shape[0], max_steps, dtype=np.int64)
     hypotheses = search(backend, encoded.cross_kv, encoded.src_bias, caps, options)
     return [list(h.token_ids) for h in hypotheses], [float(h.score or 0.0) for h in hypotheses]
+
+
+def package_backend(package: Path, runtime: str = "onnxruntime") -> Backend:
+    """The package's fp32 graphs on ``runtime``, one thread."""
+    pkg = open_package(package)
+    artifact = pkg.artifact(runtime, "fp32")
+    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
+
+
+def assert_forward_matches(package: Path, runtimes: Sequence[str], input_ids: np.ndarray, targets: np.ndarray,
+                           memory: np.ndarray, log_probs: np.ndarray, mask: np.ndarray | None, tol: float) -> None:
+    """On each of ``runtimes`` the package's encoder gives ``memory`` (compared where ``mask`` is set; None:
+    everywhere) and its decoder, fed ``targets [B, T]`` a step at a time from an empty cache, ``log_probs [B, T, V]``;
+    each within ``tol``."""
+    for runtime in runtimes:
+        backend = package_backend(package, runtime)
+        enc = backend.encode(input_ids)
+        gap = np.abs(enc.memory - memory)
+        assert (gap if mask is None else gap[mask]).max() <= tol, runtime
+        past = empty_past(enc.cross_kv)
+        for step in range(targets.shape[1]):
+            got, past = backend.decode_step(targets[:, step : step + 1], step, past, enc.cross_kv, enc.src_bias)
+            assert np.abs(got - log_probs[:, step]).max() <= tol, (runtime, step)

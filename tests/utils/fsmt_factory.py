@@ -14,6 +14,7 @@ import functools
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,20 @@ def moses_words(lines: list[str], lang: str) -> list[str]:
     return words
 
 
+def merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
+    """``symbols`` with every occurrence of ``pair`` (left to right, not overlapping) merged into one symbol."""
+    out: list[str] = []
+    i = 0
+    while i < len(symbols):
+        if i < len(symbols) - 1 and (symbols[i], symbols[i + 1]) == pair:
+            out.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
 def learn_bpe(words: Counter[str], num_merges: int) -> list[tuple[str, str]]:
     """subword-nmt's learning loop: merge the most frequent adjacent pair (ties: the larger pair), ``</w>`` ends words."""
     vocab = {(*w[:-1], w[-1] + "</w>"): n for w, n in words.items()}
@@ -51,16 +66,8 @@ def learn_bpe(words: Counter[str], num_merges: int) -> list[tuple[str, str]]:
         merges.append(best)
         merged: dict[tuple[str, ...], int] = {}
         for symbols, n in vocab.items():
-            out: list[str] = []
-            i = 0
-            while i < len(symbols):
-                if i < len(symbols) - 1 and (symbols[i], symbols[i + 1]) == best:
-                    out.append(symbols[i] + symbols[i + 1])
-                    i += 2
-                else:
-                    out.append(symbols[i])
-                    i += 1
-            merged[tuple(out)] = merged.get(tuple(out), 0) + n
+            out = tuple(merge_pair(symbols, best))
+            merged[out] = merged.get(out, 0) + n
         vocab = merged
     return merges
 

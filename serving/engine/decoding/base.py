@@ -121,6 +121,49 @@ class Search(Protocol):
     def remove(self, ids: np.ndarray) -> np.ndarray | None: ...
 
 
+class SentenceArrays:
+    """A numpy search's state as arrays indexed by sentence on their first axis, and what both numpy searches
+    (greedy, beam) do with it for the ``Search`` protocol: :meth:`join` another search of the same options (its
+    sentences after these; the token sequences first padded to one width) and :meth:`remove` sentences."""
+
+    options: SearchOptions
+    ids: np.ndarray  # of the sentences still decoding
+
+    def _padded(self) -> dict[str, int]:
+        """The arrays of token sequences (their last axis grows), each with the fill that pads it."""
+        raise NotImplementedError
+
+    def _per_sentence(self) -> tuple[str, ...]:
+        """The other arrays indexed by sentence."""
+        raise NotImplementedError
+
+    def _rows_per_sentence(self) -> int:
+        """How many decoder rows each sentence has now (consecutive, in sentence order)."""
+        return 1
+
+    def join(self, other: Search) -> None:
+        assert isinstance(other, type(self)) and other.options == self.options
+        for name, fill in self._padded().items():
+            mine, theirs = getattr(self, name), getattr(other, name)
+            width = max(mine.shape[-1], theirs.shape[-1])
+            setattr(self, name, np.concatenate([pad_width(mine, width, fill), pad_width(theirs, width, fill)]))
+        for name in self._per_sentence():
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+
+    def remove(self, ids: np.ndarray) -> np.ndarray | None:
+        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
+        keep = np.flatnonzero(~np.isin(self.ids, ids))
+        if keep.size == 0:
+            return None
+        self._keep(keep)
+        rows = self._rows_per_sentence()
+        return np.asarray((keep[:, None] * rows + np.arange(rows)).reshape(-1))
+
+    def _keep(self, keep: np.ndarray) -> None:
+        for name in (*self._padded(), *self._per_sentence()):
+            setattr(self, name, getattr(self, name)[keep])
+
+
 def normalize_score(log_prob: np.ndarray, length: np.ndarray, options: SearchOptions) -> np.ndarray:
     """Length-normalize summed log-probs the way ``options.length_penalty_kind`` does."""
     return np.asarray(log_prob / length_divisor(length, options))

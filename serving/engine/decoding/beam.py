@@ -10,6 +10,7 @@ from serving.engine.decoding.base import (
     OnTokens,
     Search,
     SearchOptions,
+    SentenceArrays,
     StepPlan,
     bad_word_index,
     pad_width,
@@ -43,7 +44,7 @@ def t2t_length_penalty(length: np.ndarray | int, alpha: float) -> np.ndarray:
                                np.float32(alpha)))
 
 
-class BeamSearchBase:
+class BeamSearchBase(SentenceArrays):
     """State and cache handling shared by both beam rules; rows are ``sentence * K + beam``. Each sentence counts
     its own steps (``steps``), so that sentences that joined later share the search."""
 
@@ -101,27 +102,10 @@ class BeamSearchBase:
             self.finished_seq = pad_width(self.finished_seq, width, eos)
 
     def join(self, other: Search) -> None:
-        assert isinstance(other, type(self)) and other.options == self.options
-        assert self.expanded and other.expanded, "a search joins another once both have taken their first step"
+        assert isinstance(other, BeamSearchBase) and self.expanded and other.expanded, (
+            "a search joins another once both have taken their first step")
         assert (self.on_tokens is None) == (other.on_tokens is None), "a streamed search joins only a streamed one"
-        width = max(self.alive_seq.shape[2], other.alive_seq.shape[2])
-        eos = self.options.eos_id
-        for name in ("alive_seq", "finished_seq"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            setattr(self, name, np.concatenate([pad_width(mine, width, eos), pad_width(theirs, width, eos)]))
-        prefix_width = max(self.prefix.shape[1], other.prefix.shape[1])
-        self.prefix = np.concatenate([pad_width(self.prefix, prefix_width, -1), pad_width(other.prefix, prefix_width, -1)])
-        for name in self._per_sentence():
-            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
-
-    def remove(self, ids: np.ndarray) -> np.ndarray | None:
-        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
-        keep = np.flatnonzero(~np.isin(self.ids, ids))
-        if keep.size == 0:
-            return None
-        self._keep(keep)
-        rows_per_sentence = self.k if self.expanded else 1
-        return np.asarray((keep[:, None] * rows_per_sentence + np.arange(rows_per_sentence)).reshape(-1))
+        super().join(other)
 
     def _next_log_probs(self, log_probs: np.ndarray) -> np.ndarray:
         """``[n, K, V]`` float32 next-token log-probs after the rules; a candidate's log-prob adds its beam's
@@ -259,9 +243,12 @@ class BeamSearchBase:
         return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores",
                 "prefix_len", *stream)
 
-    def _keep(self, keep: np.ndarray) -> None:
-        for name in ("alive_seq", "finished_seq", "prefix", *self._per_sentence()):
-            setattr(self, name, getattr(self, name)[keep])
+    def _padded(self) -> dict[str, int]:
+        eos = self.options.eos_id
+        return {"alive_seq": eos, "finished_seq": eos, "prefix": -1}
+
+    def _rows_per_sentence(self) -> int:
+        return self.k if self.expanded else 1
 
     stable: np.ndarray  # streaming only
 

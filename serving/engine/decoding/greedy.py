@@ -8,18 +8,17 @@ import numpy as np
 from serving.engine.decoding.base import (
     Hypothesis,
     OnTokens,
-    Search,
     SearchOptions,
+    SentenceArrays,
     StepPlan,
     bad_word_index,
     normalize_score,
-    pad_width,
     token_ids,
 )
 from serving.engine.decoding.rules import RowHistory, needs_history, prefix_arrays, process, sample, warp
 
 
-class GreedySearch:
+class GreedySearch(SentenceArrays):
     """Arg-max (or a sample) after the logits rules; one row per sentence. A sentence's score is its summed log-prob
     after the rules (when sampling, before the warpers), length-normalized; forced prefix tokens count neither in it
     nor in its length."""
@@ -76,24 +75,8 @@ class GreedySearch:
             return None
         return RowHistory(self.out, self.steps, self.prefix, self.prefix_len)
 
-    def join(self, other: Search) -> None:
-        assert isinstance(other, GreedySearch) and other.options == self.options
-        width = max(self.out.shape[1], other.out.shape[1])
-        eos = self.options.eos_id
-        self.out = np.concatenate([pad_width(self.out, width, eos), pad_width(other.out, width, eos)])
-        prefix_width = max(self.prefix.shape[1], other.prefix.shape[1])
-        self.prefix = np.concatenate([pad_width(self.prefix, prefix_width, -1), pad_width(other.prefix, prefix_width, -1)])
-        for name in ("ids", "caps", "steps", "log_prob_sum", "prefix_len", "seeds"):
-            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+    def _padded(self) -> dict[str, int]:
+        return {"out": self.options.eos_id, "prefix": -1}
 
-    def remove(self, ids: np.ndarray) -> np.ndarray | None:
-        """Drop the sentences ``ids``; return the rows kept (None: nothing is left)."""
-        keep = np.flatnonzero(~np.isin(self.ids, ids))
-        if keep.size == 0:
-            return None
-        self._keep(keep)
-        return keep
-
-    def _keep(self, keep: np.ndarray) -> None:
-        for name in ("ids", "caps", "steps", "out", "log_prob_sum", "prefix", "prefix_len", "seeds"):
-            setattr(self, name, getattr(self, name)[keep])
+    def _per_sentence(self) -> tuple[str, ...]:
+        return ("ids", "caps", "steps", "log_prob_sum", "prefix_len", "seeds")

@@ -1,4 +1,4 @@
-"""The messages of the KServe v2 / Triton ``GRPCInferenceService`` (``serving.server.grpc.service``), as compiled in the
+"""The messages of the KServe v2 / Triton ``GRPCInferenceService`` (``serving.server.grpc.servicer``), as compiled in the
 ``tritonclient`` wheel: each method's request and response types, a request's bytes parsed (``INVALID_ARGUMENT`` for
 bytes that are not one), the :class:`~serving.server.oip.InferRequest` of a ``ModelInferRequest``, and a stream's answer to
 a failed request.

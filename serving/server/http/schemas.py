@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from serving.engine.documents import DocumentTranslation
 from serving.engine.options import OPTION_NAMES
+from serving.engine.request import ReferenceScore, Translation
 from serving.server.http.json_types import JsonBool, JsonInt, JsonNumber, finite_score, json_boolean
 
 _NOT_GIVEN = {"type": "null"}
@@ -136,14 +138,14 @@ class HypothesisOut(BaseModel):
     )
 
     @classmethod
-    def of(cls, translation: Any) -> HypothesisOut:
+    def of(cls, translation: Translation) -> HypothesisOut:
         return cls(text=translation.text, output_tokens=int(translation.output_tokens),
                    score=finite_score(translation.score), token_scores=token_scores(translation))
 
 
-def token_scores(translation: Any) -> list[float | None] | None:
+def token_scores(translation: Translation) -> list[float | None] | None:
     """A translation's token scores as JSON carries them (None: not asked for)."""
-    scores = getattr(translation, "token_scores", None)
+    scores = translation.token_scores
     return None if scores is None else [finite_score(float(v)) for v in scores]
 
 
@@ -193,7 +195,7 @@ class TranslationOut(BaseModel):
     )
 
     @classmethod
-    def of(cls, translation: Any) -> TranslationOut:
+    def of(cls, translation: Translation) -> TranslationOut:
         hypotheses = None
         if translation.alternatives:
             hypotheses = [HypothesisOut.of(t) for t in (translation, *translation.alternatives)]
@@ -205,13 +207,13 @@ class TranslationOut(BaseModel):
             hypotheses=hypotheses,
             token_scores=token_scores(translation),
         )
-        if getattr(translation, "truncated", False):  # set only then: other responses stay as they were
+        if translation.truncated:  # set only then: other responses stay as they were
             out.truncated = True
         return out
 
     @classmethod
-    def of_document(cls, document: Any) -> TranslationOut:
-        """A ``serving.engine.documents.DocumentTranslation``: the joined text, token counts summed over its sentences."""
+    def of_document(cls, document: DocumentTranslation) -> TranslationOut:
+        """A document's translation: the joined text, token counts summed over its sentences."""
         sentences = [
             SentenceOut(source=s.source, text=s.translation.text, start=s.start, end=s.end,
                         input_tokens=int(s.translation.input_tokens), output_tokens=int(s.translation.output_tokens),
@@ -268,7 +270,7 @@ class ScoreOut(BaseModel):
     token_log_probs: list[float] = Field(description="the log-probability of each target token, EOS last")
 
     @classmethod
-    def of(cls, score: Any) -> ScoreOut:
+    def of(cls, score: ReferenceScore) -> ScoreOut:
         return cls(log_prob=score.log_prob, tokens=int(score.tokens), mean_log_prob=score.mean_log_prob,
                    perplexity=finite_score(score.perplexity), token_log_probs=list(score.token_log_probs))
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -225,7 +225,7 @@ def _model_out(service: TranslationService, runner: ModelRunner) -> ModelOut:
     if runner.translator is None:
         return out
     info = runner.info
-    details: dict[str, Any] = asdict(info) if is_dataclass(info) and not isinstance(info, type) else {}
+    details = asdict(info)
     for key in ("name", "version", "runtime", "precision", "max_input_tokens"):
         details.pop(key, None)
     out.version = str(info.version)

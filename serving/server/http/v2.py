@@ -7,7 +7,6 @@ the raw body itself: tritonclient sends no Content-Type and, by default, the bin
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any
 
@@ -16,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from serving import __version__
 from serving.engine.errors import InvalidInput, LimitExceeded
+from serving.server.client_json import parse_client_json
 from serving.server.http.deps import ApiKeyDep, ServiceDep, request_id, request_started, unless_disconnected
 from serving.server.http.schemas import (
     error_responses,
@@ -166,10 +166,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     """An optional JSON object body ({} when empty)."""
     if not body.strip():
         return {}
-    try:
-        document = json.loads(body)
-    except ValueError as e:
-        raise InvalidInput(f"the request body is not valid JSON ({e})") from None
+    document = parse_client_json(body, "the request body")
     if not isinstance(document, dict):
         raise InvalidInput("the request body must be a JSON object")
     return document

@@ -2,7 +2,7 @@
 not, sentence chrF and BLEU of the candidate's text against production's, and the length ratio.
 
 chrF and BLEU are sacrebleu's sentence scorers (``CHRF()``, ``BLEU(effective_order=True)``, their defaults) when
-sacrebleu is installed (the ``eval`` extra); without it they are off (``None``) and :data:`SCORER` says so.
+sacrebleu is installed (the ``shadow`` extra); without it they are off (``None``) and :data:`SCORER` says so.
 """
 
 from __future__ import annotations

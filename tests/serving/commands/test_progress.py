@@ -29,6 +29,7 @@ def _terminal(monkeypatch: pytest.MonkeyPatch) -> Terminal:
     monkeypatch.setattr(sys, "stderr", stream)
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     monkeypatch.setattr(serving.commands.progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(serving.commands.progress, "MININTERVAL_S", 0.0)  # every update drawn, however fast
     return stream
 
 
@@ -72,7 +73,7 @@ def test_convert_names_its_stages(tiny_marian_dir: Path, tmp_path: Path, monkeyp
 
 def test_validate_shows_the_test_set_being_translated(tiny_onnx_package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = _terminal(monkeypatch)
-    from loadtest.validate import _quality_pass
+    from loadtest.validate.command import _quality_pass
     from serving.engine.translator import DecodeOptions, Translator
 
     translator = Translator.load(tiny_onnx_package, threads=1)

@@ -14,6 +14,7 @@ import serving.server.settings
 from serving.commands import translate as translate_cli
 from serving.commands.main import main
 from serving.engine.translator import DecodeOptions, Translator
+from serving.package import RUNTIMES
 from tests.utils.marian_factory import corpus
 
 TEXTS = corpus("en")[100:106]
@@ -52,15 +53,15 @@ def test_arguments(package: Path, expected: dict[str, list[str]], capsys: pytest
     assert lines == expected["default"]
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_stdin_lines_keep_empty_lines(
-    package: Path, expected: dict[str, list[str]], backend: str, capsys: pytest.CaptureFixture[str],
+    package: Path, expected: dict[str, list[str]], runtime: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if backend == "openvino":
+    if runtime == "openvino":
         pytest.importorskip("openvino")
     stdin = "\n".join([TEXTS[0], "", TEXTS[1], "   ", *TEXTS[2:]]) + "\r\n"
-    code, lines, _ = run(["-m", str(package), "--backend", backend, "--beam-size", "1", "--threads", "1"], capsys,
+    code, lines, _ = run(["-m", str(package), "--runtime", runtime, "--beam-size", "1", "--threads", "1"], capsys,
                          stdin, monkeypatch)
     greedy = expected["greedy"]
     assert code == 0

@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.engine.backends import create_backend
 from serving.engine.decoding import SearchOptions, search
-from serving.package import open_package
+from tests.utils.decoding_parity import package_backend
 from tests.utils.marian_factory import corpus, make_en_de_shaped_dir
 
 torch = pytest.importorskip("torch")
@@ -77,12 +76,6 @@ def models(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False)
         out[name] = (source, package, model)
     return out
-
-
-def _backend(package: Path, runtime: str) -> Any:
-    pkg = open_package(package)
-    artifact = pkg.artifact(runtime, "fp32")
-    return create_backend(runtime, pkg.path(artifact.encoder), pkg.path(artifact.decoder), threads=1)
 
 
 def _inputs(source: Path) -> np.ndarray:
@@ -151,7 +144,7 @@ def test_features_match_generate(models: dict[str, Any], model_name: str, runtim
     config = model.config
     prefixes = _prefixes(config.vocab_size, config.pad_token_id, config.eos_token_id) if case.get("prefix") else None
     expected, expected_scores = _generate(model, ids, case, prefixes)
-    got, got_scores = _search(_backend(package, runtime), model, ids, case, prefixes)
+    got, got_scores = _search(package_backend(package, runtime), model, ids, case, prefixes)
     assert got == expected
     if expected_scores is not None:
         np.testing.assert_allclose(np.array(got_scores), np.array(expected_scores), rtol=0, atol=1e-4)
@@ -161,5 +154,5 @@ def test_features_match_generate(models: dict[str, Any], model_name: str, runtim
         assert all(len(h[0]) - (PREFIX if prefixes else 0) > case["min_new_tokens"] for h in got)
     plain = {"num_beams": case["num_beams"], **({"forced_eos": True} if case.get("forced_eos") else {})}
     if case != plain:  # the feature changes what is decoded (else the comparison would prove little)
-        baseline, _ = _search(_backend(package, runtime), model, ids, plain, None)
+        baseline, _ = _search(package_backend(package, runtime), model, ids, plain, None)
         assert [h[0] for h in got] != [h[0] for h in baseline] or "num_return_sequences" in case

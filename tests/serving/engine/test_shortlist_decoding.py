@@ -134,7 +134,7 @@ def test_a_server_started_with_the_shortlist_translates_as_the_engine(tiny_short
     """A real ``mtgate serve --shortlist`` on loopback (the setting read from the environment for step level)."""
     import httpx
 
-    from tests.serving.server.servers import start_server
+    from tests.utils.server import start_server
 
     flags, env = ("--shortlist", "--batching", batching), None
     if batching == "step":

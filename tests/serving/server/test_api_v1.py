@@ -146,7 +146,7 @@ def test_models(client: TestClient) -> None:
     assert r.status_code == 200
     (model,) = r.json()["models"]
     assert model["name"] == "echo" and model["ready"] and model["default"]
-    assert model["details"]["target_language"] == "xx"
+    assert model["details"]["source_language"] == "en" and model["details"]["decoding"]["beam_size"] == 1
     assert client.get("/v1/models/echo").json()["name"] == "echo"
     assert client.get("/v1/models/other").status_code == 404
 

@@ -246,3 +246,19 @@ def test_framework_errors_use_the_v2_shape(client: TestClient) -> None:
     assert r.status_code == 404 and isinstance(r.json()["error"], str)
     r = client.post("/v2/models/nope/infer", content=_json({"inputs": [GOOD_INPUT]}))
     assert r.status_code == 404 and "unknown model" in r.json()["error"]
+
+
+@pytest.mark.parametrize(("body", "words"), [(b"{not json", "not valid JSON"), (b"[" * 100_000, "nested too deeply")])
+def test_a_bad_repository_request_body_is_a_400(shared_client: TestClient, body: bytes, words: str) -> None:
+    """The repository routes read their optional body as every /v2 route does: nested too deeply is a 400 too."""
+    r = shared_client.post("/v2/repository/index", content=body)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize(("config", "words"), [("{not json", "not valid JSON"), ("[" * 100_000, "nested too deeply")])
+def test_a_bad_load_config_is_invalid_input(config: str, words: str) -> None:
+    from serving.engine.errors import InvalidInput
+    from serving.server.versions import config_policy
+
+    with pytest.raises(InvalidInput, match=words):
+        config_policy("echo", {"config": config})

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from serving.engine.translator import DecodeOptions, Translator
-from tests.serving.server.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ServerProcess, start_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 

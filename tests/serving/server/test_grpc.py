@@ -19,8 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serving.server.servers import ROOT, ServerProcess, start_server
+from loadtest.metrics_text import read_metrics
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ROOT, ServerProcess, start_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
@@ -39,11 +40,10 @@ def _raw_call(address: str, method: str, body: bytes, metadata: tuple[tuple[str,
 
 
 def _requests_total(server: ServerProcess, method: str, code: str) -> float:
-    labels = {'method="GRPC"', f'route="{SERVICE}{method}"', f'status="{code}"'}
-    for line in httpx.get(server.url + "/metrics").text.splitlines():
-        name, _, rest = line.partition("{")
-        if name == "mtgate_requests_total" and set(rest.rsplit("}", 1)[0].split(",")) == labels:
-            return float(line.rsplit(" ", 1)[1])
+    labels = {"method": "GRPC", "route": f"{SERVICE}{method}", "status": code}
+    for sample in (s for family in read_metrics(server.url, 10) for s in family.samples):
+        if sample.name == "mtgate_requests_total" and sample.labels == labels:
+            return float(sample.value)
     return 0.0
 
 

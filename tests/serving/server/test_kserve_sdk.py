@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving.server.servers import ROOT, start_server
+from tests.utils.server import ROOT, start_server
 
 PYTHON = ROOT / ".venv-kserve" / "bin" / "python"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.serving.server.servers import ServerProcess, start_server
 from tests.serving.server.test_server_e2e import metric_samples
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ServerProcess, start_server
 
 SENTENCES = corpus("en")
 

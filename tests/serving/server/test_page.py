@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.serving.server.browser import browser_page
-from tests.serving.server.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ServerProcess, start_server
 
 SENTENCES = corpus("en")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.serving.server.browser import browser_page
-from tests.serving.server.servers import ServerProcess, start_server
+from tests.utils.server import ServerProcess, start_server
 
 RED = "rgb(176, 0, 32)"
 COLOR = "(id) => getComputedStyle(document.getElementById(id)).color"

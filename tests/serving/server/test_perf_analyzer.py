@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving.server.servers import start_server
+from tests.utils.server import start_server
 
 ROOT = Path(__file__).resolve().parents[3]
 PERF_VENV = ROOT / ".venv-perf"

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serving.server.servers import start_server
+from tests.utils.server import start_server
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
@@ -118,7 +118,7 @@ def test_an_empty_repository_is_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.serving.server.servers import ROOT
+    from tests.utils.server import ROOT
 
     proc = subprocess.run([sys.executable, "-m", "serving.commands.main", "serve", "--model-repository", str(tmp_path),
                            "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
@@ -162,7 +162,7 @@ def test_a_bad_version_policy_is_one_line(tiny_package: Path, tmp_path: Path) ->
     import subprocess
     import sys
 
-    from tests.serving.server.servers import ROOT
+    from tests.utils.server import ROOT
 
     (tmp_path / NAME).mkdir()
     _place(tiny_package, tmp_path, 1)

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.metrics_text import read_metrics
 from serving.engine.translator import DecodeOptions, Translator
 from tests.serving.server.browser import browser_page
-from tests.serving.server.servers import ServerProcess, start_server
 from tests.utils.marian_factory import corpus
+from tests.utils.server import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,12 +44,7 @@ SENTENCES = corpus("en")
 
 
 def metric_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(url + "/metrics").text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in read_metrics(url, 10) for s in family.samples}
 
 
 def test_translate_equals_the_in_process_translator(server: ServerProcess, translator: Translator) -> None:

@@ -21,7 +21,7 @@ from serving.commands.serve import settings_line
 from serving.engine.backends.onnxruntime import OnnxRuntimeBackend
 from serving.engine.backends.openvino import OpenVinoBackend
 from serving.server.settings import ServingSettings
-from tests.serving.server.servers import start_server
+from tests.utils.server import start_server
 
 LEVEL = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from serving.server.settings import demo_model
-from tests.serving.server.servers import ServerProcess, start_server
+from tests.utils.server import ServerProcess, start_server
 
 SENTENCES = [
     "A man in a blue shirt is standing on a ladder cleaning windows.",

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving.server.servers import ServerProcess, start_server
+from tests.utils.server import ServerProcess, start_server
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.5

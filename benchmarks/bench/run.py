@@ -1,5 +1,5 @@
-"""A run of the benchmark: the model and its conversions (built once, cached), one process per engine, case and round
-(``--interleave engine``: per engine and round), the engines' order alternating from one to the next, the reports.
+"""A run of the benchmark: the model and its conversions (built once, cached), the engines' rounds
+(``benchmarks.bench.rounds``), the reports.
 
 The cache folder (``--cache-dir``) holds, per model, the mtgate package converted from it, the peers' artifacts, the
 logs of the slow preparation steps and each run's worker configs and results (``runs/<name>/``).
@@ -26,11 +26,12 @@ from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
 from benchmarks.bench.engines import PEER_ENGINES, TEXT_PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import NAME, Plan
-from benchmarks.bench.processes import PEERS_SCRIPT, Unit, run_rounds, worker_env
-from benchmarks.bench.processes import run_command as _run
-from benchmarks.bench.processes import tail as _tail
 from benchmarks.bench.report import render_markdown
+from benchmarks.bench.rounds import PEERS_SCRIPT, Unit, run_rounds, worker_env
+from benchmarks.bench.rounds import run_command as _run
+from benchmarks.bench.rounds import tail as _tail
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
+from benchmarks.common import ReportFiles
 from serving.commands.options import UsageError
 from serving.package import Manifest, open_package
 from serving.package.files import atomic_write_text
@@ -263,13 +264,9 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
         "engines": entries,
         "analysis": analysis,
     }
-    json_path = plan.output_dir / f"{plan.name}.json"
-    md_path = plan.output_dir / f"{plan.name}.md"
-    markdown = render_markdown(report)
-    write_json(json_path, report)
-    atomic_write_text(md_path, markdown)
-    sys.stdout.write(markdown)
-    sys.stdout.write(f"\nwrote {json_path} and {md_path}\n")
+    files = ReportFiles.of(plan.output_dir, plan.name)
+    sys.stdout.write(files.write(report, render_markdown))
+    sys.stdout.write(f"\nwrote {files.json_path} and {files.md_path}\n")
     if plan.check_targets and not analysis["targets_met"]:
         return 1
     return 0 if any(e["status"] == "ok" for e in entries) else 1

@@ -2,7 +2,7 @@
 and the capacity plan for the expected load.
 
 The throughput comes from the load scenario that decodes as the quality run did (the same beam size); without one,
-from the test set's timed passes in process (``loadtest.validate_speed``: their median). The speed is left to that
+from the test set's timed passes in process (``loadtest.validate.speed``: their median). The speed is left to that
 scenario when one is selected: no timed passes then (:func:`load_scenario_for_cost`).
 """
 
@@ -16,7 +16,7 @@ from loadtest.quality import SystemScore
 from loadtest.targets import TargetsFile
 
 if TYPE_CHECKING:
-    from loadtest.validate import Outcome
+    from loadtest.validate.command import Outcome
 
 estimate_cost = cost_per_million_at_full_use  # the name validate's callers know
 

@@ -15,7 +15,7 @@ import pytest
 from loadtest.capacity import CapacityConfig, plan
 
 pytestmark = pytest.mark.timeout(420)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "models" / "demo-en-de"
 
 

@@ -15,7 +15,7 @@ from loadtest.stats import read_run
 from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)
-DEMO = Path(__file__).resolve().parents[2] / "models" / "demo-en-de"
+DEMO = Path(__file__).resolve().parents[3] / "models" / "demo-en-de"
 N = 24
 CAPACITY = {"load": {"peak_rps": 25, "hours_per_day": 8}, "prices": {"cloud_per_core_hour": 0.05}, "headroom": 0.2}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from loadtest.corpus import DEFAULT_SOURCE, read_lines
-from loadtest.validate_speed import Speed, measure_speed
+from loadtest.validate.speed import Speed, measure_speed
 from serving.commands.main import main
 
 pytestmark = pytest.mark.timeout(300)

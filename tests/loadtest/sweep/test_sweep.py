@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.sweep import prune_reason
-from loadtest.sweep_config import Point, load_sweep
-from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest, kubernetes_patch, pareto_front
+from loadtest.sweep.command import prune_reason
+from loadtest.sweep.config import Point, load_sweep
+from loadtest.sweep.results import PointResult, ScenarioSummary, cheapest, kubernetes_patch, pareto_front
 from loadtest.targets import TargetsError
 
 

@@ -1,11 +1,10 @@
-"""batch/runner.py (with workers, state, resources) and a fake translator: chunking, ordering, commit/resume, shards,
+"""batch/run_loop.py (with workers, state, resources) and a fake translator: chunking, ordering, commit/resume, shards,
 rejects, fingerprints."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +17,21 @@ from batch.errors import JobError  # noqa: E402
 from batch.inputs import resolve_inputs  # noqa: E402
 from batch.job import EngineConfig, Job  # noqa: E402
 from batch.resources import plan_parallelism  # noqa: E402
-from batch.runner import run_job  # noqa: E402
+from batch.run_loop import run_job  # noqa: E402
 from batch.schema import detect_schema  # noqa: E402
 from batch.state import StateDir  # noqa: E402
 from batch.workers import LocalChunkWorker, ThreadExecutor, make_batches  # noqa: E402
 from serving.engine.decoding import SearchOptions  # noqa: E402
 from serving.engine.errors import InputTooLong  # noqa: E402
 from serving.engine.request import Prepared, Translation, check_lengths  # noqa: E402
-
-
-@dataclass(frozen=True)
-class _Info:
-    max_input_tokens: int = 12
+from tests.fakes import echo_info  # noqa: E402
 
 
 class FakeTranslator:
     """Upper-cases; one token per word plus EOS (``prepare`` maps words to ids and checks the length as the engine
     does); ``run`` refuses sentences containing 'refuse' and can fail after N batches."""
 
-    info = _Info()
+    info = echo_info("upper", max_input_tokens=12)
 
     def __init__(self, fail_after_batches: int | None = None) -> None:
         self.fail_after = fail_after_batches

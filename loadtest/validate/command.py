@@ -6,8 +6,8 @@ Steps, each adding checks to one verdict:
    ``--baseline``, sacrebleu's paired bootstrap test (1000 resamples) decides whether a drop is significant;
 3. load: with ``--targets``, start ``mtgate serve`` with the candidate on 127.0.0.1 and run every scenario;
 4. cost: price per core-hour x cores / measured output tokens per second, per million output tokens
-   (``loadtest.validate_cost``): the throughput of the load scenario that decodes as the quality run did, else the
-   median of ``--speed-repeats`` timed passes of the test set in process (``loadtest.validate_speed``).
+   (``loadtest.validate.cost``): the throughput of the load scenario that decodes as the quality run did, else the
+   median of ``--speed-repeats`` timed passes of the test set in process (``loadtest.validate.speed``).
 The report (``validate.json`` and ``validate.html``, plus the hypotheses) goes to ``--report``. Exit 0 PROMOTE,
 1 REJECT, 2 usage error.
 """
@@ -26,20 +26,20 @@ from loadtest.capacity import Plan
 from loadtest.cli import check_tensorboard, check_writable, default_report_dir
 from loadtest.corpus import DEFAULT_REFERENCE, DEFAULT_SOURCE, CorpusError, read_lines
 from loadtest.errors import LoadTestError
+from loadtest.locust_run import run_all
 from loadtest.quality import Analysis, Comparison, SystemScore, analyse, compare, score
 from loadtest.report import ScenarioResult, write_text_atomically
-from loadtest.runner import run_all
 from loadtest.server import package_model_name, start_server
 from loadtest.targets import QualityTargets, ShadowTargets, TargetsError, TargetsFile, load_targets
-from loadtest.validate_cost import (
+from loadtest.validate.cost import (
     capacity_plan,
     estimate_cost,
     load_scenario_for_cost,
     quality_beam,
     throughput_cost,
 )
-from loadtest.validate_report import describe_package, write_outcome, write_validate_tensorboard
-from loadtest.validate_speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
+from loadtest.validate.report import describe_package, write_outcome, write_validate_tensorboard
+from loadtest.validate.speed import DEFAULT_REPEATS, Pass, Speed, measure_speed, translate_pass
 
 if TYPE_CHECKING:
     from serving.engine.translator import DecodeOptions, Translator
@@ -57,7 +57,6 @@ def _usage_error(message: str) -> Exception:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from serving.commands.options import (
-        RUNTIMES,
         add_alias,
         add_decoding,
         add_max_batch_size,
@@ -66,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         positive_float,
         positive_int,
     )
-    from serving.package.precision import PRECISION_CHOICES
+    from serving.package import PRECISION_CHOICES, RUNTIMES
     from serving.server.settings import DEFAULT_MAX_BATCH_SIZE
 
     add_model(parser, "the candidate: the model package to promote", required=True, aliases=["--candidate"])
@@ -138,7 +137,7 @@ class Outcome:
     analysis: Analysis | None = None
     alpha: float = 0.05
     speed_left_to: str | None = None  # the load scenario that measures throughput instead of timed passes in process
-    shadow: dict[str, Any] | None = None  # --shadow-log: loadtest.validate_shadow.summarize
+    shadow: dict[str, Any] | None = None  # --shadow-log: loadtest.validate.shadow.summarize
 
     @property
     def verdict(self) -> str:
@@ -375,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = Outcome(candidate=candidate, baseline=baseline,
                       testset={"source": str(source), "reference": str(reference), "sentences": len(sources)})
     if getattr(args, "shadow_log", None) is not None:  # before any work: a missing or empty log is a usage error
-        from loadtest.validate_shadow import ShadowLogError, shadow_checks, summarize
+        from loadtest.validate.shadow import ShadowLogError, shadow_checks, summarize
 
         try:
             outcome.shadow = summarize(args.shadow_log)

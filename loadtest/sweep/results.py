@@ -1,7 +1,7 @@
 """What a sweep found, and the choice made from it: each point's result (:class:`PointResult`, what it did under
 each scenario), the Pareto front of p95 latency against output tokens/s per core, the cheapest point that meets
-every target with its capacity plan, and the Kubernetes patch that deploys it. ``loadtest.sweep`` measures the
-points; ``loadtest.sweep_report`` draws what this module decides.
+every target with its capacity plan, and the Kubernetes patch that deploys it. ``loadtest.sweep.command`` measures the
+points; ``loadtest.sweep.report`` draws what this module decides.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.capacity import Plan, plan
-from loadtest.sweep_config import Point, Sweep
+from loadtest.sweep.config import Point, Sweep
 
 
 @dataclass(frozen=True)

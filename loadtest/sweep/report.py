@@ -10,8 +10,8 @@ from typing import Any
 from loadtest.capacity import Plan, describe, plan_rows
 from loadtest.charts import Line, Series, scatter
 from loadtest.report import figure_html, html_page, html_table, write_text_atomically
-from loadtest.sweep_config import Sweep
-from loadtest.sweep_results import PointResult, capacity_plan, kubernetes_patch, pareto_front, tokens_per_core
+from loadtest.sweep.config import Sweep
+from loadtest.sweep.results import PointResult, capacity_plan, kubernetes_patch, pareto_front, tokens_per_core
 
 Winner = tuple[PointResult, Plan | None] | None
 

@@ -34,6 +34,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from loadtest.capacity import CapacityConfig
 from loadtest.targets import Scenario, TargetsError, _location, load_targets
+from serving.package import DEFAULT_RUNTIME, Runtime
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 
@@ -44,8 +45,8 @@ class _Strict(BaseModel):
 class Space(_Strict):
     """The values to try for each serving setting (each list non-empty, no duplicates)."""
 
-    runtime: list[Literal["onnxruntime", "openvino"]] = Field(
-        default=["onnxruntime"], min_length=1, validation_alias=AliasChoices("runtime", "backend"))
+    runtime: list[Runtime] = Field(
+        default=[DEFAULT_RUNTIME], min_length=1, validation_alias=AliasChoices("runtime", "backend"))
     precision: list[Literal["auto", "fp32", "int8"]] = Field(default=["auto"], min_length=1)
     threads: list[int] = Field(default=[1], min_length=1)
     replicas_per_node: list[int] = Field(default=[1], min_length=1)

@@ -16,7 +16,7 @@ from loadtest.report import html_page, html_table, scenario_html, write_text_ato
 
 if TYPE_CHECKING:
     from loadtest.quality import SystemScore
-    from loadtest.validate import Outcome
+    from loadtest.validate.command import Outcome
 
 
 def describe_package(summary: dict[str, Any]) -> str:
@@ -112,7 +112,7 @@ def to_html(outcome: Outcome) -> str:
             parts += [f"<p>Capacity for the expected load: {html.escape(describe(outcome.plan))}.</p>",
                       html_table(plan_rows(outcome.plan))]
     if outcome.shadow is not None:
-        from loadtest.validate_shadow import shadow_html
+        from loadtest.validate.shadow import shadow_html
 
         parts.append(shadow_html(outcome.shadow))
     if outcome.load:

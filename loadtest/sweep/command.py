@@ -1,7 +1,7 @@
 """``mtgate sweep SWEEP.yaml``: measure serving configurations under the scenarios' load, and pick the cheapest one
 that meets every target, with the replicas, cost and Kubernetes resources it implies.
 
-Each point (``loadtest.sweep_config.Point``) starts its replicas of ``mtgate serve`` on loopback ports and runs
+Each point (``loadtest.sweep.config.Point``) starts its replicas of ``mtgate serve`` on loopback ports and runs
 every scenario against them at once (the scenario's users split over the replicas; counts add up, percentiles are
 the worst replica's). A finished point is saved in ``REPORT/points/<key>.json``: run the same command again and it
 is not measured again (a changed package, scenario or setting is a new key). Bounded: every Locust run by its run
@@ -31,12 +31,12 @@ from pathlib import Path
 
 from loadtest.errors import LoadTestError
 from loadtest.gate import Check, evaluate
-from loadtest.runner import resolve_corpus, run_scenario
+from loadtest.locust_run import resolve_corpus, run_scenario
 from loadtest.scrape import ServerMetrics
 from loadtest.server import package_model_name, start_server
 from loadtest.stats import RunStats, merge_runs
-from loadtest.sweep_config import Point, Sweep, check_packages, load_sweep
-from loadtest.sweep_results import PointResult, ScenarioSummary, cheapest
+from loadtest.sweep.config import Point, Sweep, check_packages, load_sweep
+from loadtest.sweep.results import PointResult, ScenarioSummary, cheapest
 from loadtest.targets import Scenario, TargetsError
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def run_sweep(sweep: Sweep, report_dir: Path, max_points: int, max_minutes: floa
 
 def run(args: argparse.Namespace) -> int:
     from loadtest.cli import check_tensorboard, check_writable
-    from loadtest.sweep_report import write_sweep_report, write_sweep_tensorboard
+    from loadtest.sweep.report import write_sweep_report, write_sweep_tensorboard
 
     try:
         sweep = load_sweep(args.sweep)

@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 
 from loadtest.targets import QualityTargets
-from loadtest.validate import (
+from loadtest.validate.command import (
     Check,
     Comparison,
     Outcome,

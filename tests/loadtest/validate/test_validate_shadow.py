@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from loadtest.targets import ShadowTargets
-from loadtest.validate_shadow import ShadowLogError, log_files, shadow_checks, summarize
+from loadtest.validate.shadow import ShadowLogError, log_files, shadow_checks, summarize
 from serving.commands.main import main
 from serving.server.settings import demo_model
 
@@ -72,9 +72,9 @@ def demo() -> Path:
 def test_validate_adds_the_live_traffic_section_and_gates_on_its_targets(
     demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import loadtest.validate
+    import loadtest.validate.command
 
-    monkeypatch.setattr(loadtest.validate, "_load", lambda *args: None)  # no load scenario here: the shadow rules only
+    monkeypatch.setattr(loadtest.validate.command, "_load", lambda *args: None)  # no load scenario here: the shadow rules only
     targets = tmp_path / "targets.yaml"
     targets.write_text("scenarios:\n  - {name: single, users: {TranslateUser: 1}, concurrency: 1, duration: 1s}\n"
                        "shadow: {min_pairs: 50, min_agreement: 0.5, min_chrf_p10: 60}\n", encoding="utf-8")
