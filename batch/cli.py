@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from batch.engines import check_ray, decoding_of, model_dir_of, package_engine, package_info, ray_engine, server_engine
+from batch.engines import check_ray, model_dir_of, options_of, package_engine, package_info, ray_engine, server_engine
 from batch.errors import InputError, IOFailure, JobError
 from batch.framing import FORMATS, Format
 from batch.inputs import resolve_inputs
@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("throughput and reliability")
     run.add_argument("--workers", type=positive_int, default=None, metavar="N",
                      help="worker processes (default: one per core; with --server: 4 concurrent requests)")
-    add_max_batch_tokens(run, help=f"most padded source tokens per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
+    add_max_batch_tokens(run, help=f"most padded source tokens times beams per batch (default: {OFFLINE_MAX_BATCH_TOKENS}, fewer "
                                    "than mtgate serve's: every worker holds a batch)",
                          default=OFFLINE_MAX_BATCH_TOKENS, aliases=("--max-tokens",))
     add_max_batch_size(run, help=f"most sentences per batch (default: {OFFLINE_MAX_BATCH_SIZE}, more than mtgate "
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--score-references needs a local model package (-m), not {remote}")
     if args.ray is not None:
         check_ray(args)
-    decoding = decoding_of(args)  # bad options or combinations: exit 2 before any work, as mtgate translate
+    options = options_of(args)  # bad options or combinations: exit 2 before any work, as mtgate translate
     num_shards, shard_index = _shard(args)
     try:
         inputs = resolve_inputs(args.inputs, args.input_format, args.references)
@@ -239,17 +239,17 @@ def run(args: argparse.Namespace) -> int:
     chunk_runner: ChunkRunner | None = None
     make_executor: Callable[[], Executor] | None = None
     if args.server:
-        engine, make_executor, engine_info = server_engine(args, decoding)
+        engine, make_executor, engine_info = server_engine(args, options)
     elif args.ray is not None:
         assert model_dir is not None
-        engine, chunk_runner, ray_info = ray_engine(args, model_dir, manifest, decoding)
+        engine, chunk_runner, ray_info = ray_engine(args, model_dir, manifest, options)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads, "ray": ray_info}
     else:
         assert model_dir is not None
-        engine, make_executor = package_engine(args, model_dir, manifest, decoding)
+        engine, make_executor = package_engine(args, model_dir, manifest, options)
         engine_info |= {"workers": engine.workers, "threads_per_worker": engine.threads}
-    if decoding:
-        engine_info["decoding"] = dict(decoding)
+    if engine.decoding:
+        engine_info["decoding"] = dict(engine.decoding)
 
     logger.info("batch-score: %d input file(s), %s -> %s", len(inputs), schema.describe(), output)
     from serving.package import PackageError

@@ -19,6 +19,7 @@ from batch.run_loop import ChunkRunner
 from batch.workers import Executor, LocalChunkWorker, ProcessExecutor, ThreadExecutor
 from serving.commands.options import UsageError
 from serving.commands.registry import missing_extra
+from serving.engine.request import DecodeOptions
 
 _REMOTE_WORKERS = 4
 
@@ -65,8 +66,9 @@ Decoding = tuple[tuple[str, Any], ...]
 """``EngineConfig.decoding``: the decoding options beyond ``--beam-size`` and ``--max-length``."""
 
 
-def decoding_of(args: argparse.Namespace) -> Decoding:
-    """The decoding options of the command line, checked as ``mtgate translate`` checks them (before any work).
+def options_of(args: argparse.Namespace) -> DecodeOptions:
+    """The decoding options of the command line, parsed and checked once, as ``mtgate translate`` checks them
+    (before any work); they travel as they are (``EngineConfig.of``).
 
     Raises:
         UsageError: a bad value or options that do not go together (named by their flags), or
@@ -74,7 +76,6 @@ def decoding_of(args: argparse.Namespace) -> Decoding:
     """
     from serving.commands.options import decoding_values, flag_name
     from serving.engine.errors import InvalidInput
-    from serving.engine.request import DecodeOptions
 
     try:
         options = DecodeOptions.from_parameters(decoding_values(args), flag_name)
@@ -83,11 +84,16 @@ def decoding_of(args: argparse.Namespace) -> Decoding:
     if (options.num_hypotheses or 1) > 1:
         raise UsageError(f"--num-hypotheses {options.num_hypotheses}: batch-score writes one translation per record "
                          "(n-best lists: mtgate translate --num-hypotheses)")
-    return EngineConfig.decoding_of(options, args.target_prefix)
+    return options
 
 
-def server_engine(args: argparse.Namespace,
-                  decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
+def decoding_of(args: argparse.Namespace) -> Decoding:
+    """:func:`options_of` and ``--target-prefix`` as ``EngineConfig.decoding`` (what the summary shows)."""
+    return EngineConfig.decoding_of(options_of(args), args.target_prefix)
+
+
+def server_engine(args: argparse.Namespace, options: DecodeOptions | None = None
+                  ) -> tuple[EngineConfig, Callable[[], Executor], dict[str, Any]]:
     """(engine, executor factory, engine info) for ``--server``: one client per worker thread; the decoding options
     go with every request as its parameters."""
     from batch.remote import RemoteChunkWorker, RemoteError, connect
@@ -97,9 +103,9 @@ def server_engine(args: argparse.Namespace,
     except RemoteError as e:
         raise UsageError(str(e)) from e
     workers = args.workers or _REMOTE_WORKERS
-    engine = EngineConfig(beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
-                          model_name=target.model, decoding=decoding)
+    engine = EngineConfig.of(options or DecodeOptions(), args.target_prefix, max_tokens=args.max_batch_tokens,
+                             max_batch_size=args.max_batch_size, workers=workers, threads=1, server=args.server,
+                             model_name=target.model)
     parameters = engine.parameters()
 
     def make_executor() -> Executor:
@@ -124,7 +130,7 @@ def check_ray(args: argparse.Namespace) -> None:
 
 
 def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],
-               decoding: Decoding = ()) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
+               options: DecodeOptions | None = None) -> tuple[EngineConfig, ChunkRunner, dict[str, Any]]:
     """(engine, chunk runner, Ray info) for ``--ray``: a Ray started here (as many CPUs as this process may use) or
     the one at ADDRESS; actors x threads from its CPUs. Prints where the Ray dashboard is."""
     from batch.ray_runner import RayChunks
@@ -142,9 +148,9 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
                                            available_memory())
     else:
         actors, threads = plan_actors(args.workers, args.threads, session.cpus)
-    engine = EngineConfig(model_dir=model_dir.resolve(), runtime=args.runtime, precision=args.precision,
-                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=actors, threads=threads, decoding=decoding)
+    engine = EngineConfig.of(options or DecodeOptions(), args.target_prefix, model_dir=model_dir.resolve(),
+                             runtime=args.runtime, precision=args.precision, max_tokens=args.max_batch_tokens,
+                             max_batch_size=args.max_batch_size, workers=actors, threads=threads)
     where = "a local Ray" if session.started_here else f"Ray at {session.address}"
     dashboard = f"; dashboard {session.dashboard_url}" if session.dashboard_url else ""
     sys.stderr.write(f"batch-score: {where} ({session.cpus} CPUs), {actors} actor(s) x {threads} thread(s)"
@@ -153,14 +159,14 @@ def ray_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, An
 
 
 def package_engine(args: argparse.Namespace, model_dir: Path, manifest: dict[str, Any],
-                   decoding: Decoding = ()) -> tuple[EngineConfig, Callable[[], Executor]]:
+                   options: DecodeOptions | None = None) -> tuple[EngineConfig, Callable[[], Executor]]:
     """(engine, executor factory) for a model package: workers x threads planned from the cores and memory."""
     workers, threads = plan_parallelism(args.workers, args.threads, available_cores(),
                                         model_bytes(model_dir, manifest, args.runtime, args.precision),
                                         available_memory())
-    engine = EngineConfig(model_dir=model_dir, runtime=args.runtime, precision=args.precision,
-                          beam_size=args.beam_size, max_length=args.max_length, max_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, workers=workers, threads=threads, decoding=decoding)
+    engine = EngineConfig.of(options or DecodeOptions(), args.target_prefix, model_dir=model_dir,
+                             runtime=args.runtime, precision=args.precision, max_tokens=args.max_batch_tokens,
+                             max_batch_size=args.max_batch_size, workers=workers, threads=threads)
 
     def make_executor() -> Executor:
         if engine.workers > 1:

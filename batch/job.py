@@ -8,7 +8,7 @@ The records a shard owns (global index ``i`` with ``i % num_shards == shard_inde
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,12 @@ class EngineConfig:
         model_name: model name on the server.
         decoding: the other decoding options given (``serving.engine.request.OPTION_NAMES`` beyond ``beam_size`` and
             ``max_length``, and ``target_prefix``, the start of every translation), as sorted ``(name, value)``
-            pairs, only those that differ from the default (hashable and picklable: every worker, process and Ray
-            actor builds the same :meth:`options` from it; :meth:`parameters` are what a server gets).
+            pairs, only those that differ from the default: what the fingerprint and the summary show, and
+            :meth:`parameters` (what a server gets).
+        checked: the :class:`~serving.engine.request.DecodeOptions` these fields were made from (:meth:`of`, where
+            the command line was read and checked), kept as they are: :meth:`options`, in every worker, process and
+            Ray actor (a config pickles with them). Without it, :meth:`options` are made from the fields, once, when
+            first asked for.
     """
 
     model_dir: Path | None = None
@@ -55,6 +59,18 @@ class EngineConfig:
     server: str | None = None
     model_name: str | None = None
     decoding: tuple[tuple[str, Any], ...] = ()
+    checked: InitVar[DecodeOptions | None] = None
+    _options: DecodeOptions | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self, checked: DecodeOptions | None) -> None:
+        object.__setattr__(self, "_options", checked)
+
+    @classmethod
+    def of(cls, options: DecodeOptions, target_prefix: str | None = None, **fields: Any) -> EngineConfig:
+        """The config translating with ``options`` (checked where they were read; kept, never rebuilt) and
+        ``target_prefix``; ``fields``: the other attributes."""
+        return cls(beam_size=options.beam_size, max_length=options.max_length,
+                   decoding=cls.decoding_of(options, target_prefix), checked=options, **fields)
 
     @staticmethod
     def decoding_of(options: DecodeOptions, target_prefix: str | None = None) -> tuple[tuple[str, Any], ...]:
@@ -72,9 +88,14 @@ class EngineConfig:
         return dict(self.decoding).get("target_prefix")
 
     def options(self) -> DecodeOptions:
-        """The :class:`~serving.engine.request.DecodeOptions` every local worker translates with."""
-        given = {name: value for name, value in self.decoding if name != "target_prefix"}
-        return DecodeOptions(beam_size=self.beam_size, max_length=self.max_length, **given)
+        """The :class:`~serving.engine.request.DecodeOptions` every local worker translates with: the ones the config
+        was made from (:meth:`of`), or else made from the fields at the first call, once."""
+        if self._options is None:
+            given = {name: value for name, value in self.decoding if name != "target_prefix"}
+            object.__setattr__(self, "_options", DecodeOptions(beam_size=self.beam_size, max_length=self.max_length,
+                                                               **given))
+        assert self._options is not None
+        return self._options
 
     def parameters(self) -> dict[str, Any]:
         """The Open Inference Protocol request parameters of these options (what ``--server`` sends)."""

@@ -270,7 +270,7 @@ class RayChunks:
 
     def __init__(self, engine: EngineConfig, actors: int, threads: int, debug: bool = False,
                  started: float | None = None) -> None:
-        self.engine = replace(engine, workers=actors, threads=threads)
+        self.engine = replace(engine, workers=actors, threads=threads, checked=engine.options())
         self.actors = actors
         self.threads = threads
         self.debug = debug  # Ray's own log on the console too

@@ -1,10 +1,12 @@
 """Chunk workers: what translates the records of one chunk, and the executors that run them in parallel.
 
 A worker gets a chunk's sources and returns an outcome per source, in order: a :class:`~batch.records.Translated`
-or the reason it was refused. :class:`LocalChunkWorker` sorts the chunk by token length once and cuts it into
-batches of at most ``max_tokens`` padded source tokens (:func:`make_batches`), so that batch composition depends
-only on the chunk's content and a resumed run batches a chunk as the first run did. The remote worker
-(``batch.remote``) does the same through a server.
+or the reason it was refused. :class:`LocalChunkWorker` prepares the chunk once, as the server prepares a request
+(tokenized once, each sentence's sampling seed the stream of its position), and cuts it with the engine's planner
+(``serving.engine.planner``) under the budget the engine was loaded with (``--max-batch-size``,
+``--max-batch-tokens``), so that the engine runs each batch as it is, and batch composition depends only on the
+chunk's content: a resumed run batches a chunk as the first run did. The remote worker (``batch.remote``) sends a
+chunk to a server in requests of ``max_batch_size`` sentences.
 
 Executors: :class:`ThreadExecutor` (one in-process Translator next to the reader, or one server client per thread)
 and :class:`ProcessExecutor` (N spawned processes, each with its own Translator; they die with the parent).
@@ -27,9 +29,9 @@ from typing import Any, Protocol
 
 from batch.job import EngineConfig
 from batch.records import Translated
-from serving.engine.decoding.rules import sentence_seeds
 from serving.engine.errors import InputTooLong, ServingError
-from serving.engine.request import DecodeOptions, Engine, Prepared, ReferenceScore, Translation
+from serving.engine.planner import BatchBudget, plan
+from serving.engine.request import DecodeOptions, Engine, Prepared, ReferenceScore, Sentence, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -39,26 +41,15 @@ Source = str | tuple[int, ...]
 records were written with (``Job.source_ids``; the local worker only)."""
 
 
-def make_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -> list[list[int]]:
-    """Length-bucketed batches: positions sorted by length, cut so that ``size * longest <= max_tokens``.
+def make_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int, beams: int = 1) -> list[list[int]]:
+    """The batches the local worker cuts a chunk of sentences of ``lengths`` into (``serving.engine.planner.plan``
+    under ``max_tokens`` padded source tokens times ``beams`` and ``max_batch_size`` sentences), each listed from
+    its shortest sentence up.
 
     Deterministic for a given input (ties keep input order), so a resumed run batches a chunk as the first run did.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        n = max(1, lengths[i])
-        grown = max(longest, n)
-        if current and (grown * (len(current) + 1) > max_tokens or len(current) >= max_batch_size):
-            batches.append(current)
-            current, grown = [], n
-        current.append(i)
-        longest = grown
-    if current:
-        batches.append(current)
-    return batches
+    return [sorted(batch.tolist(), key=lambda i: (lengths[i], i))
+            for batch in plan(lengths, BatchBudget(max_batch_size, max_tokens), beams)]
 
 
 Progress = Callable[[int], None]
@@ -78,111 +69,142 @@ class ChunkWorker(Protocol):
 
 
 class LocalChunkWorker:
-    """Runs a chunk through an in-process engine (``serving.engine.request.Engine``: a Translator) in length-bucketed
-    batches. Each source is prepared once (tokenized, length-checked); the batches run the prepared ids.
+    """Runs a chunk through an in-process engine (``serving.engine.request.Engine``: a Translator) in batches cut by
+    the engine's planner. The chunk is prepared once (tokenized, length-checked, seeded); the batches run its ids.
 
     A source given as ids (:data:`Source`) goes to the engine as they are (``prepare_ids``). A source the engine
     refuses (``serving.engine.errors.ServingError``: too long, invalid) becomes a reject; any other exception aborts the run
     (the chunk is not committed, so a rerun retries it). With ``references``, the references of the translated
-    records are scored (``Engine.score``; ``score_ids`` for id sources); a reference the engine refuses (too long)
-    makes its record a reject too.
+    records are scored against the ids the chunk was prepared with (``Engine.score_ids``: no source is tokenized
+    again); a reference the engine refuses (too long) makes its record a reject too.
+
+    Arguments:
+        translator: the engine, loaded with the same budget (``load`` does), so that it runs each batch as it is.
+        options: the decoding options (checked once, where the command line was read).
+        max_tokens, max_batch_size: the budget (``serving.engine.planner.BatchBudget``).
+        target_prefix: the start every translation is forced to.
     """
 
     def __init__(self, translator: Engine, options: DecodeOptions | None, max_tokens: int,
                  max_batch_size: int, target_prefix: str | None = None) -> None:
         self.translator = translator
         self.options = options
-        self.max_tokens = max_tokens
-        self.max_batch_size = max_batch_size
+        self.budget = BatchBudget(max_batch_size, max_tokens)
         self.target_prefix = target_prefix or None
 
     @classmethod
     def load(cls, config: EngineConfig) -> LocalChunkWorker:
-        """Load the package's Translator with ``config.threads`` runtime threads."""
+        """Load the package's Translator with ``config.threads`` runtime threads and the job's budget."""
         from serving.engine.translator import Translator
 
         assert config.model_dir is not None
         translator = Translator.load(config.model_dir, runtime=config.runtime, precision=config.precision,
-                                     threads=config.threads)
+                                     threads=config.threads, max_batch_size=config.max_batch_size,
+                                     max_batch_tokens=config.max_tokens)
         return cls(translator, config.options(), config.max_tokens, config.max_batch_size, config.target_prefix)
 
     def translate_chunk(self, sources: list[Source], progress: Progress,
                         references: References | None = None) -> list[Outcome]:
+        prepared, outcomes = self._prepare(sources)
+        if any(o is not None for o in outcomes):
+            progress(sum(o is not None for o in outcomes))
+        if prepared is not None:
+            fits = [i for i, outcome in enumerate(outcomes) if outcome is None]
+            lengths = [len(prepared.sources[i]) for i in fits]
+            for batch in plan(lengths, self.budget, prepared.search.beam_size):
+                positions = [fits[j] for j in batch.tolist()]
+                for i, outcome in zip(positions, self._run(prepared.take(positions)), strict=True):
+                    outcomes[i] = outcome
+                progress(len(positions))
+        assert all(o is not None for o in outcomes)
+        done: list[Outcome] = outcomes  # type: ignore[assignment]
+        if references is not None and prepared is not None:
+            self._score_references(prepared, references, done)
+        return done
+
+    def _prepare(self, sources: list[Source]) -> tuple[Prepared | None, list[Outcome | None]]:
+        """The chunk prepared in place (:meth:`_prepare_in_place`), and each refused record's reason (None for the
+        others). A refusal is found by preparing the records one by one (only when the chunk was refused)."""
         outcomes: list[Outcome | None] = [None] * len(sources)
-        prepared: dict[int, Prepared] = {}
-        prefix = {} if self.target_prefix is None else {"target_prefix": [self.target_prefix]}
-        # Sampling with a seed: the chunk is one engine call, so sentence i gets the i-th stream of the seed
-        # (serving.engine.decoding.rules.sentence_seeds), as in Engine.prepare(chunk): a rerun or a resumed run, which cut the
-        # same chunks (--chunk-size), samples the same translations, whatever the batches.
-        seed = self.options.seed if self.options is not None and self.options.sampling else None
-        seeds = None if seed is None else sentence_seeds(seed, len(sources))
+        try:
+            return self._prepare_in_place(sources, outcomes), outcomes
+        except ServingError:
+            pass
         for i, source in enumerate(sources):
             try:
-                one = (self.translator.prepare([source], self.options, **prefix) if isinstance(source, str)
-                       else self.translator.prepare_ids([source], self.options, **prefix))
-                prepared[i] = one if seeds is None else dataclasses.replace(one, seeds=seeds[i:i + 1])
+                self._engine_prepare([source])
             except InputTooLong as e:
                 outcomes[i] = (f"source has {e.tokens} tokens; the model accepts at most {e.limit} (--truncate cuts "
                                "it to them)")
             except ServingError as e:
                 outcomes[i] = f"translation refused: {e}"
-        if len(prepared) < len(sources):
-            progress(len(sources) - len(prepared))
-        fits = list(prepared)
-        for batch in make_batches([prepared[i].lengths[0] for i in fits], self.max_tokens, self.max_batch_size):
-            positions = [fits[j] for j in batch]
-            for i, outcome in zip(positions, self._run([prepared[i] for i in positions]), strict=True):
-                outcomes[i] = outcome
-            progress(len(positions))
-        assert all(o is not None for o in outcomes)
-        done: list[Outcome] = outcomes  # type: ignore[assignment]
-        if references is not None:
-            self._score_references(sources, references, done)
-        return done
+        if all(o is not None for o in outcomes):
+            return None, outcomes
+        return self._prepare_in_place(sources, outcomes), outcomes
 
-    def _score_references(self, sources: list[Source], references: References, outcomes: list[Outcome]) -> None:
-        """Add its reference's score to each translated record that has a reference (or make it a reject)."""
-        scored = [i for i, o in enumerate(outcomes) if isinstance(o, Translated) and references[i] is not None]
-        for group in ([i for i in scored if isinstance(sources[i], str)],
-                      [i for i in scored if not isinstance(sources[i], str)]):
-            if not group:
-                continue
-            try:
-                scores: list[ReferenceScore | str] = list(self._score([sources[i] for i in group],
-                                                                      [references[i] or "" for i in group]))
-            except ServingError:  # some pair is refused: score them one by one so that only that one is rejected
-                scores = []
-                for i in group:
-                    try:
-                        scores.append(self._score([sources[i]], [references[i] or ""])[0])
-                    except ServingError as e:
-                        scores.append(f"reference not scored: {e}")
-            for i, score in zip(group, scores, strict=True):
-                translated = outcomes[i]
-                assert isinstance(translated, Translated)
-                outcomes[i] = score if isinstance(score, str) else dataclasses.replace(
-                    translated, ref_log_prob=score.log_prob, ref_tokens=score.tokens)
+    def _prepare_in_place(self, sources: list[Source], refused: Sequence[Outcome | None]) -> Prepared:
+        """Every record of the chunk at its position, in one engine call per kind of source (text, ids), as the
+        server prepares a request: sentence i samples with the i-th stream of the seed (``--seed``), whatever the
+        batches, so a rerun or a resumed run writes the same bytes. A refused record's place holds an accepted
+        source of its kind (never run)."""
+        kept = [i for i, outcome in enumerate(refused) if outcome is None]
+        parts: dict[bool, Prepared] = {}
+        for text in (True, False):
+            members = {i for i in kept if isinstance(sources[i], str) == text}
+            if members:
+                stand_in = sources[min(members)]
+                parts[text] = self._engine_prepare([s if i in members else stand_in for i, s in enumerate(sources)])
+        if len(parts) == 1:
+            return next(iter(parts.values()))
+        return Prepared.gather([Sentence(parts.get(isinstance(s, str), parts[True]), i) for i, s in enumerate(sources)])
 
-    def _score(self, sources: list[Source], references: list[str]) -> list[ReferenceScore]:
-        # --truncate: the reference is scored against the source as it was translated (cut), not refused.
-        truncate = self.options is not None and self.options.truncate
+    def _engine_prepare(self, sources: Sequence[Source]) -> Prepared:
+        """``Engine.prepare`` (text) or ``prepare_ids`` (ids) of sources of one kind, with the job's options."""
+        prefix = {} if self.target_prefix is None else {"target_prefix": [self.target_prefix] * len(sources)}
         texts = [s for s in sources if isinstance(s, str)]
         if len(texts) == len(sources):
-            return self.translator.score(texts, references, truncate=truncate)
-        return self.translator.score_ids([s for s in sources if not isinstance(s, str)], references,
-                                         truncate=truncate)
+            return self.translator.prepare(texts, self.options, **prefix)
+        return self.translator.prepare_ids([s for s in sources if not isinstance(s, str)], self.options, **prefix)
 
-    def _run(self, sentences: list[Prepared]) -> list[Outcome]:
+    def _score_references(self, prepared: Prepared, references: References, outcomes: list[Outcome]) -> None:
+        """Add its reference's score to each translated record that has a reference (or make it a reject); the
+        sources are the ids the chunk was prepared with (EOS off: ``Engine.score_ids`` appends it)."""
+        scored = [i for i, o in enumerate(outcomes) if isinstance(o, Translated) and references[i] is not None]
+        if not scored:
+            return
+        ids = [prepared.sources[i][:-1] for i in scored]
+        targets = [references[i] or "" for i in scored]
         try:
-            return [_translated(t) for t in self.translator.run(Prepared.join(sentences))]
+            scores: list[ReferenceScore | str] = list(self._score(ids, targets))
+        except ServingError:  # some pair is refused: score them one by one so that only that one is rejected
+            scores = []
+            for source, target in zip(ids, targets, strict=True):
+                try:
+                    scores.append(self._score([source], [target])[0])
+                except ServingError as e:
+                    scores.append(f"reference not scored: {e}")
+        for i, score in zip(scored, scores, strict=True):
+            translated = outcomes[i]
+            assert isinstance(translated, Translated)
+            outcomes[i] = score if isinstance(score, str) else dataclasses.replace(
+                translated, ref_log_prob=score.log_prob, ref_tokens=score.tokens)
+
+    def _score(self, ids: list[list[int]], references: list[str]) -> list[ReferenceScore]:
+        # --truncate: the sources were cut as they were translated; the reference is scored against them.
+        truncate = self.options is not None and self.options.truncate
+        return self.translator.score_ids(ids, references, truncate=truncate)
+
+    def _run(self, batch: Prepared) -> list[Outcome]:
+        try:
+            return [_translated(t) for t in self.translator.run(batch)]
         except ServingError as e:
-            if len(sentences) == 1:
+            if len(batch) == 1:
                 return [f"translation refused: {e}"]
         # Some source of the batch is refused: run them one by one so that only that one is rejected.
         out: list[Outcome] = []
-        for sentence in sentences:
+        for sentence in batch.sentences():
             try:
-                out.append(_translated(self.translator.run(sentence)[0]))
+                out.append(_translated(self.translator.run(Prepared.gather([sentence]))[0]))
             except ServingError as e:
                 out.append(f"translation refused: {e}")
         return out

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/stream_latency.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.served_batching import ReportFiles, machine, run_header, say  # noqa: E402
+from benchmarks.common import ReportFiles, machine, run_header, say  # noqa: E402
 from loadtest.errors import LoadTestError  # noqa: E402
 from loadtest.server import start_server  # noqa: E402
 from serving.engine.native import native_core  # noqa: E402

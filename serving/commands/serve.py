@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime(parser, defaults=False)  # the settings' (the same) defaults
     add_shortlist(parser, default=None)
     add_max_batch_size(parser, f"most sentences per engine batch (default {DEFAULT_MAX_BATCH_SIZE})")
-    add_max_batch_tokens(parser, f"most padded source tokens per batch (default {DEFAULT_MAX_BATCH_TOKENS})")
+    add_max_batch_tokens(parser, f"most padded source tokens times beams per batch (default {DEFAULT_MAX_BATCH_TOKENS})")
     add_max_queue_delay(parser, "longest wait of a queued sentence for a fuller batch, in microseconds (default "
                                 f"{DEFAULT_MAX_QUEUE_DELAY_US})")
     parser.add_argument("--batching", choices=["request", "step"],

@@ -33,6 +33,7 @@ from serving.engine.backends import Backend
 from serving.engine.decoding import Search
 from serving.engine.errors import InferenceFailed, InvalidInput, ServingError
 from serving.engine.lane import Joining, Lane
+from serving.engine.planner import order as decode_order
 from serving.engine.request import OnPartial, Prepared, Translation
 from serving.engine.shortlist import allow_prefixes
 from serving.engine.streaming import PartialTexts
@@ -176,7 +177,7 @@ class ContinuousDecoder:
             return
         sources = [source for group in groups for source in group.prepared.sources]
         lengths = np.array([len(source) for source in sources], dtype=np.int64)
-        order = np.argsort(-lengths, kind="stable")
+        order = decode_order(lengths)
         encoded = self.translator.encode_batch(sources, order)
         row_of = np.empty_like(order)
         row_of[order] = np.arange(order.size)  # sentence i of `sources` is row row_of[i] of `encoded`

@@ -18,20 +18,6 @@ ENCODER_CALL_COST = 16
 """The fixed cost of one encoder call, in padded source tokens (see :func:`encoder_groups`)."""
 
 
-def length_batches(lengths: np.ndarray, max_tokens: int, beam_size: int = 1) -> list[np.ndarray]:
-    """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within ``max_tokens``
-    (a longer sentence still runs alone): the engine's sub-batches, for translation and for scoring."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    batches: list[np.ndarray] = []
-    start = 0
-    while start < order.size:
-        longest = int(lengths[order[start]])
-        size = max(1, max_tokens // max(1, longest * beam_size))
-        batches.append(order[start : start + size])
-        start += size
-    return batches
-
-
 def encode_sorted(backend: Backend, input_ids: np.ndarray, lengths: np.ndarray) -> EncoderOutput:
     """Encode a right-padded batch sorted by decreasing length in groups of similar length (:func:`encoder_groups`),
     so that short sentences are not padded to the longest; the outputs are joined and padded for the decoder."""

@@ -1,14 +1,18 @@
 """A request's options: :class:`DecodeOptions`, the one options type every surface fills (``/v1`` fields, ``/v2``
 and gRPC parameters, CLI flags, ``batch-score``), and :func:`check_options`, the one check of their values and of
 which go together (the message names each option the way its surface does: ``Label``).
-``serving.engine.translator.Translator.search_options`` resolves them into the search's ``SearchOptions``.
+
+Options are checked once, when a :class:`DecodeOptions` is made (its constructor runs :func:`check_options`; each
+surface makes one where a request arrives, :meth:`DecodeOptions.from_parameters`, naming the options its way), and
+travel as that object: ``serving.engine.translator.Translator.search_options`` resolves them into the search's
+``SearchOptions`` without checking them again.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from numbers import Integral
 from typing import Any
 
@@ -91,8 +95,13 @@ class DecodeOptions:
             (``Translation.truncated``); see :func:`fit_sources`.
         return_scores: also each output token's log-probability (``Translation.token_scores``).
 
+    Arguments:
+        label: how the check's messages name an option (not kept): ``"parameter {!r}"`` for protocol parameters,
+            ``serving.commands.options.flag_name`` for flags.
+
     Raises:
-        InvalidInput: a value of the wrong type or out of range, or options that do not go together (named).
+        InvalidInput: a value of the wrong type or out of range, or options that do not go together (named): the
+            one check (:func:`check_options`), when the options are made.
     """
 
     beam_size: int | None = None
@@ -109,9 +118,10 @@ class DecodeOptions:
     seed: int | None = None
     truncate: bool = False
     return_scores: bool = False
+    label: InitVar[Label] = "{}"
 
-    def __post_init__(self) -> None:
-        check_options({name: getattr(self, name) for name in OPTION_NAMES})
+    def __post_init__(self, label: Label) -> None:
+        check_options({name: getattr(self, name) for name in OPTION_NAMES}, label)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any], label: Label = "parameter {!r}") -> DecodeOptions:
@@ -122,9 +132,10 @@ class DecodeOptions:
             InvalidInput: e.g. ``"parameter 'beam_size' must be a positive integer, got 0"`` (``label`` names them).
         """
         values: dict[str, Any] = {name: _integral(parameters.get(name)) for name in OPTION_NAMES}
-        check_options(values, label)
-        switches = {name: bool(values[name]) for name in ("disable_unk", "truncate", "return_scores")}
-        return cls(**{**values, **switches})
+        for switch in ("disable_unk", "truncate", "return_scores"):  # not given: off (a wrong type: the check names it)
+            value = values[switch]
+            values[switch] = False if value is None else bool(value) if isinstance(value, np.bool_) else value
+        return cls(**values, label=label)
 
     def resolve(self, defaults: DecodingDefaults, eos_id: int, decoder_start_id: int,
                 unk_id: int | None) -> SearchOptions:

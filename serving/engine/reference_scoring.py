@@ -19,8 +19,8 @@ import numpy as np
 
 from serving.engine.backends import Backend, EncoderOutput, empty_past
 from serving.engine.decoding import take_rows
-from serving.engine.encoding import length_batches
 from serving.engine.errors import InferenceFailed, InvalidInput, ServingError
+from serving.engine.planner import BatchBudget, plan
 from serving.engine.request import ReferenceScore, check_lengths, fit_sources
 from serving.engine.tokenizers import InvalidText
 
@@ -88,7 +88,7 @@ def score_references(
     targets: list[list[int]],
     *,
     decoder_start: int,
-    max_batch_tokens: int,
+    budget: BatchBudget,
     runtime: str = "",
 ) -> list[ReferenceScore]:
     """Teacher-forced scores of ``targets`` given ``sources`` (ids, EOS appended to both), in order.
@@ -98,7 +98,7 @@ def score_references(
         encode_rows: encodes sub-batches of ``sources`` (:data:`EncodeRows`).
         sources, targets: the pairs' ids; a target must hold at least EOS.
         decoder_start: the id fed at the first step.
-        max_batch_tokens: budget of one sub-batch: sentences x padded source length (as for translation).
+        budget: the engine's budget (``serving.engine.planner``), as for translation: a pair decodes one row.
         runtime: named in the error message.
 
     Raises:
@@ -106,7 +106,7 @@ def score_references(
     """
     lengths = np.array([len(source) for source in sources], dtype=np.int64)
     results: list[ReferenceScore | None] = [None] * len(sources)
-    for rows in length_batches(lengths, max_batch_tokens):
+    for rows in plan(lengths, budget):
         started = time.perf_counter()
         try:
             encoded = encode_rows(sources, rows)

@@ -5,8 +5,8 @@ it (:class:`Prepared`: token ids, caps and the resolved search options, no strin
 so does the test fake ``tests.fakes.EchoTranslator``.
 
 A sentence's way through the engine: ``Engine.prepare`` tokenizes it once and checks its length once (the server
-does that at admission); the batchers carry prepared sentences (:meth:`Prepared.split`, :meth:`Prepared.join`);
-``Engine.run`` decodes and detokenizes them. ``Engine.translate`` is the two in one call.
+does that at admission); the batchers carry its sentences by reference (:class:`Sentence`) and gather a batch of
+them once (:meth:`Prepared.gather`); ``Engine.run`` decodes and detokenizes them. ``Engine.translate`` is the two in one call.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving.engine.decoding import SearchOptions, join_prefixes, join_seeds
+from serving.engine.decoding import SearchOptions
 from serving.engine.errors import InputTooLong
 from serving.engine.options import (
     DecodeOptions as DecodeOptions,  # the request type of the Engine protocol, re-exported
@@ -158,17 +158,17 @@ class Prepared:
         """Source tokens of each sentence, EOS included (a batcher's cost)."""
         return [len(source) for source in self.sources]
 
+    def sentences(self) -> list[Sentence]:
+        """Each sentence, by reference (a batcher's items: nothing is copied)."""
+        return [Sentence(self, i) for i in range(len(self.sources))]
+
     def take(self, rows: Sequence[int]) -> Prepared:
         """The sentences ``rows``, in that order."""
-        index = np.asarray(rows, dtype=np.int64)
-        return Prepared([self.sources[i] for i in rows], self.caps[index], self.search,
-                        truncated=tuple(self.truncated[i] for i in rows) if self.truncated else (),
-                        seeds=None if self.seeds is None else self.seeds[index],
-                        prefixes=None if self.prefixes is None else [self.prefixes[i] for i in rows])
+        return Prepared.gather([Sentence(self, int(i)) for i in rows])
 
     def split(self) -> list[Prepared]:
-        """One :class:`Prepared` per sentence (a batcher's items)."""
-        return [self.take([i]) for i in range(len(self.sources))]
+        """One :class:`Prepared` per sentence."""
+        return [Prepared.gather([sentence]) for sentence in self.sentences()]
 
     def mark(self, translations: Sequence[Translation]) -> list[Translation]:
         """``translations`` of these sentences, in order, each marked ``truncated`` when its source was cut (what
@@ -184,19 +184,53 @@ class Prepared:
         Raises:
             ValueError: nothing to join, or parts with different search options.
         """
-        if not parts:
-            raise ValueError("nothing to join")
         if len(parts) == 1:
             return parts[0]
-        first = parts[0].search
-        if any(part.search != first for part in parts):
+        return Prepared.gather([sentence for part in parts for sentence in part.sentences()])
+
+    @staticmethod
+    def gather(sentences: Sequence[Sentence]) -> Prepared:
+        """The given sentences (of one or more requests sharing their search options), in that order, as one: the one
+        place sentences are copied into a batch (every other reshaping goes through it).
+
+        Raises:
+            ValueError: no sentences, or sentences with different search options.
+        """
+        if not sentences:
+            raise ValueError("nothing to join")
+        first = sentences[0].request
+        if len(sentences) == len(first) and all(s.request is first and s.index == i for i, s in enumerate(sentences)):
+            return first  # a whole request, in its order
+        requests = {id(s.request): s.request for s in sentences}.values()
+        if any(request.search != first.search for request in requests):
             raise ValueError("prepared sentences with different search options cannot share a batch")
         truncated: tuple[bool, ...] = ()
-        if any(part.truncated for part in parts):
-            truncated = tuple(cut for part in parts for cut in part.truncated or (False,) * len(part))
-        return Prepared([s for part in parts for s in part.sources], np.concatenate([p.caps for p in parts]), first,
-                        truncated=truncated, seeds=join_seeds([(len(p), p.seeds) for p in parts]),
-                        prefixes=join_prefixes([(len(p), p.prefixes) for p in parts]))
+        if any(request.truncated for request in requests):
+            truncated = tuple(bool(s.request.truncated) and s.request.truncated[s.index] for s in sentences)
+        seeds = None
+        if any(request.seeds is not None for request in requests):  # a request without seeds: 0s
+            seeds = np.array([0 if s.request.seeds is None else s.request.seeds[s.index] for s in sentences],
+                             dtype=np.uint64)
+        prefixes = None
+        if any(request.prefixes is not None for request in requests):  # a request without prefixes: empty ones
+            prefixes = [[] if s.request.prefixes is None else s.request.prefixes[s.index] for s in sentences]
+        return Prepared([s.request.sources[s.index] for s in sentences],
+                        np.array([s.request.caps[s.index] for s in sentences], dtype=np.int64), first.search,
+                        truncated=truncated, seeds=seeds, prefixes=prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class Sentence:
+    """One sentence of a prepared request, by reference: what a batcher's item carries (:meth:`Prepared.sentences`);
+    :meth:`Prepared.gather` copies a batch of them into one :class:`Prepared` once, when it runs."""
+
+    request: Prepared
+    index: int
+
+    @property
+    def length(self) -> int:
+        """Its source tokens, EOS included (a batcher's cost)."""
+        return len(self.request.sources[self.index])
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, limit: int, subject: str = "text {index}") -> None:

@@ -1,27 +1,19 @@
 """The engine: ``Translator`` turns texts into translations with a model package on one runtime (the
 ``serving.engine.request.Engine`` protocol).
 
-``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence; ``run`` sorts
-the prepared sentences by source length, splits them into sub-batches under a budget of padded source tokens times
-beams, encodes each sub-batch once (``serving.engine.encoding``), decodes it (``serving.engine.decoding``), detokenizes, and
+``prepare`` tokenizes (EOS appended), checks the lengths and resolves the options, once per sentence
+(``serving.engine.preparation``: ids, target prefixes, caps on generated tokens, seeds); ``run`` cuts
+the prepared sentences into sub-batches under the engine's budget (``serving.engine.planner``: sentences, and padded
+source tokens times beams; a batch planned under the same budget runs as it is), encodes each sub-batch once (``serving.engine.encoding``), decodes it (``serving.engine.decoding``), detokenizes, and
 returns the results in input order; ``translate`` is both. ``score`` is reference scoring (``serving.engine.reference_scoring``). It
 knows nothing of HTTP; the server and ``batch-score`` call it from one worker thread.
 
-Output length (``DecodeOptions.max_length`` and the package's decoding defaults):
-
-- no override: the package's cap on generated tokens *including* EOS -- ``decoding.max_length`` (HF: the checkpoint's
-  ``max_length - 1``), or, when ``decoding.extra_length`` is set (tensor2tensor), ``source tokens incl. EOS +
-  extra_length`` per sentence (T2T uses the padded length of its own batch; per sentence keeps a result independent
-  of how requests were batched), bounded by ``decoding.max_length``; ``decoding.forced_eos`` as configured.
-- ``max_length=N``: at most N tokens *excluding* EOS: the cap is N + 1 and EOS is forced at that last step, so the
-  output always ends properly.
-- always bounded by the model's position table (``max_positions``).
+Output length: ``serving.engine.preparation.max_steps``.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.engine import preparation
 from serving.engine.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
 from serving.engine.decoding import Hypothesis, OnTokens, SearchOptions, search
-from serving.engine.decoding.rules import sentence_seeds
-from serving.engine.encoding import encode_sorted, length_batches
-from serving.engine.errors import InferenceFailed, InvalidInput, ServingError
+from serving.engine.encoding import encode_sorted
+from serving.engine.errors import InferenceFailed, ServingError
+from serving.engine.planner import DEFAULT_BUDGET, BatchBudget, in_order, plan
 from serving.engine.reference_scoring import check_pairs, encode_texts, fit_scored_sources, score_references
 from serving.engine.request import (
     DecodeOptions,
@@ -42,19 +35,15 @@ from serving.engine.request import (
     Prepared,
     ReferenceScore,
     Translation,
-    fit_sources,
 )
 from serving.engine.shortlist import allow_prefixes, open_shortlist
 from serving.engine.streaming import PartialTexts
 from serving.engine.tokenizers import Tokenizer, load_tokenizer
 from serving.package import PackageError, choose_precision, open_package
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation",
-           "Translator"]
+__all__ = ["BatchBudget", "DecodeOptions", "ModelInfo", "ReferenceScore", "TokenIds", "Translation", "Translator"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -78,7 +67,10 @@ class Translator:
         tokenizer: the package's tokenizer.
         info: model description (``info.decoding`` gives the decoding defaults).
         ids: pad, EOS and decoder start ids.
-        max_batch_tokens: budget of one sub-batch: sentences x beams x padded source length.
+        max_batch_size: most sentences in one sub-batch (None: no bound of its own).
+        max_batch_tokens: most padded source tokens times beams in one sub-batch (``sentences x beams x longest
+            source``); the two are the engine's :attr:`budget` (``serving.engine.planner.BatchBudget``), by default
+            ``serving.engine.planner.DEFAULT_BUDGET``'s.
     """
 
     def __init__(
@@ -88,13 +80,23 @@ class Translator:
         info: ModelInfo,
         ids: TokenIds,
         *,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int | None = DEFAULT_BUDGET.max_batch_size,
+        max_batch_tokens: int = DEFAULT_BUDGET.max_batch_tokens,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.info = info
         self.ids = ids
-        self.max_batch_tokens = max_batch_tokens
+        self.budget = BatchBudget(max_batch_size, max_batch_tokens)
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """The budget's padded source tokens times beams (settable: e.g. one sub-batch for a benchmark)."""
+        return self.budget.max_batch_tokens
+
+    @max_batch_tokens.setter
+    def max_batch_tokens(self, value: int) -> None:
+        self.budget = replace(self.budget, max_batch_tokens=value)
 
     @classmethod
     def load(
@@ -104,7 +106,8 @@ class Translator:
         precision: str = "fp32",
         threads: int | None = None,
         *,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int | None = DEFAULT_BUDGET.max_batch_size,
+        max_batch_tokens: int = DEFAULT_BUDGET.max_batch_tokens,
         shortlist: bool = False,
     ) -> Translator:
         """Load a model package (format and every checksum verified) on a runtime.
@@ -115,7 +118,8 @@ class Translator:
             precision: ``fp32``, ``int8`` or ``auto`` (the package's choice, ``serving.package.choose_precision``;
                 logged, and :attr:`info` holds the precision loaded).
             threads: intra-op threads of the runtime (None: its default).
-            max_batch_tokens: sub-batch budget (sentences x beams x padded source length).
+            max_batch_size, max_batch_tokens: the engine's budget (the class's arguments): ``mtgate serve`` passes
+                its settings, ``batch-score`` its flags.
             shortlist: decode with the package's vocabulary shortlist (``serving.engine.shortlist``; ONNX Runtime).
 
         Returns:
@@ -156,7 +160,7 @@ class Translator:
         # DEBUG: a server names the model as it serves it (a repository's directories), once it is warm (runner)
         logger.debug("loaded %s %s (%s/%s: %s) from %s", info.name, info.version, runtime, precision, choice.reason,
                      package.root)
-        return cls(backend, tokenizer, info, ids, max_batch_tokens=max_batch_tokens)
+        return cls(backend, tokenizer, info, ids, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Source ids of each text, EOS appended (the tokenizer runs once per text)."""
@@ -181,7 +185,8 @@ class Translator:
             InputTooLong: a text has more tokens than the model has positions (unless ``options.truncate``).
             InvalidInput: not one target prefix per text, or a prefix as long as the translation may be.
         """
-        return self._prepared(self.encode(texts), options, self._prefix_ids(target_prefix, len(texts)))
+        prefixes = preparation.prefix_ids(self.tokenizer.encode_target, target_prefix, len(texts))
+        return self._prepared(self.encode(texts), options, prefixes)
 
     def prepare_ids(self, ids: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                     target_prefix: Sequence[str] | None = None) -> Prepared:
@@ -194,48 +199,16 @@ class Translator:
                 long as the translation may be.
             InputTooLong: a sentence has more tokens than the model has positions.
         """
-        return self._prepared(self._source_ids(ids), options, self._prefix_ids(target_prefix, len(ids)))
-
-    def _prefix_ids(self, target_prefix: Sequence[str] | None, count: int) -> list[list[int]] | None:
-        """Each sentence's target prefix as target ids (no EOS; [] for ""), or None (InvalidInput: not ``count``)."""
-        if target_prefix is None:
-            return None
-        if len(target_prefix) != count:
-            raise InvalidInput(f"{len(target_prefix)} target prefixes for {count} texts")
-        return [self.tokenizer.encode_target(prefix) if prefix else [] for prefix in target_prefix]
-
-    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Each sentence's ids with EOS appended, checked against the source vocabulary (InvalidInput)."""
-        size = self.info.source_vocab_size
-        sources: list[list[int]] = []
-        for index, sentence in enumerate(ids):
-            source = [int(i) for i in sentence]
-            bad = next((i for i in source if not 0 <= i < size), None)
-            if bad is not None:
-                raise InvalidInput(f"text {index} holds the id {bad}, outside the source vocabulary of {size}")
-            sources.append([*source, self.ids.eos])
-        return sources
+        prefixes = preparation.prefix_ids(self.tokenizer.encode_target, target_prefix, len(ids))
+        return self._prepared(self._source_ids(ids), options, prefixes)
 
     def _prepared(self, sources: list[list[int]], options: DecodeOptions | None,
                   prefixes: list[list[int]] | None = None) -> Prepared:
         options = options or DecodeOptions()
-        sources, truncated = fit_sources(sources, self.info.max_input_tokens, options.truncate)
-        lengths = np.array([len(source) for source in sources], dtype=np.int64)
-        caps = self.max_steps(lengths, options)
-        if prefixes is not None and any(prefixes):
-            prefix_lengths = np.array([len(prefix) for prefix in prefixes], dtype=np.int64)
-            caps = np.minimum(caps + prefix_lengths, self.info.max_input_tokens)
-            if (prefix_lengths >= caps).any():
-                index = int(np.argmax(prefix_lengths >= caps))
-                raise InvalidInput(f"target_prefix {index} has {prefix_lengths[index]} tokens; this translation may "
-                                   f"have at most {caps[index] - 1}")
-        else:
-            prefixes = None
-        seeds = None
-        if options.sampling:
-            seeds = sentence_seeds(secrets.randbits(63) if options.seed is None else options.seed, len(sources))
-        return Prepared(sources, caps, self.search_options(options), truncated=truncated, seeds=seeds,
-                        prefixes=prefixes)
+        return preparation.prepared(self.info, sources, options, self.search_options(options), prefixes)
+
+    def _source_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        return preparation.source_ids(ids, self.info.source_vocab_size, self.ids.eos)
 
     def search_options(self, options: DecodeOptions | None = None) -> SearchOptions:
         """The search options a request resolves to (the package's defaults overridden by ``options``).
@@ -247,22 +220,15 @@ class Translator:
         return (options or DecodeOptions()).resolve(self.info.decoding, ids.eos, ids.decoder_start, ids.unk)
 
     def max_steps(self, source_lengths: np.ndarray, options: DecodeOptions | None = None) -> np.ndarray:
-        """Per-sentence cap on generated tokens, EOS included (module docstring)."""
-        options = options or DecodeOptions()
-        defaults = self.info.decoding
-        if options.max_length is not None:
-            caps = np.full(source_lengths.shape, int(options.max_length) + 1, dtype=np.int64)
-        elif defaults.extra_length is not None:
-            caps = np.minimum(source_lengths + int(defaults.extra_length), int(defaults.max_length))
-        else:
-            caps = np.full(source_lengths.shape, int(defaults.max_length), dtype=np.int64)
-        return np.clip(caps, 1, self.info.max_input_tokens).astype(np.int64)
+        """Per-sentence cap on generated tokens, EOS included (``serving.engine.preparation.max_steps``)."""
+        return preparation.max_steps(self.info, source_lengths, options or DecodeOptions())
 
     def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
-        """Decode prepared sentences (any number; sub-batched internally).
+        """Decode prepared sentences (any number; cut into sub-batches under :attr:`budget`: a batch planned under
+        the same budget, in the planner's order, runs as it is).
 
         Arguments:
-            prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly joined with others of the same options.
+            prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly gathered with others of the same options.
             on_partial: streaming hook ``on_partial(index, delta)``, called with the text a sentence's translation
                 continues with once it can no longer change: as greedy search decodes each token, as the prefix all
                 live beams share grows with beam search (``serving.engine.streaming``); the deltas of a sentence
@@ -278,7 +244,8 @@ class Translator:
         lengths = np.array(prepared.lengths, dtype=np.int64)
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
-            self._translate_batch(batch, prepared, lengths, results, on_partial)
+            part = prepared if in_order(batch) and batch.size == len(prepared) else prepared.take(batch.tolist())
+            self._translate_batch(batch, part, results, on_partial)
         translations = [r for r in results if r is not None]
         if prepared.search.return_scores:
             translations = self.with_token_scores(sources, translations)
@@ -291,7 +258,7 @@ class Translator:
         flat = [(i, t) for i, translation in enumerate(translations) for t in (translation, *translation.alternatives)]
         scored = score_references(self.backend, self.encode_batch, [sources[i] for i, _ in flat],
                                   [[*t.token_ids, self.ids.eos] for _, t in flat], decoder_start=self.ids.decoder_start,
-                                  max_batch_tokens=self.max_batch_tokens, runtime=self.info.runtime)
+                                  budget=self.budget, runtime=self.info.runtime)
         scores = iter(tuple(score.token_log_probs) for score in scored)
         return [replace(t, token_scores=next(scores),
                         alternatives=tuple(replace(a, token_scores=next(scores)) for a in t.alternatives))
@@ -309,8 +276,8 @@ class Translator:
         return self.run(self.prepare(texts, options), on_partial)
 
     def _batches(self, lengths: np.ndarray, beam_size: int) -> list[np.ndarray]:
-        """Indices sorted by decreasing length, cut so that rows x beams x padded length stays within budget."""
-        return length_batches(lengths, self.max_batch_tokens, beam_size)
+        """The sub-batches of sentences of ``lengths`` (``serving.engine.planner.plan`` under :attr:`budget`)."""
+        return plan(lengths, self.budget, beam_size)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, truncate: bool = False
               ) -> list[ReferenceScore]:
@@ -354,24 +321,22 @@ class Translator:
         target_ids = encode_texts(self.tokenizer.encode_target, targets, self.ids.eos, self.info.max_input_tokens,
                                   "target")
         return score_references(self.backend, self.encode_batch, sources, target_ids,
-                                decoder_start=self.ids.decoder_start, max_batch_tokens=self.max_batch_tokens,
-                                runtime=self.info.runtime)
+                                decoder_start=self.ids.decoder_start, budget=self.budget, runtime=self.info.runtime)
 
     def _translate_batch(
         self,
         batch: np.ndarray,
-        prepared: Prepared,
-        lengths: np.ndarray,
+        part: Prepared,
         results: list[Translation | None],
         on_partial: OnPartial | None,
     ) -> None:
+        """Decode one sub-batch: ``part`` holds the sentences ``batch`` of the request, in that order."""
         started = time.perf_counter()
-        options = prepared.search
+        options = part.search
         texts = None if on_partial is None else PartialTexts(self.tokenizer, self.ids.eos, on_partial)
         hook = None if texts is None else self._stream_hook(batch, texts)
-        part = prepared.take(batch.tolist())
         try:
-            encoded = self.encode_batch(prepared.sources, batch)
+            encoded = self.encode_batch(part.sources, np.arange(batch.size))
             allow_prefixes(encoded.candidates, np.arange(batch.size), part.prefixes)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
                                 prefixes=part.prefixes, seeds=part.seeds, candidates=encoded.candidates)
@@ -381,7 +346,7 @@ class Translator:
             raise InferenceFailed(f"{self.info.runtime} failed on a batch of {batch.size}: {e}") from e
         generated = 0
         for row, index in enumerate(batch):
-            translation = self.translation(hypotheses[row], int(lengths[index]))
+            translation = self.translation(hypotheses[row], len(part.sources[row]))
             generated += translation.output_tokens
             results[index] = translation
             if texts is not None:

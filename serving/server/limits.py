@@ -1,10 +1,15 @@
 """The server's limits on a request, checked before any work (``ServingSettings``): its decoding options within
-the server's maxima, its deadline, and its texts' number and size. ``TranslationService.limits`` holds them; the
-HTTP and gRPC layers and the service call them."""
+the server's maxima, its deadline, and its texts' number and size. ``TranslationService.limits`` holds them.
+
+Every route (``/v1`` translate, stream, score and bulk, ``/v2`` infer, gRPC) turns what it parsed into one
+:class:`Admission` with :meth:`RequestLimits.admission` (its options parsed and checked once, its deadline, its tag
+and target prefix) and hands that to the service; the service checks the texts (:meth:`RequestLimits.check_texts`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from serving.engine.errors import InvalidInput, LimitExceeded
@@ -12,11 +17,56 @@ from serving.engine.options import DecodeOptions, Label
 from serving.server.settings import ServingSettings
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A request's terms, parsed and checked once where it arrived (:meth:`RequestLimits.admission`); what the
+    service admits a request under.
+
+    Attributes:
+        options: its decoding options (checked once, within the server's limits).
+        started: when it arrived (``time.monotonic()``).
+        timeout_s: how long it may take: the server's request timeout, shortened by the client's.
+        tag: an id for log lines (the request id).
+        target_prefix: the start each text's translation is forced to (one per text), or None.
+    """
+
+    options: DecodeOptions
+    started: float
+    timeout_s: float
+    tag: str = ""
+    target_prefix: list[str] | None = None
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic deadline."""
+        return self.started + self.timeout_s
+
+
 class RequestLimits:
     """A request's limits under ``settings``."""
 
     def __init__(self, settings: ServingSettings) -> None:
         self.settings = settings
+
+    def admission(self, values: Mapping[str, Any], started: float, timeout_s: float | None = None, *,
+                  label: Label = "{}", tag: str = "", target_prefix: Sequence[str] | None = None) -> Admission:
+        """A request's :class:`Admission`: its options (:meth:`options`) and deadline (:meth:`timeout`), checked
+        once, with its tag and target prefix: what every route hands the service.
+
+        Arguments:
+            values: the request's options by name (a ``/v1`` body, ``/v2`` or gRPC parameters); others are ignored.
+            started: when it arrived (``time.monotonic()``).
+            timeout_s: the client's timeout in seconds, or None.
+            label: how messages name an option (``"parameter {!r}"`` for protocol parameters).
+            tag: an id for log lines.
+            target_prefix: one per text, or None.
+
+        Raises:
+            InvalidInput: an option of the wrong type, out of range or beyond the server's limits, options that do
+                not go together, or a timeout that is not positive.
+        """
+        return Admission(self.options(values, label), started, self.timeout(timeout_s), tag,
+                         None if target_prefix is None else list(target_prefix))
 
     def options(self, values: Mapping[str, Any], label: Label = "{}") -> DecodeOptions:
         """The decoding options among ``values`` (``serving.engine.request.OPTION_NAMES``), within the server's limits.
@@ -41,14 +91,18 @@ class RequestLimits:
                 raise InvalidInput(f"{name} must be an integer from 1 to {limit} ({setting}), got {value!r}")
         return DecodeOptions.from_parameters(values, label)
 
-    def deadline(self, started: float, timeout_s: float | None) -> float:
-        """Monotonic deadline: the server's request timeout, shortened (never extended) by the client's."""
+    def timeout(self, timeout_s: float | None) -> float:
+        """How long a request may take: the server's request timeout, shortened (never extended) by the client's.
+
+        Raises:
+            InvalidInput: a client timeout that is not positive.
+        """
         limit = self.settings.request_timeout_s
         if timeout_s is not None:
             if not timeout_s > 0:
                 raise InvalidInput(f"timeout must be positive, got {timeout_s!r}")
             limit = min(limit, timeout_s)
-        return started + limit
+        return limit
 
     def check_texts(self, texts: Sequence[str], subject: str = "text", work: str = "translate",
                     more: str = "; use /v1/translate/bulk for more", *, sentences: bool = True,

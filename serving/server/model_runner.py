@@ -13,7 +13,8 @@ from collections.abc import Hashable
 from pathlib import Path
 
 from serving.engine.errors import DeadlineExceeded, ModelNotReady, Overloaded
-from serving.engine.request import DecodeOptions, Engine, ModelInfo, OnPartial, Prepared, ReferenceScore, Translation
+from serving.engine.planner import decode_together
+from serving.engine.request import DecodeOptions, Engine, ModelInfo, OnPartial, ReferenceScore, Sentence, Translation
 from serving.package import read_manifest
 from serving.server.batching import Batcher, BatchLimits, DecoderRunner, DynamicBatcher, StepBatcher, StepRunner
 from serving.server.batching.queue import as_serving_error
@@ -60,7 +61,7 @@ class ModelRunner:
         self.load_error: str | None = None
         self._settings = settings
         self._metrics = metrics
-        self.batcher: Batcher[Prepared, Translation] | None = None
+        self.batcher: Batcher[Sentence, Translation] | None = None
         self.scoring = 0  # pairs admitted to score() and not yet done (bounded by max_queue_size)
         self.statistics = ModelStatistics()  # Triton's statistics of this version (cumulative, from its start)
         self._served: Served | None = None  # what /metrics shows of it while it serves
@@ -86,6 +87,7 @@ class ModelRunner:
 
     def start(self) -> None:
         s = self._settings
+        # The batcher cuts under the budget the engine is loaded with (load): the engine never cuts its batches again.
         limits = BatchLimits(
             max_items=s.max_batch_size,
             max_cost=s.max_batch_tokens,
@@ -112,6 +114,7 @@ class ModelRunner:
             s = self._settings
             self.translator = await self.batcher.call_in_worker(
                 lambda: Translator.load(package_dir, runtime=s.runtime, precision=s.precision, threads=s.threads,
+                                        max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
                                         shortlist=s.shortlist)
             )
         if self._settings.warmup:
@@ -180,9 +183,9 @@ class ModelRunner:
         for on_partial in (None, lambda i, t: None):  # streamed batches detokenize partial results: warm that too
             self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
 
-    def _run_batch(self, key: Hashable, payloads: list[Prepared], on_partial: OnPartial | None) -> list[Translation]:
+    def _run_batch(self, key: Hashable, payloads: list[Sentence], on_partial: OnPartial | None) -> list[Translation]:
         assert self.translator is not None
-        return self.translator.run(Prepared.join(payloads), on_partial)
+        return decode_together(self.translator, payloads, on_partial)
 
     def _step_runner(self) -> StepRunner:
         from serving.engine.continuous import ContinuousDecoder

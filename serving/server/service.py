@@ -1,7 +1,8 @@
 """The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
 
-A route turns its request into texts + options and calls :meth:`TranslationService.translate` (or
-:meth:`TranslationService.admit` for streaming); the service checks the server's limits, has the engine prepare the
+A route turns its request into texts and an :class:`~serving.server.limits.Admission` (options and deadline, parsed
+and checked once: ``TranslationService.limits.admission``) and calls :meth:`TranslationService.translate` (or
+:meth:`TranslationService.admit` for streaming); the service checks the texts against the server's limits, has the engine prepare the
 texts (``serving.engine.request.Engine.prepare``: tokenized once, length-checked once), admits the prepared sentences into
 the model's batcher (``serving.server.batching``) and returns the engine's translations. :meth:`TranslationService.score`
 (reference scoring) checks the same limits and runs ``Engine.score`` on the model's worker thread.
@@ -10,6 +11,7 @@ the model's batcher (``serving.server.batching``) and returns the engine's trans
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +40,7 @@ from serving.engine.request import (
 from serving.engine.tokenizers.base import InvalidText
 from serving.package import PackageError
 from serving.server.batching import Pending
-from serving.server.limits import RequestLimits
+from serving.server.limits import Admission, RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
@@ -239,7 +241,7 @@ class TranslationService:
         return index
 
     async def score(
-        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], deadline: float
+        self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[ReferenceScore]]:
         """The model's log-likelihood of each target given its source (``Engine.score``), computed on the model's
         worker thread (never beside a batch of translations on the same runtime).
@@ -259,7 +261,7 @@ class TranslationService:
                                "source")
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            return runner, await runner.score(list(sources), list(targets), deadline)
+            return runner, await runner.score(list(sources), list(targets), admission.deadline)
         finally:
             runner.active -= 1
 
@@ -304,18 +306,16 @@ class TranslationService:
         self,
         model: str | ModelRunner | None,
         texts: Sequence[str],
-        options: DecodeOptions,
-        deadline: float,
+        admission: Admission,
         *,
         on_partial: OnPartial | None = None,
-        tag: str = "",
         wait_for_room: bool = False,
         documents: Sequence[Document] | None = None,
-        target_prefix: Sequence[str] | None = None,
         indexes: Sequence[int] | None = None,
     ) -> tuple[ModelRunner, Pending[Translation]]:
         """Check and admit ``texts`` (with ``documents``: their sentences, :meth:`prepare`; ``indexes``: their
-        indexes in the request, for the messages); await ``pending.wait()`` for the translations.
+        indexes in the request, for the messages) under ``admission`` (its options, deadline, tag and target
+        prefix); await ``pending.wait()`` for the translations.
 
         Raises:
             ModelNotFound, ModelNotReady, InvalidInput, LimitExceeded, InputTooLong: the request is refused.
@@ -324,59 +324,62 @@ class TranslationService:
         """
         runner = self.ready_model(model)
         assert runner.batcher is not None
+        deadline, tag = admission.deadline, admission.tag
         if not wait_for_room:  # before tokenizing: a server past its capacity refuses cheaply
             runner.batcher.check_admission(deadline, items=len(texts))
         admitted = time.monotonic()
         runner.active += 1  # until the request is done: a version switch waits for it
         try:
-            prepared = await self.prepare(runner, texts, options, documents, target_prefix, indexes)
+            prepared = await self.prepare(runner, texts, admission.options, documents, admission.target_prefix,
+                                          indexes)
         except BaseException:
             runner.active -= 1
             raise
         input_s = time.monotonic() - admitted
         key = _Key(prepared.search, on_partial is not None)
-        sentences, costs = prepared.split(), prepared.lengths
+        sentences, costs, width = prepared.sentences(), prepared.lengths, prepared.search.beam_size
         try:
             if wait_for_room:
                 pending = await runner.batcher.enqueue_when_room(
-                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag
+                    sentences, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=width
                 )
             else:
                 pending = runner.batcher.enqueue(sentences, costs, key=key, deadline=deadline, on_partial=on_partial,
-                                                 tag=tag)
+                                                 tag=tag, width=width)
         except BaseException:
             runner.active -= 1
             raise
         pending.future.add_done_callback(lambda f: self._record(runner, f, admitted, input_s))
         if self.shadow is not None:
-            self.shadow.observe(runner.name, texts, options, target_prefix, pending.future, admitted, tag)
+            self.shadow.observe(runner.name, texts, admission.options, admission.target_prefix, pending.future, admitted,
+                                tag)
         return runner, pending
 
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
-        tag: str = "", target_prefix: Sequence[str] | None = None,
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[Translation]]:
-        """Translate ``texts`` with ``model``: one translation per text, in order. An empty (or blank) text gets an
-        empty translation without being sent to the engine, as ``mtgate translate`` answers a blank line with an
-        empty one."""
+        """Translate ``texts`` with ``model`` under ``admission``: one translation per text, in order. An empty (or
+        blank) text gets an empty translation without being sent to the engine, as ``mtgate translate`` answers a blank
+        line with an empty one."""
         kept = [i for i, text in enumerate(texts) if text.strip()]
         if len(kept) == len(texts):
-            runner, pending = await self.admit(model, texts, options, deadline, tag=tag, target_prefix=target_prefix)
+            runner, pending = await self.admit(model, texts, admission)
             return runner, await pending.wait()
         runner = self.ready_model(model)
         self.limits.check_texts(texts, blank=True)
         translations = [EMPTY_TRANSLATION] * len(texts)
         if kept:
+            prefix = admission.target_prefix
             runner, pending = await self.admit(
-                runner, [texts[i] for i in kept], options, deadline, tag=tag, indexes=kept,
-                target_prefix=None if target_prefix is None else [target_prefix[i] for i in kept])
+                runner, [texts[i] for i in kept],
+                dataclasses.replace(admission, target_prefix=None if prefix is None else [prefix[i] for i in kept]),
+                indexes=kept)
             for i, translation in zip(kept, await pending.wait(), strict=True):
                 translations[i] = translation
         return runner, translations
 
     async def translate_documents(
-        self, model: str | ModelRunner | None, texts: Sequence[str], options: DecodeOptions, deadline: float, *,
-        tag: str = ""
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
     ) -> tuple[ModelRunner, list[DocumentTranslation]]:
         """Split each text into sentences (``serving.engine.documents``, in the model's source language) and translate them
         all in one admission, so that they batch together; one :class:`DocumentTranslation` per text, in order.
@@ -400,7 +403,7 @@ class TranslationService:
         sentences = sentences_of(documents)
         if not sentences:  # every text blank: each one's translation is its whitespace
             return runner, assemble(documents, [])
-        runner, pending = await self.admit(runner, sentences, options, deadline, tag=tag, documents=documents)
+        runner, pending = await self.admit(runner, sentences, admission, documents=documents)
         return runner, assemble(documents, await pending.wait())
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,

@@ -82,7 +82,9 @@ class ServingSettings(BaseSettings):
             (``serving.server.batching.step``).
         max_batch_size: most sentences in one engine batch (with ``step`` batching: in flight at once); the old
             ``MTGATE_MAX_BATCH_SENTENCES`` still works.
-        max_batch_tokens: most padded source tokens (sentences x longest) in one engine batch (``request`` only).
+        max_batch_tokens: most padded source tokens times beams (sentences x beams x longest) in one engine batch
+            (``request`` only); the batcher cuts under it and the engine is loaded with it
+            (``serving.engine.planner``), so a batch is never cut twice.
         max_queue_delay_us: how long the oldest queued sentence may wait for a fuller batch, in microseconds
             (``request`` only); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
         max_queue_size: most sentences waiting per model; beyond it requests get 503 with Retry-After; the old

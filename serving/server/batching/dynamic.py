@@ -1,13 +1,14 @@
 """Request-level batching (``mtgate serve --batching request``): an asyncio dynamic batcher whose batches of items
 run to the end on one worker thread.
 
-The collector forms a batch when the oldest queued item's group (its key) is full (``max_items`` or padded cost
-``max_cost``), or when the oldest item has waited ``max_delay_s``. A batch is made of whole requests, oldest first:
-the oldest request's items, then every later request (among those of the first ``4 x max_items`` items, the last
-one whole) whose items all fit beside them, so that a request's sentences run together and it is done when its
-batch is (a request too big for one batch fills consecutive batches). The batch goes to ``run_batch`` in cost
-order (less padding inside the engine), on the single worker thread that owns the runtime. Only one batch runs at a
-time: while it runs, the next one accumulates.
+The collector forms a batch when the oldest queued item's group (its key) is full (``max_items``, or padded cost
+times width ``max_cost``), or when the oldest item has waited ``max_delay_s``. A batch is made of whole requests, oldest
+first: the oldest request's items, then every later request (among those of the first ``4 x max_items`` items, the
+last one whole) whose items all fit beside them, so that a request's sentences run together and it is done when its
+batch is (a request too big for one batch fills consecutive batches). It fits the engine's budget as the planner
+counts it (``BatchLimits.budget``, ``serving.engine.planner``: the engine runs the batch without cutting it again).
+The batch goes to ``run_batch`` in cost order (less padding inside the engine), on the single worker thread that
+owns the runtime. Only one batch runs at a time: while it runs, the next one accumulates.
 
 Admission, limits, deadlines and cancellation are the queue's (``serving.server.batching.queue``). The admission estimate
 (:class:`serving.server.batching.estimate.BatchEstimate`) learns engine seconds per unit of cost, by batch size, from every
@@ -112,12 +113,13 @@ class DynamicBatcher(Batcher[P, R]):
         if len(group) >= self.limits.max_items:
             return True
         longest = max(item.cost for item in group)
-        return longest * len(group) >= self.limits.max_cost
+        return self.limits.budget.cost(len(group), longest, group[0].request.width) >= self.limits.max_cost
 
     def _select(self, group: list[Item[P]]) -> list[Item[P]]:
         """Whole requests, oldest first: the oldest request's items (as many as fit, shortest first, when it is too
         big for one batch), then each later request whose items all fit beside them; returned in cost order."""
         limits = self.limits
+        budget, width = limits.budget, group[0].request.width  # items of one key share their width
         end = min(len(group), 4 * limits.max_items)  # the requests looked at: the first items', none cut short
         while end < len(group) and group[end].request is group[end - 1].request:
             end += 1
@@ -130,13 +132,13 @@ class DynamicBatcher(Batcher[P, R]):
         head = sorted(requests[0], key=lambda item: item.cost)
         batch = head[:1]
         for item in head[1:]:
-            if len(batch) + 1 > limits.max_items or (len(batch) + 1) * item.cost > limits.max_cost:
+            if not budget.fits(len(batch) + 1, item.cost, width):
                 return batch  # the rest of the oldest request comes first in the next batch
             batch.append(item)
         longest = batch[-1].cost
         for items in requests[1:]:
             size, top = len(batch) + len(items), max(longest, *(item.cost for item in items))
-            if size <= limits.max_items and size * top <= limits.max_cost:
+            if budget.fits(size, top, width):
                 batch.extend(items)
                 longest = top
             if len(batch) >= limits.max_items:

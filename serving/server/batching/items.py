@@ -75,6 +75,7 @@ class Pending(Generic[R]):
     deadline: float | None
     on_partial: OnPartial | None
     tag: str
+    width: int  # rows each item decodes (its beams): the budget counts padded cost times width
     future: asyncio.Future[list[R]]
     results: list[Any]
     remaining: int

@@ -1,10 +1,10 @@
 """Admission: the queue both batchers share (``serving.server.batching.dynamic``, ``serving.server.batching.step``).
 
 A request is a list of payloads, each with a cost (e.g. its token count), a hashable key (items with different keys
-never share a batch: e.g. different decoding options) and an optional deadline. :class:`Batcher` admits requests
-(``serving.server.batching.items``: one :class:`Pending` each, one :class:`Item` per payload) into a bounded queue and owns
-the one worker thread that runs the model; a subclass decides how queued items run (its :meth:`Batcher.collect`
-loop), through the public methods below the admission ones.
+never share a batch: e.g. different decoding options), a width (rows each payload decodes: its beams) and an
+optional deadline. :class:`Batcher` admits requests (``serving.server.batching.items``: one :class:`Pending` each,
+one :class:`Item` per payload) into a bounded queue and owns the one worker thread that runs the model; a subclass
+decides how queued items run (its :meth:`Batcher.collect` loop), through the public methods below the admission ones.
 
 The promises users expect from Triton / TF Serving:
 
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from serving.engine.errors import DeadlineExceeded, InferenceFailed, ModelNotReady, Overloaded, ServingError
+from serving.engine.planner import BatchBudget
 from serving.engine.request import OnPartial
 from serving.server.batching.estimate import BatchEstimate, Estimate, StepEstimate
 from serving.server.batching.items import BatchObserver, BatchStats, Item, Pending
@@ -54,7 +55,8 @@ class BatchLimits:
 
     Attributes:
         max_items: most items in one batch.
-        max_cost: most padded cost (items x largest cost) in one batch; a single larger item still runs alone.
+        max_cost: most padded cost times width (items x width x largest cost: padded source tokens times beams) in one
+            batch; a single larger item still runs alone. With ``max_items``, the engine's budget (:attr:`budget`).
         max_delay_s: how long the oldest item may wait for a fuller batch.
         queue_capacity: most items waiting (not yet running); beyond it new requests are refused.
         retry_after_s: the least delay suggested to refused clients (more when the estimate says so).
@@ -69,6 +71,11 @@ class BatchLimits:
     queue_capacity: int = 512
     retry_after_s: float = 1.0
     prior_s_per_cost: float = 0.02
+
+    @property
+    def budget(self) -> BatchBudget:
+        """What one batch may hold, as the engine's planner counts it (``serving.engine.planner.BatchBudget``)."""
+        return BatchBudget(self.max_items, self.max_cost)
 
 
 
@@ -173,13 +180,15 @@ class Batcher(Generic[P, R]):
         return (late_by, estimate) if late_by > 0 and estimate.learned else None
 
     def enqueue(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
-                deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> Pending[R]:
+                deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "",
+                width: int = 1) -> Pending[R]:
         """Admit a request now or refuse it.
 
         Arguments:
             payloads: the request's items (at least one).
             costs: one cost per item (e.g. source tokens).
             key: items with different keys never share a batch.
+            width: rows each item decodes (its beams), counted by the budget; items of one key share it.
             deadline: ``time.monotonic()`` value after which the request fails with DeadlineExceeded.
             on_partial: called on the event loop with ``(item index, partial result)`` while items are computed.
             tag: an id for log lines (e.g. the request id).
@@ -204,7 +213,7 @@ class Batcher(Generic[P, R]):
             )
         self.check_admission(deadline, costs)
         pending: Pending[R] = Pending(
-            batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag,
+            batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=max(1, int(width)),
             future=asyncio.get_running_loop().create_future(), results=[None] * len(payloads), remaining=len(payloads),
         )
         now = time.monotonic()
@@ -220,7 +229,7 @@ class Batcher(Generic[P, R]):
 
     async def enqueue_when_room(
         self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None, deadline: float | None = None,
-        on_partial: OnPartial | None = None, tag: str = "",
+        on_partial: OnPartial | None = None, tag: str = "", width: int = 1,
     ) -> Pending[R]:
         """Like :meth:`enqueue` but wait for room, and for the estimate to fit the deadline, instead of refusing
         (bulk requests).
@@ -240,7 +249,7 @@ class Batcher(Generic[P, R]):
                 await asyncio.wait_for(self._room.wait(), timeout)
             except TimeoutError:
                 raise DeadlineExceeded("request deadline passed while waiting for room in the queue") from None
-        return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
+        return self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=width)
 
     def _fits(self, costs: Sequence[int], deadline: float | None) -> bool:
         return self._queued + len(costs) <= self.limits.queue_capacity and self._late_by(deadline, costs) is None
@@ -249,13 +258,15 @@ class Batcher(Generic[P, R]):
         return float(max(self.limits.retry_after_s, math.ceil(seconds)))
 
     async def submit(self, payloads: Sequence[P], costs: Sequence[int], *, key: Hashable = None,
-                     deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "") -> list[R]:
+                     deadline: float | None = None, on_partial: OnPartial | None = None, tag: str = "",
+                     width: int = 1) -> list[R]:
         """Enqueue and wait: ``await batcher.submit(...)`` returns one result per payload, in order.
 
         Raises:
             Overloaded, DeadlineExceeded, ModelNotReady, ServingError: see :meth:`enqueue` and :meth:`Pending.wait`.
         """
-        pending = self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag)
+        pending = self.enqueue(payloads, costs, key=key, deadline=deadline, on_partial=on_partial, tag=tag,
+                               width=width)
         return await pending.wait()
 
     # -- for the batchers: what their collect loops use ----------------------------------------------------------

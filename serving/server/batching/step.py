@@ -18,7 +18,7 @@ request whose learned latency would end after its deadline fails before it joins
 
 The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
 over the engine's ``serving.engine.continuous.ContinuousDecoder``, whose payloads are prepared sentences
-(``serving.engine.request.Prepared``).
+(``serving.engine.request.Sentence``).
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class StepRunner(Protocol):
 
 
 class DecoderRunner:
-    """The step runner over the engine's continuous decoder: a chunk's payloads are prepared sentences, joined into
-    one group (they share their search options when they share a key)."""
+    """The step runner over the engine's continuous decoder: a chunk's payloads are prepared sentences
+    (``serving.engine.request.Sentence``), gathered into one group (they share their search options when they share
+    a key)."""
 
     def __init__(self, decoder: ContinuousDecoder) -> None:
         self.decoder = decoder
@@ -113,7 +114,7 @@ class DecoderRunner:
 
     def add(self, key: Hashable, payloads: list[Any], on_result: OnChunkResult, on_partial: OnPartial | None,
             alive: Callable[[], bool]) -> None:
-        self.decoder.add(Prepared.join(payloads), on_result, on_partial=on_partial, alive=alive)
+        self.decoder.add(Prepared.gather(payloads), on_result, on_partial=on_partial, alive=alive)
 
     def step(self) -> None:
         self.decoder.step()

@@ -242,11 +242,11 @@ class InferenceServicer:
     async def _infer(self, runner: ModelRunner, parsed: InferRequest, started: float,
                      context: grpc.aio.ServicerContext) -> Any:
         service = self.service
-        options = service.limits.options(parsed.decoding(), "parameter {!r}")
         timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
-        deadline = service.limits.deadline(started, min(timeouts) if timeouts else None)
-        runner, translations = await service.translate(runner, parsed.texts, options, deadline,
-                                                       tag=parsed.id or "", target_prefix=parsed.target_prefixes())
+        admission = service.limits.admission(parsed.decoding(), started, min(timeouts) if timeouts else None,
+                                             label="parameter {!r}", tag=parsed.id or "",
+                                             target_prefix=parsed.target_prefixes())
+        runner, translations = await service.translate(runner, parsed.texts, admission)
         values = output_values(translations)
         names = [name for name, _ in parsed.outputs]
         return service_pb2.ModelInferResponse(

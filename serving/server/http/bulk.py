@@ -8,6 +8,7 @@ in flight at once; each waits for room in the model's queue instead of being ref
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -20,10 +21,11 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from serving.engine.errors import InferenceFailed, InvalidInput, LimitExceeded, ServingError
-from serving.engine.request import EMPTY_TRANSLATION, DecodeOptions
+from serving.engine.request import EMPTY_TRANSLATION
 from serving.server.http.deps import ApiKeyDep, ServiceDep, request_id
 from serving.server.http.schemas import BulkLineIn, TranslationOut, error_responses
 from serving.server.http.streams import DuplexStreamingResponse, error_data
+from serving.server.limits import Admission
 from serving.server.service import TranslationService
 
 logger = logging.getLogger(__name__)
@@ -121,24 +123,25 @@ async def translate_bulk(
                            "refusing it; its result then says `truncated: true`"),
 ) -> StreamingResponse:
     """Translate NDJSON lines; results stream back as NDJSON as they complete."""
-    options = service.limits.options({"beam_size": beam_size, "max_length": max_length, "truncate": truncate})
+    # Each line's deadline counts from when it is read (its own request_timeout).
+    admission = service.limits.admission({"beam_size": beam_size, "max_length": max_length, "truncate": truncate},
+                                         time.monotonic(), tag=request_id(request))
     service.ready_model(model)  # refuse before streaming: unknown model, not ready
     return DuplexStreamingResponse(
-        _bulk(request, service, model, options),
+        _bulk(request, service, model, admission),
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-cache"},
     )
 
 
 async def _bulk(
-    request: Request, service: TranslationService, model: str | None, options: DecodeOptions
+    request: Request, service: TranslationService, model: str | None, admission: Admission
 ) -> AsyncIterator[bytes]:
     out: asyncio.Queue[bytes | None] = asyncio.Queue()
     window = asyncio.Semaphore(service.settings.bulk_window)
     tasks: set[asyncio.Task[None]] = set()
     limit = service.settings.max_bulk_body_bytes
     splitter = LineSplitter(service.settings.max_chars_per_sentence * _BYTES_PER_CHAR + _LINE_OVERHEAD)
-    tag = request_id(request)
 
     def line_error(index: int, line_id: Any, error: ServingError) -> bytes:
         body: dict[str, Any] = {"index": index}
@@ -155,9 +158,8 @@ async def _bulk(
                 if not text.strip():  # an empty text: an empty translation, as /v1/translate answers it
                     translation = EMPTY_TRANSLATION
                 else:
-                    deadline = service.limits.deadline(time.monotonic(), None)
-                    runner, pending = await service.admit(model, [text], options, deadline, tag=tag,
-                                                          wait_for_room=True)
+                    line = dataclasses.replace(admission, started=time.monotonic())
+                    runner, pending = await service.admit(model, [text], line, wait_for_room=True)
                     (translation,) = await pending.wait()
             except ServingError as error:
                 out.put_nowait(line_error(index, line_id, error))

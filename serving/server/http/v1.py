@@ -41,6 +41,7 @@ from serving.server.http.schemas import (
     error_responses,
 )
 from serving.server.http.streams import DuplexStreamingResponse, error_data
+from serving.server.limits import Admission
 from serving.server.model_runner import ModelRunner
 from serving.server.service import TranslationService
 
@@ -66,30 +67,33 @@ def _response(runner: ModelRunner, translations: list[Any], documents: list[Any]
              responses=_TRANSLATE_ERRORS)
 async def translate(body: TranslateRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> TranslateResponse:
     """Translate one sentence or a list of sentences (with split_sentences: texts of several sentences)."""
-    options = service.limits.options(body.decoding())
-    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
-    tag = request_id(request)
+    admission = _admission(service, request, body)
     if body.split_sentences:
         if body.target_prefix is not None or (body.num_hypotheses or 1) > 1:
             raise InvalidInput("split_sentences gives each sentence one translation: not with target_prefix or "
                                "num_hypotheses above 1")
         runner, documents = await unless_disconnected(
-            request, service.translate_documents(body.model, body.texts(), options, deadline, tag=tag)
+            request, service.translate_documents(body.model, body.texts(), admission)
         )
         return _response(runner, [], documents)
-    runner, translations = await unless_disconnected(
-        request, service.translate(body.model, body.texts(), options, deadline, tag=tag,
-                                   target_prefix=body.target_prefixes())
-    )
+    runner, translations = await unless_disconnected(request, service.translate(body.model, body.texts(), admission))
     return _response(runner, translations)
+
+
+def _admission(service: TranslationService, request: Request, body: TranslateRequest | ScoreRequest) -> Admission:
+    """The request's terms (``RequestLimits.admission``): options, deadline (``timeout_ms``), request id, prefix."""
+    timeout_s = None if body.timeout_ms is None else body.timeout_ms / 1000
+    if isinstance(body, ScoreRequest):
+        return service.limits.admission({}, request_started(request), timeout_s, tag=request_id(request))
+    return service.limits.admission(body.decoding(), request_started(request), timeout_s, tag=request_id(request),
+                                    target_prefix=body.target_prefixes())
 
 
 @router.post("/score", response_model=ScoreResponse, responses=_TRANSLATE_ERRORS)
 async def score(body: ScoreRequest, request: Request, service: ServiceDep, _: ApiKeyDep) -> ScoreResponse:
     """Score given translations: the model's log-likelihood of each target given its source."""
-    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
     runner, scores = await unless_disconnected(
-        request, service.score(body.model, body.sources(), body.targets(), deadline)
+        request, service.score(body.model, body.sources(), body.targets(), _admission(service, request, body))
     )
     return ScoreResponse(model=runner.name, version=str(runner.info.version), scores=[ScoreOut.of(s) for s in scores])
 
@@ -132,8 +136,7 @@ async def translate_stream(
     body: TranslateStreamRequest, request: Request, service: ServiceDep, _: ApiKeyDep
 ) -> StreamingResponse:
     """Translate and stream partial text as Server-Sent Events."""
-    options = service.limits.options(body.decoding())
-    deadline = service.limits.deadline(request_started(request), None if body.timeout_ms is None else body.timeout_ms / 1000)
+    admission = _admission(service, request, body)
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
 
@@ -141,10 +144,7 @@ async def translate_stream(
         events.put_nowait((index, delta))
 
     # Admission happens before the 200 is sent: refusals (limits, 503, 404) keep their status codes.
-    runner, pending = await service.admit(
-        body.model, texts, options, deadline, on_partial=on_partial, tag=request_id(request),
-        target_prefix=body.target_prefixes(),
-    )
+    runner, pending = await service.admit(body.model, texts, admission, on_partial=on_partial)
     return DuplexStreamingResponse(
         _stream_events(request, runner, pending, events, len(texts)),
         media_type="text/event-stream",

@@ -208,13 +208,11 @@ async def infer(name: str, request: Request, service: ServiceDep, _: ApiKeyDep, 
     runner = service.version(name, version)
     body = _decompress(await request.body(), request.headers.get("content-encoding"), service.settings.max_body_bytes)
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"))
-    options = service.limits.options(parsed.decoding(), "parameter {!r}")
     timeout_us = parsed.int_parameter("timeout")
-    deadline = service.limits.deadline(request_started(request), None if not timeout_us else timeout_us / 1e6)
-    runner, translations = await unless_disconnected(
-        request, service.translate(runner, parsed.texts, options, deadline, tag=request_id(request),
-                                   target_prefix=parsed.target_prefixes())
-    )
+    admission = service.limits.admission(parsed.decoding(), request_started(request),
+                                         None if not timeout_us else timeout_us / 1e6, label="parameter {!r}",
+                                         tag=request_id(request), target_prefix=parsed.target_prefixes())
+    runner, translations = await unless_disconnected(request, service.translate(runner, parsed.texts, admission))
     content, headers = encode_infer_response(parsed, runner.name, str(runner.info.version), translations)
     return Response(content=content, headers=headers)
 
