@@ -151,7 +151,7 @@ def _add_shadow(parser: argparse.ArgumentParser) -> None:
     shadow.add_argument("--shadow-queue-size", type=positive_int, metavar="N",
                         help="most requests waiting for the candidate; beyond it they are shed and counted "
                              "(default 64)")
-    shadow.add_argument("--shadow-log", type=Path, metavar="PATH",
+    shadow.add_argument("--shadow-log", type=Path, metavar="LOG",
                         help="append every compared pair to this JSONL file (rotated by size; MTGATE_SHADOW_LOG)")
     shadow.add_argument("--shadow-redact", action="store_true", default=None,
                         help="write SHA-256 hashes of the texts instead of the texts (log and /v1/shadow)")

@@ -73,7 +73,7 @@ VOCABULARY: tuple[Term, ...] = (
          "`batch-score` 64 (offline: no record waits for a batch; `serving.server.settings`)",
          (Alias("--max-batch-sentences"), Alias("--batch-size", ("validate",)))),
     Term("--max-batch-tokens N", "most padded source tokens times beams (sentences x beams x longest) in one engine "
-         "batch; default 8192, `batch-score` 2048 (a worker per core, each holding a batch)",
+         "batch; default 4096, `batch-score` 2048 (a worker per core, each holding a batch)",
          (Alias("--max-tokens", ("batch-score",)),)),
     Term("--max-queue-delay-us US", "longest wait of a queued sentence for a fuller batch, in microseconds "
          "(Triton's `max_queue_delay_microseconds`)", (Alias("--max-batch-delay-ms", note="milliseconds"),)),

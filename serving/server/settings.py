@@ -25,9 +25,10 @@ MAX_OUTPUT_TOKENS = 512
 
 # The batch limits, one place for every command. The server (and validate, export-triton and a sweep's space, which
 # measure or deploy it) batches requests that wait for each other: 32 sentences (Triton's and CTranslate2's
-# translate_file default), 8192 padded source tokens (32 sentences of 256 tokens).
+# translate_file default), 4096 padded source tokens times beams (32 sentences of 128 tokens greedy, of 32 at beam 4:
+# the engine batches the server decoded before the batcher and the engine shared one budget).
 DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_MAX_BATCH_TOKENS = 8192
+DEFAULT_MAX_BATCH_TOKENS = 4096
 DEFAULT_MAX_QUEUE_DELAY_US = 5000
 # batch-score's records wait for nothing and it runs a worker per core, each holding a batch: more sentences per batch
 # (64 gave 1.1x the tokens/s of 32 on the demo, 1 worker x 1 thread, beam 4) but fewer tokens (a batch of long

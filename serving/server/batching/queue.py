@@ -66,7 +66,7 @@ class BatchLimits:
     """
 
     max_items: int = 32
-    max_cost: int = 8192
+    max_cost: int = 4096
     max_delay_s: float = 0.005
     queue_capacity: int = 512
     retry_after_s: float = 1.0

@@ -1,4 +1,4 @@
-"""The shadow pair log (``--shadow-log PATH``): one JSON object per compared pair, appended as a whole line.
+"""The shadow pair log (``--shadow-log LOG``): one JSON object per compared pair, appended as a whole line.
 
 Each line goes to the file in one ``os.write`` on a descriptor opened with ``O_APPEND`` (no user-space buffer to
 flush), so a process killed at any moment (SIGKILL) leaves only whole lines. Beyond ``max_bytes`` the file is rotated
