@@ -108,8 +108,8 @@ class EchoTranslator:
                 time.sleep(self.step_delay)
             if on_partial is not None:
                 for i, words in enumerate(targets):
-                    if step < len(words):
-                        on_partial(i, " ".join(words[: step + 1]))
+                    if step < len(words):  # a delta (OnPartial): the next word
+                        on_partial(i, (" " if step else "") + words[step])
         return prepared.mark([
             Translation(
                 text=" ".join(words),

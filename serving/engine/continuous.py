@@ -36,6 +36,7 @@ from serving.engine.lane import Joining, Lane
 from serving.engine.planner import order as decode_order
 from serving.engine.request import OnPartial, Prepared, Translation
 from serving.engine.shortlist import allow_prefixes
+from serving.engine.streaming import PartialTexts
 from serving.engine.translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -55,9 +56,8 @@ class _Group:
     prepared: Prepared  # the group's sentences, options and caps; marks its translations (Prepared.mark)
     on_result: OnResult
     alive: Callable[[], bool]
-    on_partial: OnPartial | None
+    texts: PartialTexts | None  # the streamed text of its sentences (streaming only)
     results: dict[int, Translation] = field(default_factory=dict)
-    partial: dict[int, str] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -125,7 +125,9 @@ class ContinuousDecoder:
             raise InvalidInput("no texts to translate")
         ids = range(self._next_id, self._next_id + len(prepared))
         self._next_id += len(prepared)
-        group = _Group(ids, prepared, on_result, alive, on_partial)
+        texts = None if on_partial is None else PartialTexts(self.translator.tokenizer, self.translator.ids.eos,
+                                                            on_partial)
+        group = _Group(ids, prepared, on_result, alive, texts)
         self._joining.append(group)
         for index, sentence in enumerate(ids):
             self._owner[sentence] = (group, index)
@@ -185,7 +187,7 @@ class ContinuousDecoder:
             rows = row_of[start : start + len(group.prepared.sources)]
             part = group.prepared
             joining.append(Joining(part.search, np.asarray(group.ids, dtype=np.int64), part.caps, rows, part.seeds,
-                                   part.prefixes))
+                                   part.prefixes, stream=group.texts is not None))
             start += len(group.prepared.sources)
         if not self._lanes or self._lanes[-1].width >= self.max_join_width:
             for lane in self._lanes:  # from now on several lanes use the backend: none may keep its buffers
@@ -228,7 +230,10 @@ class ContinuousDecoder:
             if owner is None:
                 continue
             group, index = owner
-            group.results[index] = self.translator.translation(hypothesis, len(group.prepared.sources[index]))
+            group.results[index] = translation = self.translator.translation(hypothesis,
+                                                                              len(group.prepared.sources[index]))
+            if group.texts is not None:
+                group.texts.finish(index, translation.token_ids)
             if len(group.results) == len(group.prepared.sources):
                 logger.debug("group of %d done in %.1f ms", len(group.prepared.sources),
                              (time.perf_counter() - group.started) * 1000)
@@ -253,17 +258,12 @@ class ContinuousDecoder:
             _call(group.on_result, result)
 
     def _stream_hook(self, ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """The searches' streaming hook: sentence ``ids[i]`` now reads ``tokens[i, :lengths[i]]``."""
-        if not any(group.on_partial is not None for group, _ in self._owner.values()):
-            return
+        """The streamed searches' hook (``OnTokens``): sentence ``ids[i]``'s output starts with
+        ``tokens[i, :lengths[i]]``; its group's texts detokenize the new tokens (``serving.engine.streaming``)."""
         for sentence, row_tokens, length in zip(ids.tolist(), tokens, lengths.tolist(), strict=True):
             group, index = self._owner.get(sentence, (None, 0))
-            if group is None or group.on_partial is None:
-                continue
-            text = self.translator.detokenize(row_tokens[:length].tolist())
-            if group.partial.get(index) != text:
-                group.partial[index] = text
-                group.on_partial(index, text)
+            if group is not None and group.texts is not None:
+                group.texts.tokens(index, row_tokens, length)
 
 
 def _alive(group: _Group) -> bool:

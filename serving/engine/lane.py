@@ -38,6 +38,8 @@ class Joining:
         rows: ``[n]`` their rows of the encoder outputs handed to :meth:`Lane.join`.
         seeds: ``[n]`` their sampling seeds, or None.
         prefixes: their target prefixes, or None.
+        stream: their partial results are wanted (``on_tokens``); streamed and other sentences have searches of
+            their own, so that only the streamed ones pay for it.
     """
 
     options: SearchOptions
@@ -46,15 +48,23 @@ class Joining:
     rows: np.ndarray
     seeds: np.ndarray | None = None
     prefixes: list[list[int]] | None = None
+    stream: bool = False
 
 
 @dataclass(eq=False)
 class Block:
-    """The rows of one search (all sentences of a lane with the same search options), contiguous in the lane."""
+    """The rows of one search (all sentences of a lane with the same search options and streaming), contiguous in
+    the lane."""
 
     options: SearchOptions
     search: Search
     rows: int
+    stream: bool = False
+
+    @property
+    def key(self) -> tuple[SearchOptions, bool]:
+        """What the sentences of one search share."""
+        return self.options, self.stream
 
 
 class Lane:
@@ -77,24 +87,25 @@ class Lane:
 
     def join(self, joining: list[Joining], cross_kv: np.ndarray, src_bias: np.ndarray, on_tokens: OnTokens,
              candidates: np.ndarray | None = None) -> None:
-        """Add the joining sentences' rows (position 0) as new blocks at the end, one per search options; after
-        their first step they merge into the block of their options (:meth:`step`). ``joining[i].rows``: their rows
-        of ``cross_kv``/``src_bias``."""
-        by_options: dict[SearchOptions, list[Joining]] = {}
+        """Add the joining sentences' rows (position 0) as new blocks at the end, one per search options (and
+        streaming: ``on_tokens`` is the streamed searches' hook); after their first step they merge into the block of
+        their options (:meth:`step`). ``joining[i].rows``: their rows of ``cross_kv``/``src_bias``."""
+        by_key: dict[tuple[SearchOptions, bool], list[Joining]] = {}
         for joiner in joining:
-            by_options.setdefault(joiner.options, []).append(joiner)
+            by_key.setdefault((joiner.options, joiner.stream), []).append(joiner)
         sources = [np.arange(self.rows)]
         tokens = [self._tokens]
-        for options, members in by_options.items():
+        for (options, stream), members in by_key.items():
             ids = np.concatenate([member.ids for member in members])
             caps = np.concatenate([member.caps for member in members])
             seeds = join_seeds([(m.ids.size, m.seeds) for m in members])
             prefixes = join_prefixes([(m.ids.size, m.prefixes) for m in members])
             # A beam sentence's first step decodes one row, not K identical ones (the K rows appear with the first
             # plan); the new block merges into its options' block after that step.
-            search = start_search(caps, options, on_tokens, ids=ids, prefixes=prefixes, seeds=seeds)
+            search = start_search(caps, options, on_tokens if stream else None, ids=ids, prefixes=prefixes,
+                                  seeds=seeds)
             rows = np.repeat(np.concatenate([member.rows for member in members]), search.tokens.shape[0] // ids.size)
-            self.blocks.append(Block(options, search, rows.size))
+            self.blocks.append(Block(options, search, rows.size, stream))
             sources.append(-1 - rows)  # encoder row j is source -1 - j
             tokens.append(search.tokens)
         self.decode_rows.arrange(np.concatenate(sources), cross_kv, src_bias, candidates)
@@ -159,18 +170,18 @@ class Lane:
             self._clear()
 
     def _merge_blocks(self) -> None:
-        """One block per search options: blocks that joined merge into the first block of their options (their rows
+        """One block per search options and streaming: blocks that joined merge into the first block of their key (their rows
         move next to its rows; with a stationary cache that moves no data, and blocks usually are next to each other
         already)."""
-        by_options: dict[SearchOptions, list[int]] = {}
+        by_key: dict[tuple[SearchOptions, bool], list[int]] = {}
         for index, block in enumerate(self.blocks):
-            by_options.setdefault(block.options, []).append(index)
-        if len(by_options) == len(self.blocks):
+            by_key.setdefault(block.key, []).append(index)
+        if len(by_key) == len(self.blocks):
             return
         starts = np.cumsum([0] + [block.rows for block in self.blocks])
         blocks: list[Block] = []
         order: list[np.ndarray] = []
-        for indices in by_options.values():
+        for indices in by_key.values():
             main = self.blocks[indices[0]]
             for index in indices:
                 order.append(np.arange(starts[index], starts[index + 1]))

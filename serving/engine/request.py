@@ -26,8 +26,9 @@ from serving.engine.options import (
 from serving.package import DecodingDefaults
 
 OnPartial = Callable[[int, str], None]
-"""``on_partial(index, text)``: sentence ``index`` of a request now reads ``text`` (a partial translation, for
-streaming). The engine calls it from the thread that decodes; the batchers hand it over to the event loop."""
+"""``on_partial(index, delta)``: the translation of sentence ``index`` of a request continues with ``delta``, text
+that can no longer change (streaming): a sentence's deltas, in order, concatenate to its final text. The engine calls
+it from the thread that decodes; the batchers hand it over to the event loop."""
 
 
 @dataclass(frozen=True)

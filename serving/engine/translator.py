@@ -37,6 +37,7 @@ from serving.engine.request import (
     Translation,
 )
 from serving.engine.shortlist import allow_prefixes, open_shortlist
+from serving.engine.streaming import PartialTexts
 from serving.engine.tokenizers import Tokenizer, load_tokenizer
 from serving.package import PackageError, choose_precision, open_package
 
@@ -228,8 +229,10 @@ class Translator:
 
         Arguments:
             prepared: from :meth:`prepare` (or :meth:`prepare_ids`), possibly gathered with others of the same options.
-            on_partial: streaming hook ``on_partial(index, partial_text)``, called when a sentence's partial
-                translation changes: after every step with greedy search, once when it is done with beam search.
+            on_partial: streaming hook ``on_partial(index, delta)``, called with the text a sentence's translation
+                continues with once it can no longer change: as greedy search decodes each token, as the prefix all
+                live beams share grows with beam search (``serving.engine.streaming``); the deltas of a sentence
+                concatenate to its text.
 
         Returns:
             One :class:`Translation` per sentence, in order.
@@ -330,7 +333,8 @@ class Translator:
         """Decode one sub-batch: ``part`` holds the sentences ``batch`` of the request, in that order."""
         started = time.perf_counter()
         options = part.search
-        hook = None if on_partial is None else self._stream_hook(batch, on_partial)
+        texts = None if on_partial is None else PartialTexts(self.tokenizer, self.ids.eos, on_partial)
+        hook = None if texts is None else self._stream_hook(batch, texts)
         try:
             encoded = self.encode_batch(part.sources, np.arange(batch.size))
             allow_prefixes(encoded.candidates, np.arange(batch.size), part.prefixes)
@@ -345,6 +349,8 @@ class Translator:
             translation = self.translation(hypotheses[row], len(part.sources[row]))
             generated += translation.output_tokens
             results[index] = translation
+            if texts is not None:
+                texts.finish(int(index), translation.token_ids)
         logger.debug(
             "batch of %d (source length %d, beam %d): %d tokens in %.1f ms", batch.size, encoded.src_bias.shape[3],
             options.beam_size, generated, (time.perf_counter() - started) * 1000,
@@ -357,10 +363,6 @@ class Translator:
         return Translation(text=self.tokenizer.decode(ids), input_tokens=input_tokens, output_tokens=len(ids),
                            score=hypothesis.score, token_ids=ids, alternatives=alternatives)
 
-    def detokenize(self, token_ids: list[int]) -> str:
-        """The text of generated ids, up to the first EOS."""
-        return self.tokenizer.decode(_until_eos(token_ids, self.ids.eos))
-
     def encode_batch(self, sources: list[list[int]], rows: np.ndarray) -> EncoderOutput:
         """Encode the sources ``rows`` (sorted by decreasing length), right-padded with the pad id."""
         lengths = np.array([len(sources[i]) for i in rows], dtype=np.int64)
@@ -372,18 +374,13 @@ class Translator:
     def _encode(self, input_ids: np.ndarray, lengths: np.ndarray) -> EncoderOutput:
         return encode_sorted(self.backend, input_ids, lengths)
 
-    def _stream_hook(self, batch: np.ndarray, on_partial: OnPartial) -> OnTokens:
-        """The search's streaming hook for a batch whose row ``i`` is sentence ``batch[i]``: calls
-        ``on_partial(index, partial_text)`` when a sentence's partial translation changes."""
-        last: dict[int, str] = {}
+    def _stream_hook(self, batch: np.ndarray, texts: PartialTexts) -> OnTokens:
+        """The search's streaming hook for a batch whose row ``i`` is sentence ``batch[i]``: each sentence's stable
+        tokens to ``texts`` (``serving.engine.streaming``: only the new tokens are detokenized)."""
 
         def hook(rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
             for row, row_tokens, length in zip(rows.tolist(), tokens, lengths.tolist(), strict=True):
-                index = int(batch[row])
-                text = self.detokenize(row_tokens[:length].tolist())
-                if last.get(index) != text:
-                    last[index] = text
-                    on_partial(index, text)
+                texts.tokens(int(batch[row]), row_tokens, length)
 
         return hook
 

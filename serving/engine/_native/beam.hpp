@@ -28,6 +28,7 @@ class Beam {
         std::vector<char> finished_flag;
         std::vector<float> alive_scores, finished_scores;
         bool improvable = true;  // HF
+        int64_t stable = 0;      // streaming: the length of the stable prefix reported so far
     };
 
     // ``penalty[g]``: the length penalty of g generated tokens as _advance computes it (float32); ``normalizer[g]``:
@@ -103,6 +104,7 @@ class Beam {
     }
 
     bool advance_sentence(Sentence& s, const float* const* rows, const Columns& columns);
+    int64_t stable_length(const Sentence& s) const;
     void merge_finished(Sentence& s, const float* scores, const char* flags, int64_t length);
     Finished result(const Sentence& s) const;
 
@@ -156,12 +158,25 @@ inline Step Beam::advance(float* log_probs, const Columns& columns, bool renorma
         }
         step.finished.push_back(result(sentences_[i]));
     }
-    if (options_.stream && !step.finished.empty()) {
-        for (const Finished& f : step.finished) step.stream_ids.push_back(f.id);
-        fill_stream(step, static_cast<int64_t>(step.finished.size()), options_.eos_id, [&step](int64_t i) {
-            const std::vector<int64_t>& tokens = step.finished[i].tokens;
-            return std::pair<const int64_t*, int64_t>(tokens.data(), static_cast<int64_t>(tokens.size()));
-        });
+    // Streaming (beam.py's _stream): the finished sentences' results, then the stable prefixes that grew.
+    std::vector<std::pair<const int64_t*, int64_t>> streamed;
+    if (options_.stream) {
+        for (const Finished& f : step.finished) {
+            step.stream_ids.push_back(f.id);
+            streamed.emplace_back(f.tokens.data(), static_cast<int64_t>(f.tokens.size()));
+        }
+        for (int64_t i : keep) {
+            Sentence& s = sentences_[i];
+            const int64_t stable = stable_length(s);
+            if (stable <= s.stable) continue;
+            s.stable = stable;
+            step.stream_ids.push_back(s.id);
+            streamed.emplace_back(s.alive.data(), stable);
+        }
+        if (!streamed.empty()) {
+            fill_stream(step, static_cast<int64_t>(streamed.size()), options_.eos_id,
+                        [&streamed](int64_t i) { return streamed[i]; });
+        }
     }
     if (keep.empty()) return step;
     step.has_plan = true;
@@ -261,6 +276,28 @@ inline bool Beam::advance_sentence(Sentence& s, const float* const* rows, const 
         done = done || std::all_of(s.finished_flag.begin(), s.finished_flag.end(), [](char f) { return f; });
     }
     return done;
+}
+
+// The length of the prefix a sentence's alive beams (steps + 1 tokens, just extended) and its finished hypotheses
+// share: whatever comes, its result starts with it (beam.py's _stream).
+inline int64_t Beam::stable_length(const Sentence& s) const {
+    const int64_t* best = s.alive.data();
+    int64_t shared = s.steps + 1;
+    for (int64_t b = 1; b < k_; ++b) {
+        const int64_t* other = s.alive.data() + b * s.cap;
+        int64_t j = 0;
+        while (j < shared && other[j] == best[j]) ++j;
+        shared = j;
+    }
+    for (int64_t slot = 0; slot < k_; ++slot) {
+        if (!s.finished_flag[slot]) continue;
+        const int64_t* other = s.finished.data() + slot * s.cap;
+        const int64_t limit = std::min(shared, s.finished_len[slot]);
+        int64_t j = 0;
+        while (j < limit && other[j] == best[j]) ++j;
+        shared = j;
+    }
+    return shared;
 }
 
 // Keep the K best of the finished hypotheses and the 2K candidates (beam.py's _merge_finished).

@@ -22,7 +22,8 @@ struct Step {
     std::vector<int64_t> encoder_rows;  // [m]
     std::vector<Finished> finished;
     // The streaming hook's arguments (Options::stream): sentence ids, their tokens [n, width] padded with EOS, and
-    // their lengths. Greedy search: every sentence of the step; beam search: the sentences it finished.
+    // their lengths. Greedy search: every sentence of the step; beam search: the sentences it finished (their
+    // results), then those whose stable prefix grew (that prefix).
     bool has_stream = false;
     std::vector<int64_t> stream_ids, stream_tokens, stream_lengths;
     int64_t stream_width = 0;

@@ -14,9 +14,12 @@ LengthPenaltyKind = Literal["hf", "gnmt"]
 NEG_INF = np.float32(-np.inf)
 
 OnTokens = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-"""``on_tokens(rows, tokens, lengths)``: sentence ``rows[i]`` (an index into the decoded batch) now has the output
-``tokens[i, :lengths[i]]``. Greedy search calls it after every step for the sentences still decoding (including the
-step that emits their EOS); beam search calls it once per sentence, with its final hypothesis, when it is done."""
+"""``on_tokens(rows, tokens, lengths)``: the output of sentence ``rows[i]`` (an index into the decoded batch) starts
+with ``tokens[i, :lengths[i]]``, which no later step changes (streaming). A search calls it at most once per step.
+Greedy search: after every step, for the sentences still decoding (including the step that emits their EOS). Beam
+search: the sentences the step finished, with their result, then those whose *stable prefix* grew, with it: the
+prefix every hypothesis that can still be the result shares (the alive beams and the finished hypotheses kept), so
+that each call extends the one before and the last is the result. Without a hook a search does none of this work."""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ class BeamSearchBase(SentenceArrays):
         self.prefix, self.prefix_len = prefix_arrays(prefixes, n)
         self.results: dict[int, Hypothesis] = {}
         self.columns: np.ndarray | None = None  # the ids of this step's log-prob columns (None: every id)
+        if on_tokens is not None:  # streaming: the length of each sentence's stable prefix (``_stream``)
+            self.stable = np.zeros(n, dtype=np.int64)
         self._init_state(n)
 
     def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> StepPlan | None:
@@ -102,6 +104,7 @@ class BeamSearchBase(SentenceArrays):
     def join(self, other: Search) -> None:
         assert isinstance(other, BeamSearchBase) and self.expanded and other.expanded, (
             "a search joins another once both have taken their first step")
+        assert (self.on_tokens is None) == (other.on_tokens is None), "a streamed search joins only a streamed one"
         super().join(other)
 
     def _next_log_probs(self, log_probs: np.ndarray) -> np.ndarray:
@@ -151,7 +154,8 @@ class BeamSearchBase(SentenceArrays):
         self.finished_flag = np.take_along_axis(np.concatenate([self.finished_flag, finished], axis=1), best, axis=1)
 
     def _retire(self, done: np.ndarray) -> np.ndarray | None:
-        """Record the results of the sentences marked done, drop them; return the cache rows to keep."""
+        """Record the results of the sentences marked done, drop them; return the cache rows to keep. Streaming: one
+        ``on_tokens`` call for the step (``_stream``)."""
         k = self.k
         if done.any():
             idx = np.flatnonzero(done)
@@ -161,19 +165,50 @@ class BeamSearchBase(SentenceArrays):
                 if self.options.num_hypotheses > 1:
                     hypothesis.alternatives = self._alternatives(i, hypothesis)
                 self.results[int(self.ids[i])] = hypothesis
-            if self.on_tokens is not None:
-                self.on_tokens(self.ids[idx], seqs, lens)
+            finals = None if self.on_tokens is None else (self.ids[idx], seqs, lens)
             keep = np.flatnonzero(~done)
             if keep.size == 0:
+                if finals is not None and self.on_tokens is not None:
+                    self.on_tokens(*finals)
                 return None
             self._keep(keep)
             self.encoder_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
             parents = self.parents[keep]
         else:
+            finals = None
             keep = np.arange(self.ids.size)
             parents = self.parents
             self.encoder_rows = None
+        if self.on_tokens is not None:
+            self._stream(finals)
         return np.asarray((keep[:, None] * k + parents).reshape(-1))
+
+    def _stream(self, finals: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        """The step's streaming call (``OnTokens``): the sentences it finished with their results (``finals``), then
+        those whose stable prefix grew: the prefix their alive beams and kept finished hypotheses share (the result
+        is one of these or extends an alive beam, so that prefix starts it whatever comes; it only grows)."""
+        n, _, width = self.alive_seq.shape
+        best = self.alive_seq[:, :1, :]
+        column = np.arange(width)
+        # The alive beams just took this step's token: steps + 1 of them count.
+        differ = (self.alive_seq != best).any(axis=1) | (column >= (self.steps + 1)[:, None])
+        finished_differ = (self.finished_seq != best) | (column >= self.finished_len[:, :, None])
+        differ |= (finished_differ & self.finished_flag[:, :, None]).any(axis=1)
+        stable = np.where(differ.any(axis=1), differ.argmax(axis=1), width)
+        grew = np.flatnonzero(stable > self.stable)
+        self.stable = np.maximum(self.stable, stable)
+        if grew.size:
+            grown = (self.ids[grew], self.alive_seq[grew, 0], stable[grew])
+            if finals is None:
+                finals = grown
+            else:
+                fill = max(finals[1].shape[1], width)
+                eos = self.options.eos_id
+                finals = (np.concatenate([finals[0], grown[0]]),
+                          np.concatenate([pad_width(finals[1], fill, eos), pad_width(grown[1], fill, eos)]),
+                          np.concatenate([finals[2], grown[2]]))
+        if finals is not None and self.on_tokens is not None:
+            self.on_tokens(*finals)
 
     def _alternatives(self, i: int, best: Hypothesis) -> list[Hypothesis]:
         """Sentence ``i``'s next best hypotheses after ``best`` (``num_hypotheses - 1``): its finished ones in their
@@ -204,8 +239,9 @@ class BeamSearchBase(SentenceArrays):
 
     def _per_sentence(self) -> tuple[str, ...]:
         """The state arrays indexed by sentence (first axis), besides the sequences and the prefixes (padded)."""
+        stream = () if self.on_tokens is None else ("stable",)
         return ("ids", "caps", "steps", "alive_scores", "finished_len", "finished_flag", "finished_scores",
-                "prefix_len")
+                "prefix_len", *stream)
 
     def _padded(self) -> dict[str, int]:
         eos = self.options.eos_id
@@ -213,6 +249,8 @@ class BeamSearchBase(SentenceArrays):
 
     def _rows_per_sentence(self) -> int:
         return self.k if self.expanded else 1
+
+    stable: np.ndarray  # streaming only
 
     # Implemented by each rule set.
     encoder_rows: np.ndarray | None

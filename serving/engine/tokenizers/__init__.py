@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from serving.engine.tokenizers.base import InvalidText, Tokenizer, UnicodeChecked, check_text
+from serving.engine.tokenizers.stream import TextStream, open_stream
 from serving.package import PackageError
 
-__all__ = ["InvalidText", "Tokenizer", "TOKENIZER_KINDS", "check_text", "load_tokenizer"]
+__all__ = ["InvalidText", "TextStream", "Tokenizer", "TOKENIZER_KINDS", "check_text", "load_tokenizer", "open_stream"]
 
 # kind -> file roles it needs
 TOKENIZER_KINDS: dict[str, tuple[str, ...]] = {

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from serving.engine.errors import InvalidInput
+from serving.engine.tokenizers.stream import TextStream, open_stream
 
 # A lone surrogate: what a JSON "\ud800" escape, or an undecodable byte read with errors="surrogateescape" (Python's
 # stdin and argv), turns into. It is not a character: it has no UTF-8 form, so no tokenizer can take it.
@@ -75,6 +76,9 @@ class UnicodeChecked:
     def decode(self, ids: Sequence[int]) -> str:
         return self.inner.decode(ids)
 
+    def stream(self) -> TextStream:
+        return open_stream(self.inner)
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -83,6 +87,8 @@ class Tokenizer(Protocol):
     ``encode`` returns the source ids *without* EOS (the engine appends the package's EOS id); ``encode_target``
     the same for target text (reference scoring: the target side's model and vocabulary); ``decode`` turns
     target ids back into text, skipping special tokens. The engine cuts a hypothesis at its first EOS before decoding.
+    A tokenizer may also have ``stream()``, a ``TextStream`` that decodes one sentence incrementally (streaming:
+    ``serving.engine.tokenizers.stream``).
     The tokenizers ``load_tokenizer`` returns raise :class:`InvalidText` (:func:`check_text`) from both encodes for text
     that is not valid Unicode.
     """

@@ -22,7 +22,8 @@ tokenizes ``text_target=`` like a source; ``FSMTTokenizer`` built with the targe
 what this equals.)
 
 Decoding (``decode(ids, skip_special_tokens=True)``): special ids dropped, ids -> target tokens, glued
-(``</w>`` -> space), split into words and ``MosesDetokenizer(target lang)``-ed.
+(``</w>`` -> space), split into words and ``MosesDetokenizer(target lang)``-ed. ``stream()`` does the same one id at a
+time, for streaming (``serving.engine.tokenizers.moses_stream``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.engine.tokenizers.base import check_text
+from serving.engine.tokenizers.moses_stream import FsmtStream
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 UNK_TOKEN = "<unk>"
@@ -195,6 +197,17 @@ class FsmtBpeTokenizer:
             for old, new in _CLEAN_UP:
                 text = text.replace(old, new)
         return text
+
+    def stream(self) -> FsmtStream:
+        """One sentence's :meth:`decode`, incrementally (``serving.engine.tokenizers.stream.TextStream``)."""
+        return FsmtStream(self._text_of, self._detokenizer, _CLEAN_UP if self._clean_up else None, self.decode)
+
+    def _text_of(self, token: int) -> str | None:
+        """What ``token`` adds to :meth:`decode`'s joined pieces (``</w>`` as a space), or None where it skips it."""
+        if token in self._special_ids:
+            return None
+        piece = self._decoder.get(token, UNK_TOKEN)
+        return None if piece in SPECIAL_TOKENS else piece.replace(" ", "").replace(END_OF_WORD, " ")
 
 
 @dataclass(frozen=True)

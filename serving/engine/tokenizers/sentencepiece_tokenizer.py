@@ -17,7 +17,8 @@ same stages with the *target* SentencePiece model and, for separate vocabularies
 
 Decoding (``decode(ids, skip_special_tokens=True)``) drops the ids of ``</s>``, ``<unk>``, ``<pad>``, turns the others
 into piece strings (unknown ids become ``<unk>``, which is then dropped as well), decodes them with the *target*
-SentencePiece model, replaces any leftover ``▁`` with a space and strips the result.
+SentencePiece model, replaces any leftover ``▁`` with a space and strips the result. ``stream()`` does the same one
+piece at a time, for streaming (``serving.engine.tokenizers.sentencepiece_stream``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import sentencepiece
 
 from serving.engine.tokenizers.base import check_text
+from serving.engine.tokenizers.sentencepiece_stream import PieceSurfaces, SentencePieceStream
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class SentencePieceTokenizer:
         specials = [t for t in (EOS_TOKEN, UNK_TOKEN, PAD_TOKEN) if t in self._vocab]
         self._special_ids = frozenset(self._vocab[t] for t in specials)
         self._special_split = re.compile("(" + "|".join(re.escape(t) for t in specials) + ")")
+        self._surfaces: PieceSurfaces | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -117,6 +120,19 @@ class SentencePieceTokenizer:
             return ""
         text: str = self._target.decode_pieces(tokens)
         return text.replace(_SPIECE_UNDERLINE, " ").strip()
+
+    def stream(self) -> SentencePieceStream:
+        """One sentence's :meth:`decode`, incrementally (``serving.engine.tokenizers.stream.TextStream``)."""
+        if self._surfaces is None:
+            self._surfaces = PieceSurfaces(self._target, self._piece_of)
+        return SentencePieceStream(self._surfaces, self.decode)
+
+    def _piece_of(self, token: int) -> str | None:
+        """The piece :meth:`decode` decodes for ``token``, or None where it skips it."""
+        if token in self._special_ids:
+            return None
+        piece = self._pieces.get(token)
+        return None if piece is None or piece in (EOS_TOKEN, UNK_TOKEN, PAD_TOKEN) else piece
 
 
 def _load_spm(path: Path) -> sentencepiece.SentencePieceProcessor:

@@ -10,7 +10,8 @@ Reproduces ``tensor2tensor/data_generators/text_encoder.py`` (``SubwordTextEncod
 3. Segment greedily left to right, longest subtoken in the vocabulary first.
 
 Decoding concatenates the subtoken strings, splits at ``_``, unescapes each piece and joins the words, with one space
-between two words that both start with an alphanumeric character.
+between two words that both start with an alphanumeric character. ``stream()`` does the same as the ids come
+(:class:`SubwordStream`, for streaming).
 """
 
 from __future__ import annotations
@@ -151,6 +152,10 @@ class SubwordTextEncoder:
         words = [_UNESCAPE.sub(_unescape_match, p) if "\\" in p else p for p in concatenated.split("_") if p]
         return join_words([w for w in words if w])
 
+    def stream(self) -> SubwordStream:
+        """One sentence's :meth:`decode`, incrementally (``serving.engine.tokenizers.stream.TextStream``)."""
+        return SubwordStream(self._subtokens)
+
     def escape(self, word: str) -> str:
         """``_escape_token``: escape backslash, underscore and characters outside the alphabet; append ``_``."""
         word = word.replace("\\", "\\\\").replace("_", "\\u")
@@ -176,6 +181,49 @@ class SubwordTextEncoder:
                 logger.warning("subword vocabulary cannot encode %r; skipped", escaped[start])
                 start += 1
         return out
+
+
+class SubwordStream:
+    """One sentence's text as its subtoken ids come (``SubwordTextEncoder.decode``, incrementally): a word is final
+    up to its first backslash (an escape such as ``\\123;`` may still be cut short) as soon as it is spelled, and
+    whole once its ``_`` comes; the space before a word depends only on its first character and the previous word's.
+    """
+
+    def __init__(self, subtokens: list[str]) -> None:
+        self._subtokens = subtokens
+        self._word = ""  # the escaped word being spelled (no "_" yet)
+        self._emitted = 0  # characters of it already emitted (all before its first backslash)
+        self._previous_alnum: bool | None = None  # whether the last word started alphanumeric (None: no word yet)
+
+    def add(self, ids: Sequence[int]) -> str:
+        subtokens, size = self._subtokens, len(self._subtokens)
+        text = "".join([subtokens[i] if 0 <= i < size else "" for i in map(int, ids)])
+        *done, self._word = (self._word + text).split("_")
+        parts = [self._whole(word) for word in done]
+        word = self._word
+        stable = len(word) if "\\" not in word else word.index("\\")
+        if stable > self._emitted:
+            parts.append((self._start(word[0]) if not self._emitted else "") + word[self._emitted : stable])
+            self._emitted = stable
+        return "".join(parts)
+
+    def finish(self) -> str:
+        word, self._word = self._word, ""
+        return self._whole(word)
+
+    def _whole(self, word: str) -> str:
+        """The rest of a complete escaped word (nothing for an empty one, as ``decode`` skips it)."""
+        if not word:
+            return ""
+        text = _UNESCAPE.sub(_unescape_match, word) if "\\" in word else word
+        emitted, self._emitted = self._emitted, 0
+        out = (self._start(text[0]) if not emitted else "") + text[emitted:]
+        self._previous_alnum = _is_alnum(text[0])
+        return out
+
+    def _start(self, first: str) -> str:
+        """The separator before a word starting with ``first`` (``join_words``), when its first text is emitted."""
+        return " " if self._previous_alnum and _is_alnum(first) else ""
 
 
 def _parse_line(line: str) -> str:

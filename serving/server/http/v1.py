@@ -123,9 +123,10 @@ _STREAM_EVENT = {
     responses={
         200: {
             "content": {"text/event-stream": {"itemSchema": _STREAM_EVENT}},
-            "description": "Server-Sent Events: `partial` events `{index, delta}` as tokens are decoded (the deltas "
-            "of one sentence concatenate to its text), then one `final` event with the whole TranslateResponse, or "
-            "an `error` event `{error: {code, message, status}}`.",
+            "description": "Server-Sent Events: `partial` events `{index, delta}` as text becomes final (every "
+            "greedy token; with a beam, the prefix all live beams share; never rewritten: the deltas of one sentence "
+            "concatenate to its text), then one `final` event with the whole TranslateResponse, or an `error` event "
+            "`{error: {code, message, status}}`.",
         },
         **_TRANSLATE_ERRORS,
     },
@@ -139,8 +140,8 @@ async def translate_stream(
     texts = body.texts()
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
 
-    def on_partial(index: int, partial: str) -> None:
-        events.put_nowait((index, partial))
+    def on_partial(index: int, delta: str) -> None:
+        events.put_nowait((index, delta))
 
     # Admission happens before the 200 is sent: refusals (limits, 503, 404) keep their status codes.
     runner, pending = await service.admit(body.model, texts, admission, on_partial=on_partial)
@@ -158,7 +159,8 @@ async def _stream_events(
     result.add_done_callback(lambda _: events.put_nowait(None))
     watcher = asyncio.ensure_future(wait_disconnect(request))
     watcher.add_done_callback(lambda _: events.put_nowait(None))
-    emitted = [""] * n
+    # The engine's partial results are deltas that can no longer change (OnPartial): each goes out as it comes.
+    streamed: list[list[str]] = [[] for _ in range(n)]
     try:
         while not result.done():
             item = await events.get()
@@ -166,21 +168,27 @@ async def _stream_events(
                 if watcher.done() and not result.done():
                     return  # the client is gone: the finally below drops its queued work
                 continue
-            index, partial = item
-            # Only ever append: a partial that rewrites earlier text waits until the text is consistent again.
-            if partial.startswith(emitted[index]) and len(partial) > len(emitted[index]):
-                delta = partial[len(emitted[index]) :]
-                emitted[index] = partial
-                yield _sse("partial", {"index": index, "delta": delta})
+            index, delta = item
+            streamed[index].append(delta)
+            yield _sse("partial", {"index": index, "delta": delta})
         try:
             translations = result.result()
         except ServingError as error:
             yield _sse("error", error_data(error))
             return
+        while not events.empty():  # deltas handed over before the result
+            item = events.get_nowait()
+            if item is not None:
+                index, delta = item
+                streamed[index].append(delta)
+                yield _sse("partial", {"index": index, "delta": delta})
         for index, translation in enumerate(translations):
-            text = translation.text
-            if text.startswith(emitted[index]) and len(text) > len(emitted[index]):
-                yield _sse("partial", {"index": index, "delta": text[len(emitted[index]) :]})
+            sent = "".join(streamed[index])
+            if sent != translation.text:
+                if translation.text.startswith(sent):  # an engine that streams less (or nothing) of a sentence
+                    yield _sse("partial", {"index": index, "delta": translation.text[len(sent) :]})
+                else:
+                    logger.error("the streamed text of sentence %d is not the start of its translation", index)
         yield _sse("final", _response(runner, translations).model_dump(exclude_unset=True))
     finally:
         watcher.cancel()

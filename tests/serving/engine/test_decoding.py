@@ -295,7 +295,7 @@ def test_beam_caps_are_per_sentence_and_forced_eos_ends_every_sentence() -> None
     assert got[0].token_ids == [EOS]
 
 
-def test_streaming_hook_greedy_every_step_beam_once_per_sentence() -> None:
+def test_streaming_hook_greedy_every_step_beam_its_stable_prefix() -> None:
     backend = PrefixBackend()
     srcs = _fake_sources(5, seed=7)
     cross, bias = backend.encode_ids(srcs)
@@ -312,7 +312,11 @@ def test_streaming_hook_greedy_every_step_beam_once_per_sentence() -> None:
 
     calls.clear()
     beam = search(backend, cross, bias, caps, SearchOptions(eos_id=EOS, decoder_start_id=1, beam_size=3), hook)
-    assert sorted(calls) == sorted((row, h.token_ids) for row, h in enumerate(beam))
+    # Beam search: the prefix every possible result shares, each time it grows, then the result.
+    for row, hypothesis in enumerate(beam):
+        prefixes = [tokens for r, tokens in calls if r == row]
+        assert prefixes[-1] == hypothesis.token_ids
+        assert all(a == b[: len(a)] and len(a) < len(b) for a, b in zip(prefixes, prefixes[1:], strict=False))
 
 
 def test_empty_batch_and_bad_arguments() -> None:

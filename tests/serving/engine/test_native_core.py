@@ -5,8 +5,9 @@
    stopping), vocabularies from 7 to 8000 columns (numpy's narrow, wide and chunked top-k paths), shortlists
    (random sorted column ids), log-probs with exact ties and -inf entries, and sentences that join and leave
    mid-search: at every step both must return the same plan (tokens, rows, encoder rows), call the streaming hook
-   with the same tokens, and finish the same sentences with the same tokens and scores (within 1e-6). Once with
-   each block-maximum kernel (AVX2 where the CPU has it, SSE2).
+   with the same tokens (beam search: the stable prefixes, which only grow, then the result), and finish the same
+   sentences with the same tokens and scores (within 1e-6). Once with each block-maximum kernel (AVX2 where the
+   CPU has it, SSE2).
 2. Slot bookkeeping: SlotRows with the core and with numpy through the same random joins, beam reorders, removals
    and growth end every operation with the same slots and the same cache, encoder outputs and counters.
 3. The GIL is released while the core works: a Python thread keeps running through a long native step.
@@ -192,6 +193,42 @@ def test_native_searches_match_numpy(seed: int, kernel: str) -> None:
             rows = kept.size
     _same_results(main.numpy.results, main.native.results)
     assert main.numpy.results, "the scenario finished no sentence"
+    _streams_grow_to_results(main.calls[0], main.numpy.results)
+
+
+def _streams_grow_to_results(calls: list[Any], results: dict[int, Any]) -> None:
+    """Each streaming call extends what the sentence streamed before (never rewrites it), and a finished sentence's
+    last call is its result (beam search: the stable prefixes, then the result)."""
+    streamed: dict[int, list[int]] = {}
+    for call in calls:
+        assert len({sentence for sentence, _ in call}) == len(call)  # one row per sentence and call
+        for sentence, tokens in call:
+            before = streamed.get(sentence, [])
+            assert tokens[: len(before)] == before and len(tokens) > len(before), (sentence, before, tokens)
+            streamed[sentence] = tokens
+    for sentence, hypothesis in results.items():
+        assert streamed[sentence] == hypothesis.token_ids
+
+
+@pytest.mark.parametrize("kind", ["hf", "gnmt"])
+def test_beam_streams_the_prefix_every_possible_result_shares(kind: str) -> None:
+    """Beam search streams each sentence's stable prefix as it grows, the same in numpy and in the core: the prefix
+    of the alive beams *and* of the finished hypotheses kept (the result may be one of those, which need not
+    extend the alive beams' common prefix; a small vocabulary makes that frequent), never rewritten, ending with the
+    result; most sentences stream before they are done."""
+    early = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        options = SearchOptions(eos_id=0, decoder_start_id=1, beam_size=int(rng.integers(2, 6)), length_penalty_kind=kind,  # type: ignore[arg-type]
+                                length_penalty=float(rng.choice([0.6, 1.0, 2.0])))
+        pair = Pair(rng, options, 8, 0)
+        rows = pair.numpy.tokens.shape[0]
+        while (plan := pair.advance(_log_probs(rng, rows, 8), None)) is not None:
+            rows = plan.tokens.shape[0]
+        _same_results(pair.numpy.results, pair.native.results)
+        _streams_grow_to_results(pair.calls[0], pair.numpy.results)
+        early += sum(len(call) for call in pair.calls[0]) - len(pair.numpy.results)
+    assert early > 60
 
 
 @pytest.mark.parametrize("kind", ["hf", "gnmt"])

@@ -129,6 +129,57 @@ def test_stream_first_event_well_before_the_last(server: ServerProcess, translat
         assert "".join(d["delta"] for _, e, d in arrivals if e == "partial" and d["index"] == index) == expected[index]
 
 
+def _stream(url: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A /v1/translate/stream request's partial events and its final response."""
+    partials: list[dict[str, Any]] = []
+    with httpx.stream("POST", url + "/v1/translate/stream", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        event = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                if event == "final":
+                    return partials, data
+                assert event == "partial", data
+                partials.append(data)
+    raise AssertionError("no final event")
+
+
+def test_beam_streams_concatenate_to_the_translation_in_mixed_batches(server: ServerProcess,
+                                                                      translator: Translator) -> None:
+    """Concurrent beam-4 streams (the prefix all live beams share, as it grows), beside plain and greedy requests
+    in the same batches: each stream's deltas concatenate to its final text, which is the non-streamed
+    translation."""
+    groups = [SENTENCES[70 + 4 * i : 74 + 4 * i] for i in range(6)]
+    expected = [[t.text for t in translator.translate(texts, DecodeOptions(beam_size=4))] for texts in groups]
+    outcomes: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        if i < len(groups):
+            outcomes[i] = _stream(server.url, {"text": groups[i], "beam_size": 4})
+        elif i % 2:
+            httpx.post(server.url + "/v1/translate", json={"text": groups[i % len(groups)], "beam_size": 4}, timeout=60)
+        else:
+            _stream(server.url, {"text": groups[i % len(groups)], "beam_size": 1})
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(groups) + 4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    early = 0
+    for i, texts in enumerate(groups):
+        partials, final = outcomes[i]
+        assert [t["text"] for t in final["translations"]] == expected[i]
+        for index in range(len(texts)):
+            deltas = [p["delta"] for p in partials if p["index"] == index]
+            assert "".join(deltas) == expected[i][index]
+            early += len(deltas) > 1
+    assert early > 0, "no beam sentence streamed before it was done"
+
+
 def test_tritonclient_matches_v1(server: ServerProcess) -> None:
     import tritonclient.http as triton
 
