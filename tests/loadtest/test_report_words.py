@@ -8,7 +8,6 @@ import dataclasses
 from pathlib import Path
 
 import yaml
-from tests.loadtest.sweep.test_sweep import _measured, _package, _point, _write
 
 from loadtest.capacity import describe, plan_rows
 from loadtest.quality import Comparison, SystemScore
@@ -17,6 +16,7 @@ from loadtest.sweep.report import write_sweep_report
 from loadtest.sweep.results import cheapest, kubernetes_patch
 from loadtest.targets import QualityTargets
 from loadtest.validate.command import quality_checks
+from tests.loadtest.sweep.test_sweep import _measured, _package, _point, _write
 
 
 def test_validate_names_the_p_value_once() -> None:
