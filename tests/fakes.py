@@ -30,6 +30,7 @@ from serving.engine.request import (
     check_lengths,
     fit_sources,
 )
+from serving.engine.tokenizers import Tokenizer
 from serving.package import DecodingDefaults
 
 EOS = 0
@@ -166,3 +167,23 @@ class EchoTranslator:
 def as_engine(fake: EchoTranslator) -> Engine:
     """``fake`` as the engine protocol: mypy (tests/fakes.py is in its ``files``) checks here that the fake meets it."""
     return fake
+
+
+class CountingTokenizer:
+    """A package's tokenizer, counting ``encode`` calls (one per source sentence tokenized)."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            self.calls += 1
+        return self.inner.encode(text)
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.inner.encode_target(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.inner.decode(ids)

@@ -15,11 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from serving.package.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 GenerateFn = Callable[[list[list[int]], int], list[list[int]]]
 """``generate(batch, beam_size)``: source ids of each sentence (EOS not included; the engine appends it as its
@@ -67,23 +70,7 @@ def measure(
     """
     results: list[dict[str, Any]] = []
     for case in cases:
-        batches = [sentences[i : i + case.batch] for i in range(0, len(sentences), case.batch)]
-        warm = warmup_sentences if warmup_sentences is not None else max(4, 2 * case.batch)
-        warm = min(len(sentences), warm)
-        for i in range(0, warm, case.batch):
-            generate(sentences[i : min(warm, i + case.batch)], case.beam)
-        seconds: list[float] = []
-        cpu_seconds: list[float] = []
-        outputs: list[list[int]] = []
-        for _ in range(repeats):
-            gc.collect()
-            outputs = []
-            cpu_start = time.process_time()
-            start = time.perf_counter()
-            for batch in batches:
-                outputs.extend(generate(batch, case.beam))
-            seconds.append(time.perf_counter() - start)
-            cpu_seconds.append(time.process_time() - cpu_start)
+        seconds, cpu_seconds, outputs = _timed_passes(generate, sentences, case, repeats, warmup_sentences)
         results.append({
             "beam": case.beam,
             "batch": case.batch,
@@ -112,23 +99,7 @@ def measure_text(
     """
     results: list[dict[str, Any]] = []
     for case in cases:
-        batches = [sentences[i : i + case.batch] for i in range(0, len(sentences), case.batch)]
-        warm = warmup_sentences if warmup_sentences is not None else max(4, 2 * case.batch)
-        warm = min(len(sentences), warm)
-        for i in range(0, warm, case.batch):
-            translate(sentences[i : min(warm, i + case.batch)], case.beam)
-        seconds: list[float] = []
-        cpu_seconds: list[float] = []
-        outputs: list[tuple[str, int]] = []
-        for _ in range(repeats):
-            gc.collect()
-            outputs = []
-            cpu_start = time.process_time()
-            start = time.perf_counter()
-            for batch in batches:
-                outputs.extend(translate(batch, case.beam))
-            seconds.append(time.perf_counter() - start)
-            cpu_seconds.append(time.process_time() - cpu_start)
+        seconds, cpu_seconds, outputs = _timed_passes(translate, sentences, case, repeats, warmup_sentences)
         results.append({
             "beam": case.beam,
             "batch": case.batch,
@@ -141,6 +112,31 @@ def measure_text(
         })
         logger.info("%s: %d sentences, median %.3fs", case.name, len(outputs), statistics.median(seconds))
     return results
+
+
+def _timed_passes(run: Callable[[list[T], int], list[R]], sentences: list[T], case: Case, repeats: int,
+                  warmup_sentences: int | None) -> tuple[list[float], list[float], list[R]]:
+    """One case of :func:`measure` or :func:`measure_text`: ``sentences`` cut into batches of ``case.batch`` in
+    their order, a warm-up (``warmup_sentences``; None: ``max(4, 2 x batch)``, at most all), then ``repeats`` timed
+    passes. Returns each pass's wall and CPU seconds and the last pass's outputs."""
+    batches = [sentences[i : i + case.batch] for i in range(0, len(sentences), case.batch)]
+    warm = warmup_sentences if warmup_sentences is not None else max(4, 2 * case.batch)
+    warm = min(len(sentences), warm)
+    for i in range(0, warm, case.batch):
+        run(sentences[i : min(warm, i + case.batch)], case.beam)
+    seconds: list[float] = []
+    cpu_seconds: list[float] = []
+    outputs: list[R] = []
+    for _ in range(repeats):
+        gc.collect()
+        outputs = []
+        cpu_start = time.process_time()
+        start = time.perf_counter()
+        for batch in batches:
+            outputs.extend(run(batch, case.beam))
+        seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - cpu_start)
+    return seconds, cpu_seconds, outputs
 
 
 def peak_rss_mib() -> float:

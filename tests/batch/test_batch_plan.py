@@ -7,8 +7,6 @@ was (an unfinished run resumes)."""
 from __future__ import annotations
 
 import pickle
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +20,12 @@ from batch.records import Translated
 from batch.workers import LocalChunkWorker
 from serving.engine.planner import BatchBudget, in_order
 from serving.engine.request import DecodeOptions
-from serving.engine.tokenizers import Tokenizer
 from serving.engine.translator import Translator
+from tests.fakes import CountingTokenizer
 from tests.utils.marian_factory import corpus
 
 SOURCES = corpus("en")[:10]
 REFERENCES = corpus("de")[:10]
-
-
-class CountingTokenizer:
-    """The package's tokenizer, counting ``encode`` calls (one per source tokenized)."""
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self.inner = inner
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def encode(self, text: str) -> list[int]:
-        with self._lock:
-            self.calls += 1
-        return self.inner.encode(text)
-
-    def encode_target(self, text: str) -> list[int]:
-        return self.inner.encode_target(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.inner.decode(ids)
 
 
 def _spy(translator: Translator) -> tuple[list[int], list[tuple[list[np.ndarray], list[int], int]]]:

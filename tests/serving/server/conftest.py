@@ -50,7 +50,13 @@ def serve_app(translator: Any = None, **settings: Any) -> Iterator[TestClient]:
 @contextmanager
 def live_server(translator: Any, **settings: Any) -> Iterator[str]:
     settings.setdefault("model_dirs", [ROOT / "unused"])
-    app = create_app(ServingSettings(**settings), translator)
+    with run_app(create_app(ServingSettings(**settings), translator)) as url:
+        yield url
+
+
+@contextmanager
+def run_app(app: Any) -> Iterator[str]:
+    """``app`` on a real uvicorn in a thread on a free loopback port, once ready: its URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -19,7 +19,7 @@ from serving.server.shadow import Shadow
 from serving.server.shadow.compare import compare
 from serving.server.shadow.log import PairLog, text_hash
 from tests.fakes import EchoTranslator
-from tests.serving.server.conftest import ROOT
+from tests.serving.server.conftest import ROOT, run_app
 
 
 def test_compare_scores_a_pair_against_production() -> None:
@@ -61,37 +61,13 @@ class _Crashing(EchoTranslator):
 @contextmanager
 def _server(tmp_path: Path, load: Any, **shadow: Any) -> Iterator[tuple[str, Any]]:
     """The real app with an EchoTranslator as production and a shadow built by ``load``, on a real uvicorn."""
-    import socket
-    import threading
-
-    import uvicorn
-
     settings = ServingSettings(model_dirs=[ROOT / "unused"], max_queue_delay_us=1000, shadow=tmp_path,
                                shadow_log=tmp_path / "pairs.jsonl", **shadow)
     app = create_app(settings.model_copy(update={"shadow": None}), EchoTranslator())
     service = app.state.service
     service.shadow = Shadow(settings, service.metrics.registry, service.default_model, load=load)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if httpx.get(url + "/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    try:
+    with run_app(app) as url:
         yield url, service.shadow
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def _wait(url: str, done: Any) -> dict[str, Any]:

@@ -4,39 +4,18 @@ real app on a real uvicorn, in both batching modes, through /v1 (plain, stream, 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from serving.engine.tokenizers import Tokenizer
 from serving.engine.translator import Translator
+from tests.fakes import CountingTokenizer
 from tests.utils.marian_factory import corpus
 
 SENTENCES = corpus("en")
-
-
-class CountingTokenizer:
-    """The package's tokenizer, counting ``encode`` calls (one per sentence tokenized)."""
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self.inner = inner
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def encode(self, text: str) -> list[int]:
-        with self._lock:
-            self.calls += 1
-        return self.inner.encode(text)
-
-    def encode_target(self, text: str) -> list[int]:
-        return self.inner.encode_target(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.inner.decode(ids)
 
 
 @pytest.fixture(scope="module")
