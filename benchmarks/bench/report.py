@@ -1,10 +1,15 @@
-"""The Markdown report of a run (the JSON report is the run's dict itself)."""
+"""The Markdown report of a run (the JSON report is the run's dict itself), and its publishing: both written, printed, the
+run's exit status."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.bench.measure import Case
+from benchmarks.bench.plan import Plan
+from benchmarks.common import ReportFiles
 
 
 def _fmt_tps(row: dict[str, Any] | None, with_ms: bool) -> str:
@@ -113,3 +118,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {engine['id']} | {versions} | {settings} |")
     lines += ["", "Command:", "", "```", report["command"], "```", ""]
     return "\n".join(lines)
+
+
+def publish(plan: Plan, report: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> int:
+    """Write a run's report (``plan.output_dir``/``plan.name`` ``.json`` and ``.md``), print it, and return the
+    run's exit status: 1 when ``--check-targets`` found a target missed or no engine measured anything, else 0."""
+    files = ReportFiles.of(plan.output_dir, plan.name)
+    sys.stdout.write(files.write(report, render))
+    sys.stdout.write(f"\nwrote {files.json_path} and {files.md_path}\n")
+    if plan.check_targets and not report["analysis"]["targets_met"]:
+        return 1
+    return 0 if any(e["status"] == "ok" for e in report["engines"]) else 1
+

@@ -26,12 +26,11 @@ from benchmarks.bench.analysis import analyze, merge_rounds, summarize_case
 from benchmarks.bench.engines import PEER_ENGINES, TEXT_PEER_ENGINES, EngineSpec, mtgate_engines
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import NAME, Plan
-from benchmarks.bench.report import render_markdown
+from benchmarks.bench.report import publish, render_markdown
 from benchmarks.bench.rounds import PEERS_SCRIPT, Unit, run_rounds, worker_env
 from benchmarks.bench.rounds import run_command as _run
 from benchmarks.bench.rounds import tail as _tail
 from benchmarks.bench.workload import ROOT, WorkloadError, build_workload, workload_summary
-from benchmarks.common import ReportFiles
 from serving.commands.options import UsageError
 from serving.package import Manifest, open_package
 from serving.package.files import atomic_write_text
@@ -264,12 +263,7 @@ def run(plan: Plan, command: Sequence[str] = ("python", "-m", "benchmarks.bench"
         "engines": entries,
         "analysis": analysis,
     }
-    files = ReportFiles.of(plan.output_dir, plan.name)
-    sys.stdout.write(files.write(report, render_markdown))
-    sys.stdout.write(f"\nwrote {files.json_path} and {files.md_path}\n")
-    if plan.check_targets and not analysis["targets_met"]:
-        return 1
-    return 0 if any(e["status"] == "ok" for e in entries) else 1
+    return publish(plan, report, render_markdown)
 
 
 def _has_module(name: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ from benchmarks.bench.analysis import merge_rounds
 from benchmarks.bench.engines import EngineSpec
 from benchmarks.bench.measure import Case, write_json
 from benchmarks.bench.plan import Plan
+from benchmarks.bench.report import publish
 from benchmarks.bench.rounds import Unit, run_rounds
 from benchmarks.bench.text_report import render_text_markdown
 from benchmarks.bench.workload import WorkloadError, read_sentences
-from benchmarks.common import ReportFiles
 from serving.commands.options import UsageError
 
 TARGET_RATIO = 1.5  # issue 37: mtgate's best >= 1.5x CTranslate2's best, at batch 1 and 32
@@ -215,9 +214,4 @@ def run_text(plan: Plan, header: dict[str, Any], model: Path, folder: Path, pack
         "analysis": analysis,
         "outputs": outputs,
     }
-    files = ReportFiles.of(plan.output_dir, plan.name)
-    sys.stdout.write(files.write(report, render_text_markdown))
-    sys.stdout.write(f"\nwrote {files.json_path} and {files.md_path}\n")
-    if plan.check_targets and not analysis["targets_met"]:
-        return 1
-    return 0 if any(e["status"] == "ok" for e in entries) else 1
+    return publish(plan, report, render_text_markdown)
