@@ -41,6 +41,7 @@ from serving.engine.planner import BatchBudget
 from serving.engine.request import OnPartial
 from serving.server.batching.estimate import BatchEstimate, Estimate, StepEstimate
 from serving.server.batching.items import BatchObserver, BatchStats, Item, Pending
+from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class BatchLimits:
             or drops a request).
     """
 
-    max_items: int = 32
-    max_cost: int = 4096
-    max_delay_s: float = 0.005
+    max_items: int = DEFAULT_MAX_BATCH_SIZE
+    max_cost: int = DEFAULT_MAX_BATCH_TOKENS
+    max_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_US / 1e6
     queue_capacity: int = 512
     retry_after_s: float = 1.0
     prior_s_per_cost: float = 0.02
