@@ -24,7 +24,8 @@ from serving.package.files import atomic_write_text, atomic_writer, current_umas
 from tests.utils.other_user import need_root, run_as_nobody, shared_workspace
 
 # What `mtgate serve` imports lazily before it opens the packages (the switch to uid 65534 comes after imports).
-SERVE_IMPORTS = ("uvicorn", "serving.server.http", "serving.server.http.connections", "serving.server.logging_config")
+SERVE_IMPORTS = ("uvicorn", "serving.commands.serve", "serving.server.http", "serving.server.http.connections",
+                 "serving.server.logging_config")
 
 
 @contextmanager
