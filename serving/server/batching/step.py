@@ -11,7 +11,10 @@ translation (``call_in_worker``: reference scoring) runs at the next step bounda
 runner detached its state from the engine's reused buffers.
 
 A request's items are handed over in order, so they join together when there is room for them all, and otherwise
-take the next free rows (a row left empty would finish nothing sooner). The admission estimate
+take the next free rows (a row left empty would finish nothing sooner). Long items (paragraphs sent as one text)
+hold their rows for many more steps than sentences do: under load they would end up holding every row while short
+requests queue behind them. So at most ``max_long`` long items are in flight (half the rows by default), and the
+short items queued behind the long ones beyond it go ahead. The admission estimate
 (:class:`serving.server.batching.estimate.StepEstimate`) is the decode-step rate: the drive loop times every step (by
 sentences in flight) and each finished chunk says how many steps its longest sentence took per unit of cost. A
 request whose learned latency would end after its deadline fails before it joins (``Batcher.drop_hopeless``).
@@ -53,6 +56,9 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P")
 R = TypeVar("R")
 W = TypeVar("W")
+
+LONG_COST = 48
+"""Items of more source tokens than this are long (``StepBatcher``'s ``long_cost``)."""
 
 OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
 """``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
@@ -179,6 +185,9 @@ class StepBatcher(Batcher[P, R]):
         observer: gets one :class:`BatchStats` per chunk, when it is done (``compute_s``: from joining to done), and,
             if it has ``on_step(sentences)``, the sentences in flight at every decoder step (from the worker thread).
         name: used in the worker thread's name and in log lines.
+        long_cost: items of a larger cost (source tokens: a paragraph sent as one text, not a sentence) are long.
+        max_long: most long items in flight (default: half of ``max_items``, at least 1); short items overtake the
+            long ones queued beyond it.
     """
 
     def __init__(
@@ -187,9 +196,14 @@ class StepBatcher(Batcher[P, R]):
         limits: BatchLimits,
         observer: BatchObserver | None = None,
         name: str = "model",
+        *,
+        long_cost: int = LONG_COST,
+        max_long: int | None = None,
     ) -> None:
         super().__init__(limits, observer, name)
         self._make_runner = make_runner
+        self.long_cost = long_cost
+        self.max_long = max(1, limits.max_items // 2) if max_long is None else max_long
         self._runner: StepRunner | None = None
         self._lock = threading.Lock()
         self._joining: list[_Chunk] = []  # handed over, not yet added by the drive loop (guarded by _lock)
@@ -252,12 +266,13 @@ class StepBatcher(Batcher[P, R]):
             await self.wait_for_arrival()
 
     def _hand_over(self) -> None:
-        """Move queued items, oldest first, into the decode batch while it has room."""
+        """Move queued items, oldest first, into the decode batch while it has room; a long item (``long_cost``)
+        only while fewer than ``max_long`` long ones are in flight: the short items behind it go ahead."""
         room = self.limits.max_items - self.in_flight
         chosen: list[Item[P]] = []
         while room > 0 and self.groups:
             queued = sorted((item for group in self.groups.values() for item in group), key=lambda i: i.enqueued_at)
-            chosen = queued[:room]
+            chosen = self._admit(queued, room)
             if not self._drop_hopeless(chosen):
                 break
             chosen = []
@@ -280,6 +295,21 @@ class StepBatcher(Batcher[P, R]):
             loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self.executor, self._drive, loop)
             future.add_done_callback(_log_drive_failure)
+
+    def _admit(self, queued: list[Item[P]], room: int) -> list[Item[P]]:
+        """The first ``room`` of the ``queued`` items (oldest first), passing over the long items beyond
+        ``max_long`` long ones in flight."""
+        long_room = self.max_long - sum(item.cost > self.long_cost for chunk in self._chunks for item in chunk.items)
+        chosen: list[Item[P]] = []
+        for item in queued:
+            if len(chosen) >= room:
+                break
+            if item.cost > self.long_cost:
+                if long_room <= 0:
+                    continue
+                long_room -= 1
+            chosen.append(item)
+        return chosen
 
     def _drop_hopeless(self, chosen: list[Item[P]]) -> bool:
         """Fail the requests of ``chosen`` whose learned latency in the batch would end after their deadline."""

@@ -257,3 +257,23 @@ def test_stop_fails_in_flight_requests_instead_of_leaving_them_hanging() -> None
             batcher.enqueue(["late"], [1])
 
     asyncio.run(scenario())
+
+
+def test_long_items_hold_at_most_max_long_rows_and_short_ones_go_ahead() -> None:
+    """Paragraphs (cost above long_cost) queued ahead of a sentence take at most max_long rows: the sentence joins
+    at once and is done within a few steps although paragraphs hold the batch, and the paragraphs still all finish."""
+    async def scenario() -> None:
+        runner = FakeRunner(step_delay=0.001)
+        batcher, _ = make(runner, max_items=4)
+        assert batcher.max_long == 2  # half the rows by default
+        paragraphs = [asyncio.ensure_future(batcher.submit([f"p{i}:40"], [100])) for i in range(4)]
+        await asyncio.sleep(0)
+        short = await batcher.submit(["s:2"], [12])
+        assert short == ["S:2"]
+        with_short = [i for i, step in enumerate(list(runner.steps)) if "s:2" in step]
+        assert with_short[0] <= 10 and len(with_short) == 2  # joined at once (not after 40 steps), left after 2
+        assert await asyncio.gather(*paragraphs) == [[f"P{i}:40"] for i in range(4)]
+        assert max(sum(p.startswith("p") for p in step) for step in runner.steps) == 2
+        await batcher.stop()
+
+    asyncio.run(scenario())
