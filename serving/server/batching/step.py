@@ -14,7 +14,9 @@ A request's items are handed over in order, so they join together when there is 
 take the next free rows (a row left empty would finish nothing sooner). Long items (paragraphs sent as one text)
 hold their rows for many more steps than sentences do: under load they would end up holding every row while short
 requests queue behind them. So at most ``max_long`` long items are in flight (half the rows by default), and the
-short items queued behind the long ones beyond it go ahead. The admission estimate
+short items queued behind the long ones beyond it go ahead. Likewise a request of many sentences (a document) holds
+at most ``max_request`` rows (half by default) while other requests wait: those join at the next free rows instead
+of after the whole document. The admission estimate
 (:class:`serving.server.batching.estimate.StepEstimate`) is the decode-step rate: the drive loop times every step (by
 sentences in flight) and each finished chunk says how many steps its longest sentence took per unit of cost. A
 request whose learned latency would end after its deadline fails before it joins (``Batcher.drop_hopeless``).
@@ -188,6 +190,8 @@ class StepBatcher(Batcher[P, R]):
         long_cost: items of a larger cost (source tokens: a paragraph sent as one text, not a sentence) are long.
         max_long: most long items in flight (default: half of ``max_items``, at least 1); short items overtake the
             long ones queued beyond it.
+        max_request: most items of one request in flight while other requests' items wait (default: half of
+            ``max_items``, at least 1); alone in the queue, a request takes every free row.
     """
 
     def __init__(
@@ -199,11 +203,13 @@ class StepBatcher(Batcher[P, R]):
         *,
         long_cost: int = LONG_COST,
         max_long: int | None = None,
+        max_request: int | None = None,
     ) -> None:
         super().__init__(limits, observer, name)
         self._make_runner = make_runner
         self.long_cost = long_cost
         self.max_long = max(1, limits.max_items // 2) if max_long is None else max_long
+        self.max_request = max(1, limits.max_items // 2) if max_request is None else max_request
         self._runner: StepRunner | None = None
         self._lock = threading.Lock()
         self._joining: list[_Chunk] = []  # handed over, not yet added by the drive loop (guarded by _lock)
@@ -298,9 +304,15 @@ class StepBatcher(Batcher[P, R]):
 
     def _admit(self, queued: list[Item[P]], room: int) -> list[Item[P]]:
         """The first ``room`` of the ``queued`` items (oldest first), passing over the long items beyond
-        ``max_long`` long ones in flight."""
-        long_room = self.max_long - sum(item.cost > self.long_cost for chunk in self._chunks for item in chunk.items)
+        ``max_long`` long ones in flight; the items of a request beyond ``max_request`` in flight go after every
+        other request's (they take what room is left)."""
+        in_flight = [item for chunk in self._chunks for item in chunk.items]
+        long_room = self.max_long - sum(item.cost > self.long_cost for item in in_flight)
+        held: dict[int, int] = {}  # request -> its items in flight or chosen
+        for item in in_flight:
+            held[id(item.request)] = held.get(id(item.request), 0) + 1
         chosen: list[Item[P]] = []
+        later: list[Item[P]] = []  # items of requests past their share
         for item in queued:
             if len(chosen) >= room:
                 break
@@ -308,8 +320,15 @@ class StepBatcher(Batcher[P, R]):
                 if long_room <= 0:
                     continue
                 long_room -= 1
+            if held.get(id(item.request), 0) >= self.max_request:
+                later.append(item)
+                continue
+            held[id(item.request)] = held.get(id(item.request), 0) + 1
             chosen.append(item)
-        return chosen
+        if not later:
+            return chosen
+        position = {id(item): i for i, item in enumerate(queued)}
+        return sorted(chosen + later[: room - len(chosen)], key=lambda item: position[id(item)])
 
     def _drop_hopeless(self, chosen: list[Item[P]]) -> bool:
         """Fail the requests of ``chosen`` whose learned latency in the batch would end after their deadline."""

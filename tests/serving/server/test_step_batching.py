@@ -277,3 +277,24 @@ def test_long_items_hold_at_most_max_long_rows_and_short_ones_go_ahead() -> None
         await batcher.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_request_of_many_sentences_holds_at_most_max_request_rows_while_others_wait() -> None:
+    """A document of 8 sentences queued just before a sentence, 4 rows: the document takes 2 rows (max_request), the
+    sentence joins at the first step instead of after the document's first 4 sentences; alone, the document takes
+    every free row."""
+    async def scenario() -> None:
+        runner = FakeRunner(step_delay=0.001)
+        batcher, _ = make(runner, max_items=4)
+        assert batcher.max_request == 2
+        document = asyncio.ensure_future(batcher.submit([f"d{i}:5" for i in range(8)], [1] * 8))
+        sentence = asyncio.ensure_future(batcher.submit(["s:5"], [1]))
+        assert await sentence == ["S:5"]
+        assert await document == [f"D{i}:5" for i in range(8)]
+        assert "s:5" in runner.steps[0]
+        assert max(len(step) for step in runner.steps) == 4  # the room left is the document's
+        alone = await batcher.submit([f"e{i}:2" for i in range(4)], [1] * 4)
+        assert alone == [f"E{i}:2" for i in range(4)] and len(runner.steps[-1]) == 4  # every free row
+        await batcher.stop()
+
+    asyncio.run(scenario())
