@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from loadtest.corpus import paragraph
+
 CLASSES = ("short", "long")
 ERROR_KINDS = ("timeout", "connection", "stream")  # besides HTTP statuses other than 200
 
@@ -69,9 +71,8 @@ def schedule(corpus: Sequence[str], rate: float, duration_s: float, mix: Mix, se
     at = rng.expovariate(rate)
     while at < duration_s:
         if rng.random() < mix.long_fraction:
-            count = rng.randint(mix.min_sentences, mix.max_sentences)
-            start = rng.randrange(len(corpus) - count + 1)
-            planned.append(Planned(at, "long", " ".join(s.strip() for s in corpus[start:start + count]), count))
+            count, text = paragraph(corpus, rng, (mix.min_sentences, mix.max_sentences))
+            planned.append(Planned(at, "long", text, count))
         else:
             planned.append(Planned(at, "short", rng.choice(corpus).strip(), 1))
         at += rng.expovariate(rate)

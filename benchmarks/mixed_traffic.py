@@ -66,7 +66,7 @@ from benchmarks.served_batching import (  # noqa: E402
     server_environment,
     wait_until_idle,
 )
-from loadtest.corpus import CorpusError, default_corpus, read_lines  # noqa: E402
+from loadtest.corpus import CorpusError, default_corpus, paragraph_range, read_lines  # noqa: E402
 from loadtest.errors import LoadTestError  # noqa: E402
 from loadtest.server import start_server  # noqa: E402
 
@@ -151,17 +151,6 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _paragraph(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition("-")
-    try:
-        bounds = (int(low), int(high or low))
-    except ValueError:
-        raise UsageError(f"--paragraph {text!r}: expected MIN-MAX sentences, e.g. 4-8") from None
-    if bounds[0] < 1 or bounds[1] < bounds[0]:
-        raise UsageError(f"--paragraph {text!r}: expected 1 <= MIN <= MAX")
-    return bounds
-
-
 def parse_args(argv: Sequence[str], prog: str = "mixed_traffic") -> Config:
     """Check the command line and turn it into a Config (UsageError: one line that says what is wrong)."""
     args = _build_parser(prog).parse_args(argv)
@@ -176,7 +165,10 @@ def parse_args(argv: Sequence[str], prog: str = "mixed_traffic") -> Config:
     for flag, number in (("--threads", args.threads), ("--beam-size", args.beam_size)):
         if number is not None and number < 1:
             raise UsageError(f"{flag} must be at least 1 (got {number})")
-    low, high = _paragraph(args.paragraph)
+    try:
+        low, high = paragraph_range(args.paragraph)
+    except ValueError as e:
+        raise UsageError(f"--paragraph {e}") from None
     try:
         corpus = args.corpus or default_corpus()
         sentences = len(read_lines(corpus))
