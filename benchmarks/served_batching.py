@@ -21,6 +21,10 @@ result is the highest rate that held. The servers are stopped (SIGTERM) at the e
 Writes ``<out-dir>/<name>.json`` and ``.md`` (after every rate, so an interrupted run keeps what it measured) and
 prints the Markdown. Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or
 when a mode could not be measured (its server did not start, Locust failed).
+
+That is ``--workload uniform`` (the default). ``--workload mixed`` hands the whole command line to
+benchmarks/mixed_traffic.py: open-loop Poisson arrivals of single sentences and paragraphs over the stream, per-class
+latency and time to first text (its own options: ``python -m benchmarks.mixed_traffic --help``).
 """
 
 from __future__ import annotations

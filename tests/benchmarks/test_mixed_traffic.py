@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import mixed_traffic, served_batching
+from benchmarks import mixed_report, mixed_traffic, served_batching
 from benchmarks.mixed_load import Mix, Outcome, percentile, schedule, send_lag_ms, summarize
 from loadtest.corpus import read_lines
 
@@ -87,14 +87,14 @@ def test_the_hold_rule_and_the_acceptance_check() -> None:
     request = {"mode": "request", "highest_rate_held": 2.0,
                "rates": [_run(1, 400), _run(2, 900), _run(4, 3000, holds=False)]}
     step = {"mode": "step", "highest_rate_held": 4.0, "rates": [_run(1, 150), _run(2, 450), _run(4, 700)]}
-    check = mixed_traffic.acceptance([request, step], 1000.0)
+    check = mixed_report.acceptance([request, step], 1000.0)
     assert check == {"short_p95_ratio_by_rate": {"1": 0.38, "2": 0.5}, "ratios_pass": True,
                      "step_holds_request_rate": True, "passes": True}
     step["rates"][1] = _run(2, 460)
-    assert mixed_traffic.acceptance([request, step], 1000.0)["passes"] is False
+    assert mixed_report.acceptance([request, step], 1000.0)["passes"] is False
     step["highest_rate_held"] = 1.0
-    assert mixed_traffic.acceptance([request, step], 1000.0)["step_holds_request_rate"] is False
-    assert mixed_traffic.acceptance([request], 1000.0) is None
+    assert mixed_report.acceptance([request, step], 1000.0)["step_holds_request_rate"] is False
+    assert mixed_report.acceptance([request], 1000.0) is None
 
 
 @pytest.mark.parametrize(("argv", "message"), [
