@@ -35,11 +35,14 @@ class BatchStats:
     late: int = 0  # items computed but done after their request's deadline (wasted work)
 
     @classmethod
-    def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool) -> BatchStats:
-        """The statistics of the batch ``items``, done now."""
+    def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool,
+           computed: Sequence[Item[Any]] | None = None) -> BatchStats:
+        """The statistics of the batch ``items``, done now; ``computed``: those decoded to their end (default: all;
+        the others were stopped between decoder steps and are not late)."""
         costs = [item.cost for item in items]
         now = time.monotonic()
-        late = sum(1 for item in items if item.request.deadline is not None and item.request.deadline < now) if ok else 0
+        late = sum(1 for item in (items if computed is None else computed)
+                   if item.request.deadline is not None and item.request.deadline < now) if ok else 0
         return cls(size=len(items), padded_cost=len(costs) * max(costs), cost=sum(costs), queue_waits=queue_waits,
                    compute_s=compute_s, tags=sorted({item.request.tag for item in items}), ok=ok,
                    shares=[1.0 / max(1, len(item.request.items)) for item in items], late=late)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from serving.engine.decoding import Alive
 from serving.engine.errors import DeadlineExceeded, Overloaded
 from serving.engine.request import OnPartial
 from serving.server.batching import BatchLimits, DynamicBatcher, StepBatcher
@@ -31,7 +32,8 @@ class Timed:
         self.per_cost = per_cost
         self.batches: list[list[str]] = []
 
-    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None) -> list[str]:
+    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None, alive: Alive | None = None
+                 ) -> list[str]:
         self.batches.append(list(payloads))
         time.sleep(self.per_cost * sum(int(p.split(":")[1]) for p in payloads))
         return [p.upper() for p in payloads]

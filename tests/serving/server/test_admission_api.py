@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+from serving.engine.decoding import Alive
 from serving.engine.request import OnPartial, Prepared, Translation
 from tests.fakes import EchoTranslator
 
@@ -26,10 +27,11 @@ class GatedEcho(EchoTranslator):
         self.prepared += len(texts)
         return super().prepare(texts, options, target_prefix)
 
-    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None, alive: Alive | None = None
+            ) -> list[Translation]:
         self.running.set()
         self.gate.wait(10)
-        return super().run(prepared, on_partial)
+        return super().run(prepared, on_partial, alive)
 
 
 def test_a_request_the_queue_would_make_late_gets_503_with_retry_after_from_the_estimate(serve: Any) -> None:
