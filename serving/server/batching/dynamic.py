@@ -199,9 +199,9 @@ class DynamicBatcher(Batcher[P, R]):
         gone), and count them."""
         if not items:
             return
-        for request in {id(item.request): item.request for item in items}.values():
-            request.set_error(DeadlineExceeded("request deadline passed while its batch was decoding; its sentences "
-                                               "stopped"))  # a no-op for one already failed or cancelled
+        for request in {id(item.request): item.request for item in items}.values():  # and its items still queued
+            self.fail(request, DeadlineExceeded("request deadline passed while its batch was decoding; its sentences "
+                                                "stopped"), "deadline")  # no error for one failed or cancelled
         if self.observer is not None:
             self.observer.on_dropped("abandoned", len(items))
 
