@@ -29,8 +29,8 @@ stop counts against it) and the engine seconds of its batches (``infer_ms``; req
 
 Verdict per checkout: overload's ok requests/s at least 80% of the reference's (the median over the rounds of the
 ratio within a round), and no computed sentence done after its deadline. Writes ``<out-dir>/<name>.json`` and ``.md``
-and prints the Markdown (with the server event loop's CPU per answered request: under overload, mostly the cost of a
-refusal); server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or a failed server.
+and prints the Markdown (with the CPU per answered request of the server's event loop and of the load generator:
+under overload, mostly what a refusal costs); server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or a failed server.
 """
 
 from __future__ import annotations
@@ -162,17 +162,18 @@ def run_phase(name: str, round_: int, server: tuple[str, int], log_path: Path, c
     wait_until_idle(url, timeout_s=deadline_s + 60)
     offset = log_path.stat().st_size
     before = late_metric(url)
-    cpu_before = loop_cpu_s(pid)
+    cpu_before, client_before = loop_cpu_s(pid), time.process_time()
     say(f"{label}: round {round_} {name}, {clients} clients x {config.sentences} sentences, {config.duration_s:g} s")
     sent = asyncio.run(run_clients(url, clients, config.sentences, config.duration_s, corpus,
                                    config.seed + round_, config.honour_retry_after, config.timeout_ms,
                                    f"{label}-{round_}-{name}"))
-    cpu_after = loop_cpu_s(pid)
+    cpu_after, client_cpu_s = loop_cpu_s(pid), time.process_time() - client_before
     settle(url, deadline_s, f"{label}-{round_}-{name}-probe")
     after = late_metric(url)
     counter = None if before is None or after is None else after - before
     batches = [b for b in batches_logged(log_path, offset) if not all(r.endswith("-probe") for r in b[2])]
     phase = summarize(name, round_, clients, config.duration_s, sent, config.sentences, deadline_s, batches, counter)
+    phase.client_cpu_s = client_cpu_s
     if cpu_before is not None and cpu_after is not None:
         phase.loop_cpu_s = cpu_after - cpu_before
     say(f"{label}: {name}: {phase.ok_rps:.2f} ok req/s, statuses {phase.statuses}, late >= "
@@ -251,7 +252,7 @@ def to_markdown(data: dict[str, Any]) -> str:
              f"- holds when overload's ok req/s >= {MIN_GOODPUT:.0%} of the reference's and no computed sentence "
              "was done after its deadline", "",
              "| round | checkout | phase | clients | statuses | ok req/s | p50 s | p95 s | Retry-After (median) | "
-             "computed sentences | useful | engine s | late (log, at least) | late (server) | loop CPU ms per answer |",
+             "computed sentences | useful | engine s | late (log, at least) | late (server) | CPU ms per answer: server loop, clients |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     phases = sorted(((p, r["name"]) for r in data["checkouts"] for p in r["phases"]),
                     key=lambda pr: (pr[0]["round"], pr[0]["phase"] != "reference"))
@@ -268,9 +269,13 @@ def to_markdown(data: dict[str, Any]) -> str:
 
 
 def _per_answer(phase: dict[str, Any]) -> str:
-    """The server's event-loop CPU per request it answered (mostly refusals under overload), in ms."""
-    cpu, answered = phase.get("loop_cpu_s"), sum(phase["statuses"].values())
-    return "-" if cpu is None or not answered else f"{1000 * cpu / answered:.2f}"
+    """The CPU per request answered (mostly refusals under overload), in ms: the server's event loop, and the load
+    generator's clients (on the same cores: what a refusal costs the machine beyond the server)."""
+    answered = sum(phase["statuses"].values())
+    if not answered:
+        return "-"
+    cpu, clients = phase.get("loop_cpu_s"), phase.get("client_cpu_s")
+    return ", ".join("-" if value is None else f"{1000 * value / answered:.2f}" for value in (cpu, clients))
 
 
 def _num(value: float | None) -> str:

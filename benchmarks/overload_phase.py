@@ -39,6 +39,7 @@ class Phase:
     late_sentences_log: int = 0  # at least this many computed sentences were done after their deadline
     late_sentences_metric: float | None = None  # the server's own count, when it has one
     loop_cpu_s: float | None = None  # CPU of the server's event-loop thread (parsing, refusing, answering; Linux)
+    client_cpu_s: float = 0.0  # CPU of the load generator (this process) while its clients ran
 
 
 @dataclass
