@@ -113,6 +113,22 @@ def entry_module(path: Path) -> str:
     return "serving.commands.main" if (path / "serving" / "commands" / "main.py").is_file() else "serving.cli"
 
 
+def parse_checkouts(pairs: Sequence[str]) -> dict[str, Path]:
+    """``--checkout NAME=PATH`` options (none: this checkout, as ``this``), each PATH a checkout of mtgate.
+
+    Raises:
+        UsageError: not NAME=PATH, or PATH is not a checkout.
+    """
+    checkouts = {}
+    for pair in pairs or [f"this={ROOT}"]:
+        name, sep, path = pair.partition("=")
+        module = Path(path) / Path(*entry_module(Path(path)).split(".")).with_suffix(".py")
+        if not sep or not name or not module.is_file():
+            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout of mtgate (with {module})")
+        checkouts[name] = Path(path).resolve()
+    return checkouts
+
+
 @contextlib.contextmanager
 def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str],
                    timeout_s: float) -> Iterator[tuple[str, int]]:
@@ -208,14 +224,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, help="server logs (default: build/overload/<name>)")
     parser.add_argument("--server-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
-    checkouts = {}
-    for pair in args.checkout or [f"this={ROOT}"]:
-        name, sep, path = pair.partition("=")
-        module = Path(path) / Path(*entry_module(Path(path)).split(".")).with_suffix(".py")
-        if not sep or not name or not module.is_file():
-            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout of mtgate (with {module})")
-        checkouts[name] = Path(path).resolve()
-    args.checkouts = checkouts
+    args.checkouts = parse_checkouts(args.checkout)
     try:
         args.duration_s = parse_duration(args.duration)
         args.settle_s = parse_duration(args.settle) if args.settle not in ("0", "0s") else 0.0
