@@ -147,7 +147,7 @@ def test_a_request_whose_deadline_passes_while_its_batch_decodes_stops_there() -
 
         # Queued 100 ms for a fuller batch, then in one batch with the long request (about a second of beam search
         # on 8 paragraphs): its deadline passes inside the batch.
-        short = threading.Thread(target=client, args=("short", paragraphs[6:8], 400))
+        short = threading.Thread(target=client, args=("short", paragraphs[6:8], 300))
         short.start()
         time.sleep(0.02)
         client("long", paragraphs[:6])
