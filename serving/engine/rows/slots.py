@@ -207,13 +207,15 @@ class SlotRows:
         assert self.cache is not None and self.cross is not None
         n = self.count
         capacity = self.cache.shape[4]
-        filled = int(self.positions[:n].max()) if n else 0
-        if capacity > self._initial_capacity and 4 * (filled + 1) <= capacity:
-            self._resize_cache(self.cache.shape[2], max(self._initial_capacity, capacity // 2))
+        if capacity > self._initial_capacity:  # (the maxima only where they can matter: this runs every beam step)
+            filled = int(self.positions[:n].max()) if n else 0
+            if 4 * (filled + 1) <= capacity:
+                self._resize_cache(self.cache.shape[2], max(self._initial_capacity, capacity // 2))
         width = self.cross.shape[4]
-        needed = int(self.source_len[:n].max()) if n else 0
-        if width > _MIN_SOURCE_WIDTH and 2 * needed <= width:
-            self._resize_source(self.cross.shape[2], max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8))
+        if width > _MIN_SOURCE_WIDTH:
+            needed = int(self.source_len[:n].max()) if n else 0
+            if 2 * needed <= width:
+                self._resize_source(self.cross.shape[2], max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8))
 
     def _reserve(self, slots: int, positions: int = 0, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:
