@@ -43,6 +43,7 @@ from serving.server.model_runner import ModelRunner
 from serving.server.preparation import prepare
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
+from serving.server.shadow.canary import CanaryAnswer, answered
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +309,30 @@ class TranslationService:
         if self.shadow is not None:
             self.shadow.observe(runner.name, texts, admission.options, admission.target_prefix, pending.future, admitted,
                                 tag)
+            if self.shadow.canary is not None and runner.name == self.shadow.model:
+                answered("production", f"{runner.name}@{runner.info.version}/{runner.info.precision}")
         return runner, pending
+
+    async def _answer(self, runner: ModelRunner, texts: Sequence[str], admission: Admission, check: bool,
+                      documents: Sequence[Document] | None = None,
+                      indexes: Sequence[int] | None = None) -> list[Translation]:
+        """Production's translations of ``texts`` (as ``admit``), or the canary candidate's for a request it samples
+        (``check``: the texts' limits are not checked yet); production's when the candidate fails, which counts
+        against it once production has answered (``serving.server.shadow.canary``)."""
+        shadow, answer = self.shadow, CanaryAnswer(None)
+        canary = None if shadow is None or runner is not self.models.get(shadow.model) else shadow.canary
+        if canary is not None and canary.sampled(admission.tag):
+            if check:
+                self.limits.check_texts(texts)
+            answer = await canary.answer(texts, admission)
+            if answer.translations is not None:
+                answered("candidate", canary.candidate)
+                return answer.translations
+        runner, pending = await self.admit(runner, texts, admission, documents=documents, indexes=indexes)
+        translations = await pending.wait()
+        if canary is not None and answer.error is not None:
+            canary.failed(answer)
+        return translations
 
     async def translate(
         self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
@@ -317,19 +341,18 @@ class TranslationService:
         blank) text gets an empty translation without being sent to the engine, as ``mtgate translate`` answers a blank
         line with an empty one."""
         kept = [i for i, text in enumerate(texts) if text.strip()]
-        if len(kept) == len(texts):
-            runner, pending = await self.admit(model, texts, admission)
-            return runner, await pending.wait()
         runner = self.ready_model(model)
+        if len(kept) == len(texts):
+            return runner, await self._answer(runner, texts, admission, check=True)
         self.limits.check_texts(texts, blank=True)
         translations = [EMPTY_TRANSLATION] * len(texts)
         if kept:
             prefix = admission.target_prefix
-            runner, pending = await self.admit(
+            answer = await self._answer(
                 runner, [texts[i] for i in kept],
                 dataclasses.replace(admission, target_prefix=None if prefix is None else [prefix[i] for i in kept]),
-                indexes=kept)
-            for i, translation in zip(kept, await pending.wait(), strict=True):
+                check=False, indexes=kept)
+            for i, translation in zip(kept, answer, strict=True):
                 translations[i] = translation
         return runner, translations
 
@@ -358,8 +381,8 @@ class TranslationService:
         sentences = sentences_of(documents)
         if not sentences:  # every text blank: each one's translation is its whitespace
             return runner, assemble(documents, [])
-        runner, pending = await self.admit(runner, sentences, admission, documents=documents)
-        return runner, assemble(documents, await pending.wait())
+        return runner, assemble(documents, await self._answer(runner, sentences, admission, check=False,
+                                                              documents=documents))
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
                 input_s: float) -> None:
