@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from serving.engine.request import Translation
 from serving.server.limits import Admission
 from serving.server.settings import ServingSettings
-from serving.server.shadow.candidate import CandidateJob, CandidateResult
+from serving.server.shadow.candidate import CandidateJob, CandidateLoading, CandidateResult
 from serving.server.shadow.metrics import CanaryMetrics
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ class Canary:
         registry: the Prometheus registry for the ``mtgate_canary_*`` series.
         model, candidate: the production model's name and the candidate's label (metrics, log, headers).
         submit: hands a job to the candidate ahead of queued shadow work (``Shadow.submit``); raises when the
-            candidate cannot take it (loading, restarting, failed).
+            candidate cannot take it (``CandidateLoading`` at the server's start: production answers, not counted;
+            otherwise, restarting or failed: counted against it).
     """
 
     def __init__(self, settings: ServingSettings, registry: CollectorRegistry, model: str, candidate: str,
@@ -121,16 +122,21 @@ class Canary:
     async def answer(self, texts: Sequence[str], admission: Admission) -> CanaryAnswer:
         """The candidate's translations of ``texts``, or (``translations`` None) why it has none in time. Never
         raises a candidate's failure (a cancelled request's CancelledError goes through)."""
-        self.counts["sampled"] += 1
         started = time.monotonic()
         timeout = self.settings.canary_timeout_ms / 1000
         if admission.deadline is not None:
             timeout = max(0.0, min(timeout, admission.deadline - started))
         prefix = admission.target_prefix
         job = CandidateJob(list(texts), admission.options, None if prefix is None else list(prefix), [], canary=True)
-        future: concurrent.futures.Future[CandidateResult] | None = None
         try:
             future = self._submit(job)
+        except CandidateLoading:  # the server's start: production answers, nobody's failure
+            return CanaryAnswer(None)
+        except Exception as e:  # restarting after a crash, failed to load
+            self.counts["sampled"] += 1
+            return CanaryAnswer(None, str(e) or type(e).__name__, time.monotonic() - started)
+        self.counts["sampled"] += 1
+        try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:
             error = f"no answer within {timeout * 1000:.0f} ms"
@@ -145,7 +151,7 @@ class Canary:
                 return CanaryAnswer(result.translations, None, seconds)
             error = "the candidate answered a different number of translations"
         finally:
-            if future is not None and not future.done():
+            if not future.done():
                 future.cancel()  # not started yet: the worker skips it
         return CanaryAnswer(None, error, time.monotonic() - started)
 

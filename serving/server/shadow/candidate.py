@@ -103,6 +103,14 @@ class CandidateCrashed(RuntimeError):
     """The candidate's process died."""
 
 
+class CandidateUnavailable(RuntimeError):
+    """The candidate cannot take a job now (restarting after a crash, failed to load, stopping)."""
+
+
+class CandidateLoading(CandidateUnavailable):
+    """The candidate is still loading (at the server's start): not a failure of the candidate."""
+
+
 class ChildCandidate:
     """The package at ``path`` loaded in a child process (spawned: no state of the server is inherited); with
     ``production`` (a package and precision), a copy of the production model beside it, to score with."""

@@ -44,7 +44,9 @@ from serving.server.shadow.candidate import (
     Candidate,
     CandidateCrashed,
     CandidateJob,
+    CandidateLoading,
     CandidateResult,
+    CandidateUnavailable,
     ChildCandidate,
     LocalCandidate,
 )
@@ -57,10 +59,6 @@ logger = logging.getLogger(__name__)
 
 RESTART_FIRST_S = 1.0  # the first restart of a dead candidate waits this long; each one more in a row twice as long
 RESTART_MAX_S = 60.0
-
-
-class CandidateUnavailable(RuntimeError):
-    """The candidate cannot take a job now (loading, restarting after a crash, failed to load, stopping)."""
 
 
 @dataclass(frozen=True)
@@ -180,8 +178,11 @@ class Shadow:
         """Have the candidate run ``job`` next (before queued shadow work): the canary's way to it.
 
         Raises:
-            CandidateUnavailable: it is not ready (loading, restarting, failed) or the shadow is stopping.
+            CandidateLoading: it is still loading.
+            CandidateUnavailable: it is restarting or failed to load, or the shadow is stopping.
         """
+        if self.state == "loading" and not self._stopping.is_set():
+            raise CandidateLoading("the candidate is loading")
         if self.state != "ready" or self._stopping.is_set():
             raise CandidateUnavailable(f"the candidate is {self.state if not self._stopping.is_set() else 'stopping'}")
         future: concurrent.futures.Future[CandidateResult] = concurrent.futures.Future()

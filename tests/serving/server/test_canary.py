@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,3 +126,28 @@ def test_a_request_refused_by_production_too_does_not_count_against_the_candidat
         assert r.status_code in (400, 413, 422), r.text  # the client's input, refused as without a canary
         canary = httpx.get(url + "/v1/shadow").json()["canary"]
         assert canary["state"] == "active" and canary["window"]["requests"] == 0
+
+
+def test_while_the_candidate_loads_production_answers_and_nothing_counts_against_it(tmp_path: Path) -> None:
+    loaded = threading.Event()
+
+    def slow() -> Any:
+        loaded.wait(10)
+        return _Marked()
+
+    settings = ServingSettings(model_dirs=[ROOT / "unused"], shadow=tmp_path, canary_fraction=1.0, canary_window=2,
+                               canary_min_requests=1)
+    app = create_app(settings.model_copy(update={"shadow": None, "canary_fraction": 0.0}), EchoTranslator())
+    service = app.state.service
+    service.shadow = Shadow(settings, service.metrics.registry, service.default_model, load=slow)
+    with run_app(app) as url:
+        r = _translate(url)
+        assert r.json()["translations"][0]["text"] == "C B A" and r.headers["x-mtgate-answered-by"] == "production"
+        canary = httpx.get(url + "/v1/shadow").json()["canary"]
+        assert canary["state"] == "active" and canary["requests"]["sampled"] == 0 and canary["window"]["requests"] == 0
+        loaded.set()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/v1/shadow").json()["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _translate(url).headers["x-mtgate-answered-by"] == "candidate"
