@@ -58,6 +58,7 @@ from serving.server.oip import (
 )
 from serving.server.repository import ModelControl
 from serving.server.service import TranslationService
+from serving.server.shadow.canary import ANSWERED_BY, ANSWERED_BY_HEADER, ANSWERED_MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,15 @@ class InferenceServicer:
 
     @_rpc
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._model_infer(request, context, time.monotonic())
+        marks: list[tuple[str, str]] = []  # who answered, with a canary: in the trailing metadata
+        token = ANSWERED_BY.set(marks)
+        try:
+            response = await self._model_infer(request, context, time.monotonic())
+        finally:
+            ANSWERED_BY.reset(token)
+        if marks:
+            context.set_trailing_metadata(((ANSWERED_BY_HEADER, marks[-1][0]), (ANSWERED_MODEL_HEADER, marks[-1][1])))
+        return response
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes],  # noqa: N802
                                context: grpc.aio.ServicerContext) -> None:

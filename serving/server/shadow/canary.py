@@ -21,7 +21,8 @@ drops to 0 and ``GET /v1/shadow`` shows the state, the reason and when.
 
 Which model answered: the HTTP middleware puts :data:`ANSWERED_BY`'s value into the response headers
 ``X-Mtgate-Answered-By`` (``production`` or ``candidate``) and ``X-Mtgate-Answered-Model`` (``name@version/precision``;
-the body's ``model``/``version`` keep naming the model the client asked for).
+the body's ``model``/``version`` keep naming the model the client asked for); gRPC ModelInfer sends the same two
+keys as trailing metadata (``serving.server.grpc.servicer``; not ModelStreamInfer, whose responses share a stream).
 """
 
 from __future__ import annotations

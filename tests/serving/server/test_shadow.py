@@ -329,7 +329,7 @@ def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_bac
 ) -> None:
     server = start_server(demo, "--precision", "fp32", "--shadow", str(different), "--shadow-fraction", "0",
                           "--canary-fraction", "1.0", "--canary-window", "3", "--canary-min-requests", "3",
-                          "--canary-max-error-rate", "0.5", timeout=180)
+                          "--canary-max-error-rate", "0.5", "--grpc-port", "0", timeout=180)
     try:
         _shadow_ready(server)
         body = {"text": SENTENCES[0]}
@@ -340,6 +340,7 @@ def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_bac
             assert r.headers["x-mtgate-answered-model"] == "demo-en-de@short/fp32"
             text = r.json()["translations"][0]["text"]
             assert text != expected and len(text.split()) <= 4
+        assert _grpc_answered_by(server) == ("candidate", "demo-en-de@short/fp32")
         pid = httpx.get(server.url + "/v1/shadow").json()["pid"]
         os.kill(pid, signal.SIGKILL)
         for _ in range(3):  # it died: production answers, no error; 2 failures of the last 3 (> 0.5) roll it back
@@ -349,7 +350,7 @@ def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_bac
         shadow = httpx.get(server.url + "/v1/shadow").json()
         canary = shadow["canary"]
         assert canary["state"] == "rolled_back" and canary["fraction"] == 0 and "error rate" in canary["reason"]
-        assert canary["requests"] == {"sampled": 5, "candidate": 3, "fallback": 2}  # the last: not sampled
+        assert canary["requests"] == {"sampled": 6, "candidate": 4, "fallback": 2}  # the last: not sampled
         metrics = httpx.get(server.url + "/metrics").text
         assert _metric(metrics, "mtgate_canary_fraction", model=MODEL) == 0
         assert _metric(metrics, "mtgate_canary_rollbacks_total", model=MODEL) == 1
@@ -363,3 +364,17 @@ def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_bac
         assert r.headers["x-mtgate-answered-by"] == "production" and shadow["canary"]["state"] == "rolled_back"
     finally:
         server.stop()
+
+
+def _grpc_answered_by(server: ServerProcess) -> tuple[str, str]:
+    """A gRPC ModelInfer's trailing metadata: who answered, and which model."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=MODEL, inputs=[service_pb2.ModelInferRequest.InferInputTensor(
+        name="INPUT_TEXT", datatype="BYTES", shape=[1, 1],
+        contents=service_pb2.InferTensorContents(bytes_contents=[SENTENCES[1].encode()]))])
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        _, call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=60)
+    metadata = dict(call.trailing_metadata())
+    return metadata["x-mtgate-answered-by"], metadata["x-mtgate-answered-model"]
