@@ -179,12 +179,15 @@ class Shadow:
 
         Raises:
             CandidateLoading: it is still loading.
-            CandidateUnavailable: it is restarting or failed to load, or the shadow is stopping.
+            CandidateUnavailable: it is restarting or failed to load, ``shadow_queue_size`` canary jobs are already
+                waiting, or the shadow is stopping.
         """
         if self.state == "loading" and not self._stopping.is_set():
             raise CandidateLoading("the candidate is loading")
         if self.state != "ready" or self._stopping.is_set():
             raise CandidateUnavailable(f"the candidate is {self.state if not self._stopping.is_set() else 'stopping'}")
+        if len(self._urgent) >= self.settings.shadow_queue_size:  # a candidate that cannot keep up
+            raise CandidateUnavailable(f"the candidate is busy ({len(self._urgent)} canary requests waiting)")
         future: concurrent.futures.Future[CandidateResult] = concurrent.futures.Future()
         self._urgent.append((job, future))
         self._work.release()

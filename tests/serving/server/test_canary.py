@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,20 @@ def test_while_the_candidate_loads_production_answers_and_nothing_counts_against
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert _translate(url).headers["x-mtgate-answered-by"] == "candidate"
+
+
+def test_a_candidate_that_cannot_keep_up_is_not_waited_for(tmp_path: Path) -> None:
+    """At most shadow_queue_size canary requests wait for the candidate; the others are answered by production at
+    once (counted against the candidate) instead of queueing behind it."""
+    with _server(tmp_path, lambda: _Slow(), canary_fraction=1.0, shadow_queue_size=1, canary_min_requests=100,
+                 canary_window=100) as (url, _):
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: _translate(url).headers["x-mtgate-answered-by"], range(6)))
+        canary = httpx.get(url + "/v1/shadow").json()["canary"]
+        assert answers.count("production") >= 3 and canary["requests"]["fallback"] == answers.count("production")
+
+
+class _Slow(_Marked):
+    def run(self, prepared: Any, on_partial: Any = None) -> Any:
+        time.sleep(0.5)
+        return super().run(prepared, on_partial)
