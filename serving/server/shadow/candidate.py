@@ -124,7 +124,8 @@ class ChildCandidate:
 
     @property
     def pid(self) -> int | None:
-        return None if self._process is None else int(self._process.pid)
+        pid = None if self._process is None else self._process.pid  # None until the (re)started process runs
+        return None if pid is None else int(pid)
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")

@@ -355,7 +355,11 @@ def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_bac
         assert _metric(metrics, "mtgate_canary_fraction", model=MODEL) == 0
         assert _metric(metrics, "mtgate_canary_rollbacks_total", model=MODEL) == 1
         assert _metric(metrics, "mtgate_canary_requests_total", model=MODEL, outcome="fallback") == 2
-        assert sum("canary rolled back to 0" in line for line in server.log) == 1
+        deadline = time.monotonic() + 30  # (stderr is read by a thread of its own: the line may still be on its way)
+        while not (rollbacks := [line for line in server.log if "canary rolled back to 0" in line]):
+            assert time.monotonic() < deadline, "".join(server.log[-20:])
+            time.sleep(0.05)
+        assert len(rollbacks) == 1 and "error rate" in rollbacks[0]
         deadline = time.monotonic() + 120  # the candidate comes back, the canary stays rolled back
         while (shadow := httpx.get(server.url + "/v1/shadow").json())["state"] != "ready":
             assert time.monotonic() < deadline, json.dumps(shadow)

@@ -17,6 +17,7 @@ from serving.engine.errors import InferenceFailed
 from serving.server.http import create_app
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
+from serving.server.shadow.candidate import ChildCandidate
 from serving.server.shadow.compare import compare
 from serving.server.shadow.log import PairLog, text_hash
 from tests.fakes import EchoTranslator
@@ -162,3 +163,14 @@ def test_redacted_hashes_are_salted_per_server_unless_a_salt_is_configured(tmp_p
     assert first[0].startswith("hmac-sha256:") and first != second
     salted = [sources(run, shadow_redact_salt="replicas") for run in ("c", "d")]
     assert salted[0] == salted[1] == [text_hash("ein Hund", b"replicas")]
+
+
+def test_the_candidates_pid_is_none_until_its_process_runs() -> None:
+    """GET /v1/shadow reads the pid at any moment, also while a restart has created the process but not started it
+    (that read was a 500)."""
+    import multiprocessing
+
+    candidate = ChildCandidate(ROOT / "unused", "onnxruntime", "auto", 1, False)
+    assert candidate.pid is None
+    candidate._process = multiprocessing.get_context("spawn").Process(target=print)  # created, not started yet
+    assert candidate.pid is None
