@@ -101,7 +101,7 @@ def test_partial_texts_concatenate_to_the_final_and_the_unstreamed_translation(s
 
 def test_empty_final_response_and_plain_requests_on_the_same_stream(server: ServerProcess) -> None:
     stream = _Stream(server.grpc_address)
-    texts = SENTENCES[100:102]
+    texts = [SENTENCES[100], "", SENTENCES[101]]  # a blank text: an empty translation, not sent to the engine
     expected = _texts(stream.client.infer(stream.name, [_input(texts)], parameters={"beam_size": 4}))
     stream.send(texts, "asks", beam_size=4, stream=True, empty_final=True)
     stream.send(texts, "plain", beam_size=4)  # no stream parameter: one response, as before
@@ -112,7 +112,7 @@ def test_empty_final_response_and_plain_requests_on_the_same_stream(server: Serv
     *partials, (whole, whole_final), (empty, empty_final) = got["asks"]
     assert whole == expected and not whole_final and empty is None and empty_final
     assert partials and not any(flag for _, flag in partials)
-    assert ["".join(p[i] for p, _ in partials if p is not None) for i in range(2)] == expected
+    assert ["".join(p[i] for p, _ in partials if p is not None) for i in range(3)] == expected and expected[1] == ""
     assert got["plain"] == [(expected, True)] and got["plain-empty"] == [(expected, True)]
 
 
