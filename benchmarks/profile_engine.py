@@ -18,7 +18,11 @@ Three views of the same workload as the benchmark (``python -m benchmarks.bench`
    Runtime's profiler in place of the backend's decoder session; node times are grouped (vocabulary projection,
    log-softmax, self/cross attention, FFN, cache concat or the in-place attention, layer norms, other) and compared
    with the session's own run time and with the Python-side ``run()`` time, and listed per operator type with the
-   number of nodes of the optimized graph (the node count is what a small model's step pays per node).
+   number of nodes of the optimized graph (the node count is what a small model's step pays per node). With
+   ``--nodes N``, also every operator type's node count, calls per step and microseconds per call
+   (``ops_per_call``) and the ``N`` costliest nodes with theirs (``top_nodes``). The profiler adds a few microseconds
+   to every node (a profiled step of the demo is 2-3x an unprofiled one): compare nodes with each other, and time
+   graph changes with the unprofiled ``wall_split`` (``--clock thread``, ``--threads 1``).
 3. ``cProfile`` of the translate loop: the Python functions that cost the most.
 
 Prints a report and, with ``-o``, writes it as JSON.
@@ -170,7 +174,7 @@ def binds(backend: Any) -> int:
 
 
 def ort_decoder_profile(translator: Any, package: Path, precision: str, threads: int, texts: list[str], beam: int,
-                        batch: int) -> dict[str, Any]:
+                        batch: int, top_nodes: int = 0) -> dict[str, Any]:
     """One pass of the workload with ONNX Runtime's profiler on the decoder session (a profiling session on the same
     graph in place of the backend's); node times grouped per step and listed per operator type."""
     import onnxruntime as ort
@@ -197,6 +201,8 @@ def ort_decoder_profile(translator: Any, package: Path, precision: str, threads:
     groups: collections.Counter[str] = collections.Counter()
     ops: collections.Counter[str] = collections.Counter()
     nodes: dict[str, str] = {}
+    node_calls: collections.Counter[str] = collections.Counter()
+    node_total: collections.Counter[str] = collections.Counter()
     model_run_us = 0.0
     node_us = 0.0
     runs = 0
@@ -211,9 +217,17 @@ def ort_decoder_profile(translator: Any, package: Path, precision: str, threads:
             groups[_group(node, op)] += event["dur"]
             ops[op] += event["dur"]
             node_us += event["dur"]
+            node_calls[node] += 1
+            node_total[node] += event["dur"]
     # The first run of each shape is slower (allocation planning); the profile covers every run. The profiler adds
     # a few microseconds to every node: compare groups and operators with each other, not with an unprofiled step.
     per_run = 1.0 / 1000.0 / max(1, runs)
+    detail: dict[str, Any] = {}
+    if top_nodes:
+        detail = {"ops_per_call": _per_call(nodes, node_calls, node_total, runs),
+                  "top_nodes": [{"node": node, "op": nodes[node], "calls_per_step": round(node_calls[node] / max(1, runs), 2),
+                                 "us_per_call": round(total / node_calls[node], 1)}
+                                for node, total in node_total.most_common(top_nodes)]}
     return {
         "steps": runs,
         "nodes": len(nodes),
@@ -225,7 +239,22 @@ def ort_decoder_profile(translator: Any, package: Path, precision: str, threads:
         "ops_ms_per_step": {k: round(v * per_run, 3) for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:16]},
         "profile_file": str(profile_path),
         "optimized_graph": options.optimized_model_filepath,
+        **detail,
     }
+
+
+def _per_call(nodes: dict[str, str], calls: collections.Counter[str], total: collections.Counter[str],
+              runs: int) -> dict[str, dict[str, float]]:
+    """Per operator type: its nodes in the optimized graph, their calls per step and microseconds per call, and its
+    milliseconds per step; costliest first."""
+    table: dict[str, dict[str, float]] = {}
+    for op in sorted(set(nodes.values())):
+        members = [node for node, kind in nodes.items() if kind == op]
+        op_calls = sum(calls[node] for node in members)
+        op_us = sum(total[node] for node in members)
+        table[op] = {"nodes": len(members), "calls_per_step": round(op_calls / max(1, runs), 2),
+                     "us_per_call": round(op_us / max(1, op_calls), 1), "ms_per_step": round(op_us / 1000.0 / max(1, runs), 3)}
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]["ms_per_step"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall: wall time; thread: the calling thread's CPU time, which with --threads 1 (every "
                              "node of ONNX Runtime then runs on that thread) other processes' load does not inflate, "
                              "for profiles taken on a shared machine (default wall)")
+    parser.add_argument("--nodes", type=int, default=0, metavar="N",
+                        help="ONNX Runtime: also report each operator type's calls and microseconds per call and the N "
+                             "costliest nodes of the decoder step (default 0: operator totals only)")
     parser.add_argument("-o", "--output", type=Path, default=None)
     args = parser.parse_args(argv)
     global _clock
@@ -302,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                               "new_tokens": args.new_tokens, "wall_split": split, "cprofile_top_tottime": top}
     if args.runtime == "onnxruntime":
         report["ort_decoder_profile"] = ort_decoder_profile(translator, args.package, args.precision, args.threads,
-                                                            texts, args.beam, args.batch)
+                                                            texts, args.beam, args.batch, args.nodes)
     text = json.dumps(report, indent=1)
     sys.stdout.write(text + "\n")
     if args.output is not None:

@@ -257,6 +257,24 @@ class TranslationService:
         finally:
             runner.active -= 1
 
+    def refuse_unread(self, model: str | None, version: str | None, started: float) -> None:
+        """Refuse a translation request whose body is not parsed yet, for ``model`` at ``version`` (None: the default
+        model, only when it is the only one: a ``/v1`` body may name another), when that model's queue cannot take
+        it whatever it holds (``Batcher.check_unread``, against the server's timeout from ``started``: the latest
+        deadline a client may ask for). An unknown or loading model is left to the route.
+
+        Raises:
+            Overloaded: no room in the queue for one more sentence, or its work alone ends past the server's timeout.
+        """
+        if model is None and len(self.models) != 1:
+            return
+        try:
+            runner = self.get(None) if model is None else self.version(model, version)
+        except ModelNotFound:
+            return
+        if runner.ready and runner.batcher is not None:
+            runner.batcher.check_unread(started + self.settings.request_timeout_s)
+
     async def admit(
         self,
         model: str | ModelRunner | None,

@@ -22,7 +22,7 @@ def test_profile_of_the_tiny_package(tiny_onnx_package: Path, tmp_path: Path, be
                                     1).stationary
     out = tmp_path / "profile.json"
     code = profile_engine.main(["--package", str(tiny_onnx_package), "-n", "2", "--new-tokens", "3", "--threads", "1",
-                                "--beam", str(beam), "--batch", str(batch), "-o", str(out)])
+                                "--beam", str(beam), "--batch", str(batch), "--nodes", "3", "-o", str(out)])
     assert code == 0
     report = json.loads(out.read_text(encoding="utf-8"))
     split = report["wall_split"]
@@ -39,3 +39,9 @@ def test_profile_of_the_tiny_package(tiny_onnx_package: Path, tmp_path: Path, be
     assert "vocab projection (Gemm [B,D]x[V,D]^T)" in groups or "log-softmax over the vocabulary" in groups
     in_place = "self-attention over the cache in place (GroupQueryAttention)"
     assert (in_place in groups) is stationary, groups
+    # --nodes: every operator type's calls and microseconds per call, and the costliest nodes
+    per_call = profile["ops_per_call"]
+    assert sum(row["nodes"] for row in per_call.values()) == profile["nodes"]
+    assert all(row["calls_per_step"] > 0 and row["us_per_call"] >= 0 for row in per_call.values())
+    top = profile["top_nodes"]
+    assert len(top) == 3 and all(row["op"] in per_call and row["calls_per_step"] > 0 for row in top)
