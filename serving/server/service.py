@@ -329,14 +329,15 @@ class TranslationService:
         return runner, pending
 
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission,
+        on_partial: OnPartial | None = None,
     ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model`` under ``admission``: one translation per text, in order. An empty (or
         blank) text gets an empty translation without being sent to the engine, as ``mtgate translate`` answers a blank
-        line with an empty one."""
+        line with an empty one. ``on_partial``: the streaming hook, with indexes into ``texts``."""
         kept = [i for i, text in enumerate(texts) if text.strip()]
         if len(kept) == len(texts):
-            runner, pending = await self.admit(model, texts, admission)
+            runner, pending = await self.admit(model, texts, admission, on_partial=on_partial)
             return runner, await pending.wait()
         runner = self.ready_model(model)
         self.limits.check_texts(texts, blank=True)
@@ -346,7 +347,7 @@ class TranslationService:
             runner, pending = await self.admit(
                 runner, [texts[i] for i in kept],
                 dataclasses.replace(admission, target_prefix=None if prefix is None else [prefix[i] for i in kept]),
-                indexes=kept)
+                indexes=kept, on_partial=None if on_partial is None else (lambda i, delta: on_partial(kept[i], delta)))
             for i, translation in zip(kept, await pending.wait(), strict=True):
                 translations[i] = translation
         return runner, translations
