@@ -43,7 +43,7 @@ from serving.server.model_runner import ModelRunner
 from serving.server.preparation import prepare
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
-from serving.server.shadow.canary import CanaryAnswer, answered
+from serving.server.shadow.canary import answered
 
 logger = logging.getLogger(__name__)
 
@@ -332,36 +332,31 @@ class TranslationService:
         return runner, pending
 
     async def _answer(self, runner: ModelRunner, texts: Sequence[str], admission: Admission, check: bool,
-                      documents: Sequence[Document] | None = None,
-                      indexes: Sequence[int] | None = None) -> list[Translation]:
-        """Production's translations of ``texts`` (as ``admit``), or the canary candidate's for a request it samples
-        (``check``: the texts' limits are not checked yet); production's when the candidate fails, which counts
-        against it once production has answered (``serving.server.shadow.canary``)."""
-        shadow, answer = self.shadow, CanaryAnswer(None)
-        canary = None if shadow is None or runner is not self.models.get(shadow.model) else shadow.canary
-        if canary is not None and canary.sampled(admission.tag):
-            if check:
-                self.limits.check_texts(texts)
-            answer = await canary.answer(texts, admission)
-            if answer.translations is not None:
-                answered("candidate", canary.candidate)
-                return answer.translations
-        runner, pending = await self.admit(runner, texts, admission, documents=documents, indexes=indexes)
-        translations = await pending.wait()
-        if canary is not None and answer.error is not None:
-            canary.failed(answer)
-        return translations
+                      documents: Sequence[Document] | None = None, indexes: Sequence[int] | None = None,
+                      on_partial: OnPartial | None = None) -> list[Translation]:
+        """Production's translations of ``texts`` (as ``admit``), or the canary candidate's for a request it samples,
+        never a streamed one (``serving.server.shadow.canary``; ``check``: the texts' limits are not checked yet)."""
+        async def production() -> list[Translation]:
+            _, pending = await self.admit(runner, texts, admission, documents=documents, indexes=indexes,
+                                          on_partial=on_partial)
+            return await pending.wait()
+
+        canary = None if self.shadow is None or runner is not self.models.get(self.shadow.model) else self.shadow.canary
+        if canary is None or on_partial is not None:
+            return await production()
+        return await canary.route(texts, admission, lambda: self.limits.check_texts(texts) if check else 0, production)
 
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission,
+        on_partial: OnPartial | None = None,
     ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model`` under ``admission``: one translation per text, in order. An empty (or
         blank) text gets an empty translation without being sent to the engine, as ``mtgate translate`` answers a blank
-        line with an empty one."""
+        line with an empty one. ``on_partial``: the streaming hook, with indexes into ``texts``."""
         kept = [i for i, text in enumerate(texts) if text.strip()]
         runner = self.ready_model(model)
         if len(kept) == len(texts):
-            return runner, await self._answer(runner, texts, admission, check=True)
+            return runner, await self._answer(runner, texts, admission, check=True, on_partial=on_partial)
         self.limits.check_texts(texts, blank=True)
         translations = [EMPTY_TRANSLATION] * len(texts)
         if kept:
@@ -369,7 +364,8 @@ class TranslationService:
             answer = await self._answer(
                 runner, [texts[i] for i in kept],
                 dataclasses.replace(admission, target_prefix=None if prefix is None else [prefix[i] for i in kept]),
-                check=False, indexes=kept)
+                check=False, indexes=kept,
+                on_partial=None if on_partial is None else (lambda i, delta: on_partial(kept[i], delta)))
             for i, translation in zip(kept, answer, strict=True):
                 translations[i] = translation
         return runner, translations

@@ -5,9 +5,10 @@ targets.
 Which requests: a request is sampled from its request id (``X-Request-ID``, or the id the server gave it), so the
 same id always goes the same way; requests without one (a gRPC request without an id) from a seeded stream. The
 routes that go through ``TranslationService.translate``/``translate_documents`` are canaried: ``/v1/translate``
-(``split_sentences`` too), ``/v2`` infer, gRPC ModelInfer and ModelStreamInfer. ``/v1/translate/stream`` and bulk
-are answered by production: a stream's partial text comes from the batcher, which the candidate's process has no part
-in (and its headers are sent before a fallback could happen), and bulk is throughput work paced by production's queue.
+(``split_sentences`` too), ``/v2`` infer, gRPC ModelInfer and ModelStreamInfer. ``/v1/translate/stream``, gRPC's
+``stream: true`` requests and bulk are answered by production: a stream's partial text comes from the batcher, which
+the candidate's process has no part in (and its headers are sent before a fallback could happen), and bulk is
+throughput work paced by production's queue.
 
 The candidate's answer comes from its process (``serving.server.shadow.candidate``), ahead of any queued shadow
 work, within ``canary_timeout_ms`` (and the request's own deadline). When it fails (an error, its process died, no
@@ -36,7 +37,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -155,6 +156,23 @@ class Canary:
             if not future.done():
                 future.cancel()  # not started yet: the worker skips it
         return CanaryAnswer(None, error, time.monotonic() - started)
+
+    async def route(self, texts: Sequence[str], admission: Admission, check: Callable[[], object],
+                    production: Callable[[], Awaitable[list[Translation]]]) -> list[Translation]:
+        """The candidate's translations of a sampled request (``check``: the server's limits, first), else
+        ``production()``'s; production's too when the candidate fails, counted against it once production answered
+        (an input both refuse is the client's)."""
+        if not self.sampled(admission.tag):
+            return await production()
+        check()
+        answer = await self.answer(texts, admission)
+        if answer.translations is not None:
+            answered("candidate", self.candidate)
+            return answer.translations
+        translations = await production()
+        if answer.error is not None:
+            self.failed(answer)
+        return translations
 
     def failed(self, answer: CanaryAnswer) -> None:
         """Production answered a request the candidate failed: count it against the candidate."""
