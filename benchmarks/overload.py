@@ -29,7 +29,8 @@ stop counts against it) and the engine seconds of its batches (``infer_ms``; req
 
 Verdict per checkout: overload's ok requests/s at least 80% of the reference's (the median over the rounds of the
 ratio within a round), and no computed sentence done after its deadline. Writes ``<out-dir>/<name>.json`` and ``.md``
-and prints the Markdown; server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or a failed server.
+and prints the Markdown (with the CPU per answered request of the server's event loop and of the load generator:
+under overload, mostly what a refusal costs); server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or a failed server.
 """
 
 from __future__ import annotations
@@ -63,7 +64,14 @@ from benchmarks.common import (  # noqa: E402
     run_header,
     say,
 )
-from benchmarks.overload_phase import Phase, batches_logged, late_metric, run_clients, summarize  # noqa: E402
+from benchmarks.overload_phase import (  # noqa: E402
+    Phase,
+    batches_logged,
+    late_metric,
+    loop_cpu_s,
+    run_clients,
+    summarize,
+)
 from benchmarks.served_batching import (  # noqa: E402
     parse_server_env,
     wait_until_idle,
@@ -105,10 +113,27 @@ def entry_module(path: Path) -> str:
     return "serving.commands.main" if (path / "serving" / "commands" / "main.py").is_file() else "serving.cli"
 
 
+def parse_checkouts(pairs: Sequence[str]) -> dict[str, Path]:
+    """``--checkout NAME=PATH`` options (none: this checkout, as ``this``), each PATH a checkout of mtgate.
+
+    Raises:
+        UsageError: not NAME=PATH, or PATH is not a checkout.
+    """
+    checkouts = {}
+    for pair in pairs or [f"this={ROOT}"]:
+        name, sep, path = pair.partition("=")
+        module = Path(path) / Path(*entry_module(Path(path)).split(".")).with_suffix(".py")
+        if not sep or not name or not module.is_file():
+            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout of mtgate (with {module})")
+        checkouts[name] = Path(path).resolve()
+    return checkouts
+
+
 @contextlib.contextmanager
 def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str],
-                   timeout_s: float) -> Iterator[str]:
-    """``mtgate serve`` of the checkout at ``path`` on a free port until the block ends (SIGTERM); yields its URL."""
+                   timeout_s: float) -> Iterator[tuple[str, int]]:
+    """``mtgate serve`` of the checkout at ``path`` on a free port until the block ends (SIGTERM); yields its URL and
+    process id."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +152,7 @@ def serve_checkout(path: Path, package: Path, log_path: Path, env: dict[str, str
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server of {path} not ready: {log_tail(log_path)}")
             time.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
@@ -147,20 +172,26 @@ def settle(url: str, deadline_s: float, rid: str) -> None:
                timeout=deadline_s + 60)
 
 
-def run_phase(name: str, round_: int, url: str, log_path: Path, clients: int, config: argparse.Namespace,
-              corpus: list[str], deadline_s: float, label: str) -> Phase:
+def run_phase(name: str, round_: int, server: tuple[str, int], log_path: Path, clients: int,
+              config: argparse.Namespace, corpus: list[str], deadline_s: float, label: str) -> Phase:
+    url, pid = server
     wait_until_idle(url, timeout_s=deadline_s + 60)
     offset = log_path.stat().st_size
     before = late_metric(url)
+    cpu_before, client_before = loop_cpu_s(pid), time.process_time()
     say(f"{label}: round {round_} {name}, {clients} clients x {config.sentences} sentences, {config.duration_s:g} s")
     sent = asyncio.run(run_clients(url, clients, config.sentences, config.duration_s, corpus,
                                    config.seed + round_, config.honour_retry_after, config.timeout_ms,
                                    f"{label}-{round_}-{name}"))
+    cpu_after, client_cpu_s = loop_cpu_s(pid), time.process_time() - client_before
     settle(url, deadline_s, f"{label}-{round_}-{name}-probe")
     after = late_metric(url)
     counter = None if before is None or after is None else after - before
     batches = [b for b in batches_logged(log_path, offset) if not all(r.endswith("-probe") for r in b[2])]
     phase = summarize(name, round_, clients, config.duration_s, sent, config.sentences, deadline_s, batches, counter)
+    phase.client_cpu_s = client_cpu_s
+    if cpu_before is not None and cpu_after is not None:
+        phase.loop_cpu_s = cpu_after - cpu_before
     say(f"{label}: {name}: {phase.ok_rps:.2f} ok req/s, statuses {phase.statuses}, late >= "
         f"{phase.late_sentences_log}" + ("" if counter is None else f" (server: {counter:g})"))
     return phase
@@ -193,14 +224,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, help="server logs (default: build/overload/<name>)")
     parser.add_argument("--server-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
-    checkouts = {}
-    for pair in args.checkout or [f"this={ROOT}"]:
-        name, sep, path = pair.partition("=")
-        module = Path(path) / Path(*entry_module(Path(path)).split(".")).with_suffix(".py")
-        if not sep or not name or not module.is_file():
-            raise UsageError(f"--checkout {pair!r}: expected NAME=PATH of a checkout of mtgate (with {module})")
-        checkouts[name] = Path(path).resolve()
-    args.checkouts = checkouts
+    args.checkouts = parse_checkouts(args.checkout)
     try:
         args.duration_s = parse_duration(args.duration)
         args.settle_s = parse_duration(args.settle) if args.settle not in ("0", "0s") else 0.0
@@ -237,8 +261,8 @@ def to_markdown(data: dict[str, Any]) -> str:
              f"- holds when overload's ok req/s >= {MIN_GOODPUT:.0%} of the reference's and no computed sentence "
              "was done after its deadline", "",
              "| round | checkout | phase | clients | statuses | ok req/s | p50 s | p95 s | Retry-After (median) | "
-             "computed sentences | useful | engine s | late (log, at least) | late (server) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "computed sentences | useful | engine s | late (log, at least) | late (server) | CPU ms per answer: server loop, clients |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     phases = sorted(((p, r["name"]) for r in data["checkouts"] for p in r["phases"]),
                     key=lambda pr: (pr[0]["round"], pr[0]["phase"] != "reference"))
     for p, name in phases:
@@ -248,9 +272,19 @@ def to_markdown(data: dict[str, Any]) -> str:
             f"| {p['round']} | {name} | {p['phase']} | {p['clients']} | {statuses} | {p['ok_rps']:.2f} | "
             f"{_num(p['p50_s'])} | {_num(p['p95_s'])} | {_num(p['retry_after_median_s'])} | "
             f"{p['computed_sentences']} | {useful} | {p['engine_s']:.1f} | {p['late_sentences_log']} | "
-            f"{_num(p['late_sentences_metric'])} |")
+            f"{_num(p['late_sentences_metric'])} | {_per_answer(p)} |")
     lines += ["", *(f"- {r['name']} (`{r['path']}`): holds: {r['verdict']}" for r in data["checkouts"])]
     return "\n".join(lines) + "\n"
+
+
+def _per_answer(phase: dict[str, Any]) -> str:
+    """The CPU per request answered (mostly refusals under overload), in ms: the server's event loop, and the load
+    generator's clients (on the same cores: what a refusal costs the machine beyond the server)."""
+    answered = sum(phase["statuses"].values())
+    if not answered:
+        return "-"
+    cpu, clients = phase.get("loop_cpu_s"), phase.get("client_cpu_s")
+    return ", ".join("-" if value is None else f"{1000 * value / answered:.2f}" for value in (cpu, clients))
 
 
 def _num(value: float | None) -> str:
@@ -284,19 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = ReportFiles.of(config.out_dir, config.name)
     with contextlib.ExitStack() as stack:
-        servers: dict[str, tuple[str, Path]] = {}
+        servers: dict[str, tuple[tuple[str, int], Path]] = {}
         for result in results:
             log = config.work_dir / result.name / "server.log"
             try:
-                url = stack.enter_context(serve_checkout(Path(result.path), config.package, log, config.env,
-                                                         config.server_timeout))
+                server = stack.enter_context(serve_checkout(Path(result.path), config.package, log, config.env,
+                                                            config.server_timeout))
             except RuntimeError as e:
                 result.error = str(e)
                 say(f"{result.name}: error: {e}")
                 continue
-            servers[result.name] = (url, log)
+            servers[result.name] = (server, log)
         if config.settle_s > 0:
-            for name, (url, _) in servers.items():
+            for name, ((url, _), _) in servers.items():
                 say(f"{name}: settling, {config.reference_clients} clients, {config.settle_s:g} s")
                 asyncio.run(run_clients(url, config.reference_clients, config.sentences, config.settle_s, corpus,
                                         config.seed, True, config.timeout_ms, f"{name}-settle"))
@@ -307,9 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for result in results[::turn]:
                     if result.name not in servers or result.error is not None:
                         continue
-                    url, log = servers[result.name]
+                    server, log = servers[result.name]
                     try:
-                        result.phases.append(run_phase(phase, round_, url, log, clients, config, corpus,
+                        result.phases.append(run_phase(phase, round_, server, log, clients, config, corpus,
                                                        deadline_s, result.name))
                     except Exception as e:  # a measurement that failed is reported, the others go on
                         result.error = f"{type(e).__name__}: {e}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import json
+import os
 import random
 import statistics
 import time
@@ -37,6 +38,8 @@ class Phase:
     engine_s: float = 0.0  # the batches' infer time
     late_sentences_log: int = 0  # at least this many computed sentences were done after their deadline
     late_sentences_metric: float | None = None  # the server's own count, when it has one
+    loop_cpu_s: float | None = None  # CPU of the server's event-loop thread (parsing, refusing, answering; Linux)
+    client_cpu_s: float = 0.0  # CPU of the load generator (this process) while its clients ran
 
 
 @dataclass
@@ -48,6 +51,16 @@ class Sent:
     latency_s: float
     status: str
     retry_after: float | None
+
+
+def loop_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid``'s main thread, where uvicorn's event loop parses, refuses and
+    answers every request (the engine decodes on other threads); None where ``/proc`` does not tell."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 
 def late_metric(url: str) -> float | None:

@@ -21,6 +21,10 @@ result is the highest rate that held. The servers are stopped (SIGTERM) at the e
 Writes ``<out-dir>/<name>.json`` and ``.md`` (after every rate, so an interrupted run keeps what it measured) and
 prints the Markdown. Locust's CSVs and the server logs stay in ``--work-dir``. Exit code 0, or 2 on a usage error or
 when a mode could not be measured (its server did not start, Locust failed).
+
+That is ``--workload uniform`` (the default). ``--workload mixed`` hands the whole command line to
+benchmarks/mixed_traffic.py: open-loop Poisson arrivals of single sentences and paragraphs over the stream, per-class
+latency and time to first text (its own options: ``python -m benchmarks.mixed_traffic --help``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from serving.commands.options import add_alias  # noqa: E402
 from serving.package import DEFAULT_RUNTIME, RUNTIMES  # noqa: E402
 
 MODES = ("request", "step")
+WORKLOADS = ("uniform", "mixed")
 DEFAULT_RATES = "2,4,6,8,10,12,14,16,20,24"
 MIN_ACHIEVED = 0.9  # achieved / offered rate for a rate to hold
 MISSES_TO_STOP = 2  # consecutive rates that do not hold end a mode's ladder
@@ -166,10 +171,14 @@ def _build_parser() -> argparse.ArgumentParser:
                         help=f"Locust users per rate (default: {USERS_PER_RPS} per request/s, at least {MIN_USERS}, "
                              f"at most {MAX_USERS})")
     parser.add_argument("--beam-size", type=int, help="beam_size sent with every request (default: the package's)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="uniform",
+                        help="uniform: this script's Locust runs; mixed: short and long texts, Poisson arrivals, over "
+                             "the stream (benchmarks/mixed_traffic.py and its options) (default: uniform)")
     return parser
 
 
-def _rates(text: str) -> list[float]:
+def parse_rates(text: str) -> list[float]:
+    """``--rates``: positive, increasing requests/s (UsageError otherwise)."""
     try:
         rates = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
@@ -214,7 +223,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         UsageError: any invalid argument or an unusable model package (one line that says which).
     """
     args = _build_parser().parse_args(argv)
-    modes, rates, server_env = parse_modes(args.modes), _rates(args.rates), parse_server_env(args.server_env)
+    modes, rates, server_env = parse_modes(args.modes), parse_rates(args.rates), parse_server_env(args.server_env)
     duration_s = seconds_option("--duration", args.duration)
     for flag, value in (("--p95-ms", args.p95_ms), ("--server-timeout", args.server_timeout)):
         if not math.isfinite(value) or value <= 0:
@@ -491,7 +500,13 @@ def to_markdown(data: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    workload = argparse.ArgumentParser(add_help=False)
+    workload.add_argument("--workload", choices=WORKLOADS, default="uniform")
     try:
+        if workload.parse_known_args(args)[0].workload == "mixed":
+            from benchmarks import mixed_traffic
+
+            return mixed_traffic.main(args, prog="served_batching")
         config = parse_args(args)
     except UsageError as e:
         say(f"served_batching: error: {e}")

@@ -8,6 +8,10 @@ Users (pick with Locust's positional class names; weights with ``--config-users`
 - ``StreamUser``: ``POST /v1/translate/stream`` (Server-Sent Events); two entries per request: type ``TTFE`` is the
   time to the first event, type ``POST`` the time to the end of the stream. Only the ``POST`` entry counts in
   Locust's ``Aggregated`` row (requests, failures, rates).
+- ``MixedStreamUser``: as ``StreamUser``, but with probability ``--long-fraction`` (0.25) the text is a paragraph of
+  ``--paragraph`` (4-8) consecutive corpus sentences joined with spaces, sent as one text; its entries are named
+  ``/v1/translate/stream (long)`` (sent with ``truncate``: a paragraph over the model's positions is cut, not
+  refused), the single sentences' ``/v1/translate/stream (short)``.
 - ``TritonUser``: ``infer`` through ``tritonclient.http`` (Open Inference Protocol, BYTES input), so the same suite
   measures a Triton deployment; it fires Locust request events itself.
 
@@ -49,7 +53,7 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from loadtest.corpus import CorpusError, default_corpus, read_lines
+from loadtest.corpus import CorpusError, default_corpus, paragraph_range, read_lines
 from loadtest.pacing import Pacer
 from loadtest.responses import (
     WrongAnswer,
@@ -95,6 +99,10 @@ def _add_options(parser: LocustArgumentParser) -> None:
                        help="write translated-token counts and their history to this JSON file")
     group.add_argument("--seed", type=int, default=0, env_var="MTGATE_SEED",
                        help="seed for drawing sentences (default: 0)")
+    group.add_argument("--long-fraction", type=float, default=0.25, env_var="MTGATE_LONG_FRACTION",
+                       help="MixedStreamUser: fraction of requests that are paragraphs (default: 0.25)")
+    group.add_argument("--paragraph", default="4-8", env_var="MTGATE_PARAGRAPH", metavar="MIN-MAX",
+                       help="MixedStreamUser: consecutive sentences per paragraph (default: 4-8)")
     group.add_argument("--api-key", default="", env_var="MTGATE_LOADTEST_API_KEY",
                        help="bearer token for servers that require one")
 
@@ -112,6 +120,14 @@ def _init(environment: Environment, **_: Any) -> None:
         sys.stderr.write(f"locustfile: --arrival-rate must be 0 (off) or a positive number, "
                          f"not {options.arrival_rate}\n")
         sys.exit(2)
+    try:
+        paragraph = paragraph_range(options.paragraph)
+    except ValueError as e:
+        sys.stderr.write(f"locustfile: --paragraph: {e}\n")
+        sys.exit(2)
+    if not 0 <= options.long_fraction <= 1 or len(sentences) < paragraph[1]:
+        sys.stderr.write("locustfile: --long-fraction must be between 0 and 1, and the corpus hold a paragraph\n")
+        sys.exit(2)
     if options.arrival_rate > 0 and options.think_time > 0:
         sys.stderr.write("locustfile: give --arrival-rate or --think-time, not both\n")
         sys.exit(2)
@@ -126,6 +142,8 @@ def _init(environment: Environment, **_: Any) -> None:
         arrival_rate=options.arrival_rate,
         tokens_file=Path(options.tokens_file) if options.tokens_file else None,
         headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
+        long_fraction=options.long_fraction,
+        paragraph=paragraph,
     )
     if options.wait_for_start and (model := _wait_for_start(Path(options.wait_for_start))):
         state_of(environment).model_name = model
@@ -275,18 +293,18 @@ class BulkUser(_RestUser):
                 resp.failure(f"wrong answer: {e}")
 
 
-class StreamUser(_RestUser):
-    """``POST /v1/translate/stream``: time to the first event and to the end of the stream, as two entries."""
+class _StreamingUser(_RestUser):
+    abstract = True
 
-    @task
-    def translate_stream(self) -> None:
+    def _stream(self, sentence: str, name: str, truncate: bool = False) -> None:
+        """One text over the stream, logged as ``name``: time to the first event (type TTFE) and to the end
+        (``truncate``: a text over the model's positions is cut to them, not refused)."""
         state = state_of(self.environment)
-        [sentence] = state.sample(1)
-        name = "/v1/translate/stream"
         start = time.perf_counter()
         # identity: the raw reads below must not see a compressed body
         headers = {**state.headers, "Accept": "text/event-stream", "Accept-Encoding": "identity"}
-        with self.client.post(name, json=self._payload(sentence), name=name, stream=True, headers=headers,
+        payload = {**self._payload(sentence), **({"truncate": True} if truncate else {})}
+        with self.client.post("/v1/translate/stream", json=payload, name=name, stream=True, headers=headers,
                               catch_response=True) as resp:
             if resp.status_code != 200:
                 resp.failure(error_message(resp.status_code or 0, resp.text or ""))
@@ -327,3 +345,25 @@ class StreamUser(_RestUser):
             check_model(final, model)
             return check_translations(final, 1)
         return check_translations({"translations": [final]}, 1)
+
+
+class StreamUser(_StreamingUser):
+    """``POST /v1/translate/stream``: time to the first event and to the end of the stream, as two entries."""
+
+    @task
+    def translate_stream(self) -> None:
+        [sentence] = state_of(self.environment).sample(1)
+        self._stream(sentence, "/v1/translate/stream")
+
+
+class MixedStreamUser(_StreamingUser):
+    """``POST /v1/translate/stream`` with single sentences and, ``--long-fraction`` of the time, paragraphs as one
+    text: each class in its own entries."""
+
+    @task
+    def translate_mixed(self) -> None:
+        state = state_of(self.environment)
+        if state.rng.random() < state.long_fraction:
+            self._stream(state.sample_paragraph(), "/v1/translate/stream (long)", truncate=True)
+        else:
+            self._stream(state.sample(1)[0], "/v1/translate/stream (short)")

@@ -12,6 +12,7 @@ from typing import Any, cast
 import gevent
 from locust.env import Environment
 
+from loadtest.corpus import paragraph
 from loadtest.pacing import Pacer, arrival_interval
 
 
@@ -36,6 +37,8 @@ class SuiteState:
     stopped: float | None = None
     history: list[tuple[float, int]] = field(default_factory=list)
     sampler: gevent.Greenlet | None = None
+    long_fraction: float = 0.25  # MixedStreamUser: paragraphs among its requests
+    paragraph: tuple[int, int] = (4, 8)  # sentences per paragraph, inclusive
 
     def decoding(self) -> dict[str, int]:
         """The decoding parameters to send (none: the server's defaults)."""
@@ -47,6 +50,10 @@ class SuiteState:
 
     def sample(self, n: int) -> list[str]:
         return [self.rng.choice(self.sentences) for _ in range(n)]
+
+    def sample_paragraph(self) -> str:
+        """A paragraph of ``paragraph`` sentences, one text (``loadtest.corpus.paragraph``)."""
+        return paragraph(self.sentences, self.rng, self.paragraph)[1]
 
     def count(self, translations: list[dict[str, Any]]) -> None:
         self.translated += len(translations)

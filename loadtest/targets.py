@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from loadtest.capacity import CapacityConfig
 
 # The user classes defined in loadtest/locustfile.py (kept here as names so this module never imports Locust).
-USER_CLASSES: tuple[str, ...] = ("TranslateUser", "BatchUser", "BulkUser", "StreamUser", "TritonUser")
+USER_CLASSES: tuple[str, ...] = ("TranslateUser", "BatchUser", "BulkUser", "StreamUser", "MixedStreamUser",
+                                  "TritonUser")
+STREAM_USERS = frozenset({"StreamUser", "MixedStreamUser"})  # the users that log time-to-first-event entries
 MAX_DURATION_S = 3600.0
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
@@ -114,7 +116,7 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _streaming_targets_need_a_stream(self) -> Scenario:
         t = self.targets
-        if (t.ttfe_p50_ms or t.ttfe_p95_ms or t.ttfe_p99_ms) and "StreamUser" not in self.users:
+        if (t.ttfe_p50_ms or t.ttfe_p95_ms or t.ttfe_p99_ms) and not STREAM_USERS & set(self.users):
             raise ValueError("ttfe_* targets need StreamUser among the users")
         return self
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from serving.engine.decoding import SearchOptions
+from serving.engine.decoding import Alive, SearchOptions
 from serving.engine.errors import InvalidInput
 from serving.engine.request import (
     DecodeOptions,
@@ -95,7 +95,8 @@ class EchoTranslator:
             texts = [" ".join(self._words[i] for i in sentence) for sentence in ids]
         return self.prepare(texts, options, target_prefix)
 
-    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None, alive: Alive | None = None
+            ) -> list[Translation]:
         with self._lock:
             texts = [" ".join(self._words[i] for i in source[:-1]) for source in prepared.sources]
             self.batches.append(texts)
@@ -105,6 +106,10 @@ class EchoTranslator:
             raise RuntimeError(f"fake runtime failure on {self.fail_on!r}")
         targets = [echo(t).split()[: int(cap) - 1] for t, cap in zip(texts, prepared.caps, strict=True)]
         for step in range(max((len(w) for w in targets), default=0)):
+            decoding = np.array([i for i, words in enumerate(targets) if step < len(words)], dtype=np.int64)
+            if alive is not None and decoding.size:  # the ones no longer wanted stop here
+                for i in decoding[~np.asarray(alive(decoding), dtype=bool)].tolist():
+                    targets[i] = targets[i][:step]
             if self.step_delay:
                 time.sleep(self.step_delay)
             if on_partial is not None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serving.engine.decoding import Alive
 from serving.engine.errors import InferenceFailed
 from serving.engine.request import Engine, OnPartial, Prepared, Sentence, Translation
 
@@ -103,8 +104,8 @@ def in_order(rows: np.ndarray) -> bool:
     return bool(rows.size == 0 or (rows[0] == 0 and (rows.size == 1 or bool((np.diff(rows) == 1).all()))))
 
 
-def decode_together(engine: Engine, sentences: Sequence[Sentence], on_partial: OnPartial | None = None
-                    ) -> list[Translation]:
+def decode_together(engine: Engine, sentences: Sequence[Sentence], on_partial: OnPartial | None = None,
+                    alive: Alive | None = None) -> list[Translation]:
     """Decode sentences of one or more prepared requests (sharing their search options) as one batch: gathered once,
     in :func:`order`, so that an engine whose budget they fit decodes them without gathering them again.
 
@@ -112,6 +113,7 @@ def decode_together(engine: Engine, sentences: Sequence[Sentence], on_partial: O
         engine: runs the batch.
         sentences: the batch (e.g. a dynamic batcher's, chosen under the engine's budget).
         on_partial: ``on_partial(i, text)`` for ``sentences[i]``.
+        alive: ``alive(indexes)`` of ``sentences`` still decoding -> which are still wanted (``Engine.run``).
 
     Returns:
         One translation per sentence, in the order given.
@@ -119,7 +121,8 @@ def decode_together(engine: Engine, sentences: Sequence[Sentence], on_partial: O
     rows = order([sentence.length for sentence in sentences])
     ordered = [sentences[int(i)] for i in rows]
     relay = None if on_partial is None else (lambda i, text: on_partial(int(rows[i]), text))
-    translations = engine.run(Prepared.gather(ordered), relay)
+    wanted = None if alive is None else (lambda indexes: alive(rows[indexes]))
+    translations = engine.run(Prepared.gather(ordered), relay, wanted)
     if len(translations) != len(sentences):
         raise InferenceFailed(f"engine returned {len(translations)} results for {len(sentences)} inputs")
     results: list[Translation | None] = [None] * len(sentences)

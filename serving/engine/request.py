@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving.engine.decoding import SearchOptions
+from serving.engine.decoding import Alive, SearchOptions
 from serving.engine.errors import InputTooLong
 from serving.engine.options import (
     DecodeOptions as DecodeOptions,  # the request type of the Engine protocol, re-exported
@@ -304,8 +304,11 @@ class Engine(Protocol):
         """
         ...
 
-    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
-        """Decode and detokenize prepared sentences: one translation each, in order.
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None, alive: Alive | None = None
+            ) -> list[Translation]:
+        """Decode and detokenize prepared sentences: one translation each, in order. ``alive(indexes)``, when given,
+        is polled between decoder steps with the sentences still decoding (``serving.engine.decoding.Alive``): those
+        no longer wanted stop decoding and get an empty translation.
 
         Raises:
             InferenceFailed: the runtime failed.

@@ -23,7 +23,7 @@ import numpy as np
 
 from serving.engine import preparation
 from serving.engine.backends import Backend, BackendUnavailable, EncoderOutput, create_backend
-from serving.engine.decoding import Hypothesis, OnTokens, SearchOptions, search
+from serving.engine.decoding import Alive, Hypothesis, OnTokens, SearchOptions, search
 from serving.engine.encoding import encode_sorted
 from serving.engine.errors import InferenceFailed, ServingError
 from serving.engine.planner import DEFAULT_BUDGET, BatchBudget, in_order, plan
@@ -223,7 +223,8 @@ class Translator:
         """Per-sentence cap on generated tokens, EOS included (``serving.engine.preparation.max_steps``)."""
         return preparation.max_steps(self.info, source_lengths, options or DecodeOptions())
 
-    def run(self, prepared: Prepared, on_partial: OnPartial | None = None) -> list[Translation]:
+    def run(self, prepared: Prepared, on_partial: OnPartial | None = None, alive: Alive | None = None
+            ) -> list[Translation]:
         """Decode prepared sentences (any number; cut into sub-batches under :attr:`budget`: a batch planned under
         the same budget, in the planner's order, runs as it is).
 
@@ -233,6 +234,9 @@ class Translator:
                 continues with once it can no longer change: as greedy search decodes each token, as the prefix all
                 live beams share grows with beam search (``serving.engine.streaming``); the deltas of a sentence
                 concatenate to its text.
+            alive: ``alive(indexes)`` -> which of the sentences ``indexes`` (of ``prepared``) still decoding are still
+                wanted, polled between decoder steps (``serving.engine.decoding.Alive``): the others leave their
+                batch and get an empty translation.
 
         Returns:
             One :class:`Translation` per sentence, in order.
@@ -245,7 +249,7 @@ class Translator:
         results: list[Translation | None] = [None] * len(sources)
         for batch in self._batches(lengths, prepared.search.beam_size):
             part = prepared if in_order(batch) and batch.size == len(prepared) else prepared.take(batch.tolist())
-            self._translate_batch(batch, part, results, on_partial)
+            self._translate_batch(batch, part, results, on_partial, alive)
         translations = [r for r in results if r is not None]
         if prepared.search.return_scores:
             translations = self.with_token_scores(sources, translations)
@@ -329,6 +333,7 @@ class Translator:
         part: Prepared,
         results: list[Translation | None],
         on_partial: OnPartial | None,
+        alive: Alive | None = None,
     ) -> None:
         """Decode one sub-batch: ``part`` holds the sentences ``batch`` of the request, in that order."""
         started = time.perf_counter()
@@ -339,7 +344,8 @@ class Translator:
             encoded = self.encode_batch(part.sources, np.arange(batch.size))
             allow_prefixes(encoded.candidates, np.arange(batch.size), part.prefixes)
             hypotheses = search(self.backend, encoded.cross_kv, encoded.src_bias, part.caps, options, hook,
-                                prefixes=part.prefixes, seeds=part.seeds, candidates=encoded.candidates)
+                                prefixes=part.prefixes, seeds=part.seeds, candidates=encoded.candidates,
+                                alive=None if alive is None else lambda rows: alive(batch[rows]))
         except ServingError:
             raise
         except Exception as e:

@@ -78,7 +78,8 @@ class ServingMetrics:
         self.queue_depth = Gauge("mtgate_queue_depth", "sentences waiting in the batch queue", ["model"], registry=r)
         self.dropped = Counter(
             "mtgate_dropped_sentences_total",
-            "sentences refused or removed from the queue, by reason (overloaded, deadline, cancelled, failed, shutdown)",
+            "sentences refused, removed from the queue or stopped while decoding, by reason (overloaded, deadline, "
+            "cancelled, failed, shutdown; abandoned: stopped between decoder steps, deadline passed or client gone)",
             ["model", "reason"],
             registry=r,
         )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Hashable
 from pathlib import Path
 
+from serving.engine.decoding import Alive
 from serving.engine.errors import DeadlineExceeded, ModelNotReady, Overloaded
 from serving.engine.planner import decode_together
 from serving.engine.request import DecodeOptions, Engine, ModelInfo, OnPartial, ReferenceScore, Sentence, Translation
@@ -183,9 +184,10 @@ class ModelRunner:
         for on_partial in (None, lambda i, t: None):  # streamed batches detokenize partial results: warm that too
             self.translator.translate(WARMUP_TEXTS, DecodeOptions(), on_partial)
 
-    def _run_batch(self, key: Hashable, payloads: list[Sentence], on_partial: OnPartial | None) -> list[Translation]:
+    def _run_batch(self, key: Hashable, payloads: list[Sentence], on_partial: OnPartial | None, alive: Alive
+                   ) -> list[Translation]:
         assert self.translator is not None
-        return decode_together(self.translator, payloads, on_partial)
+        return decode_together(self.translator, payloads, on_partial, alive)
 
     def _step_runner(self) -> StepRunner:
         from serving.engine.continuous import ContinuousDecoder

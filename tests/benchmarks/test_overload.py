@@ -52,3 +52,21 @@ def test_the_verdict_is_the_median_ratio_of_the_rounds_and_no_late_sentence() ->
 def test_a_checkout_must_be_a_checkout() -> None:
     with pytest.raises(UsageError, match="NAME=PATH"):
         parse_args(["--checkout", "main=/nonexistent"])
+
+
+def test_the_refusal_cost_report_and_its_options() -> None:
+    from benchmarks import overload_refusals
+
+    with pytest.raises(UsageError, match="--queue"):
+        overload_refusals.parse_args(["--queue", "4"])
+    with pytest.raises(UsageError, match="--checkout"):
+        overload_refusals.parse_args(["--checkout", "nowhere=/nonexistent"])
+    data = {"name": "t", "command": "c", "started": "s", "finished": None, "complete": False,
+            "machine": {"cpu_count": 2, "usable_cpus": 2, "cpu_model": None, "load_average_start": [1.0]},
+            "model": "m", "queue": 16, "clients": 32, "sentences": 8, "duration_s": 15.0,
+            "checkouts": {"new": {"statuses": {"503": 600, "200": 2}, "refusals_per_s": 40.0,
+                                  "loop_cpu_ms_per_answer": 0.47, "client_cpu_ms_per_answer": 3.19},
+                          "old": {"error": "server of x not ready"}}}
+    text = overload_refusals.to_markdown(data)
+    assert "| new | 200: 2, 503: 600 | 40.0 | 0.47 | 3.19 |" in text and "| old | error: server of x" in text
+    assert "(**incomplete run**)" in text

@@ -138,6 +138,23 @@ def test_adhoc_run_without_a_targets_file(server: str, tmp_path: Path, capsys: p
     assert verdict.startswith("**PASS**") and "| adhoc | error rate <= 0 % | 0.00 % | pass |" in verdict
 
 
+def test_mixed_stream_user_logs_sentences_and_paragraphs_apart(server: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """MixedStreamUser: single sentences and paragraphs (consecutive sentences as one text) over the stream, each class
+    in its own request and time-to-first-event entries."""
+    monkeypatch.setenv("MTGATE_LONG_FRACTION", "0.5")
+    monkeypatch.setenv("MTGATE_PARAGRAPH", "2-3")  # the tiny model has 128 positions
+    code = main(["loadtest", "--host", server, "-u", "2", "-r", "2", "-t", "2s", "--user-class", "MixedStreamUser",
+                 "--beam-size", "1", "--max-length", "8", "--csv", str(tmp_path / "run"),
+                 "--report", str(tmp_path / "r")])
+    assert code == 0
+    run = read_run(tmp_path / "run")
+    assert {e.label for e in run.entries} == {f"{kind} /v1/translate/stream ({size})"
+                                              for kind in ("POST", "TTFE") for size in ("short", "long")}
+    assert all(e.failures == 0 and e.requests > 0 for e in run.entries)
+    assert run.aggregated.requests == sum(e.requests for e in run.request_entries)
+
+
 def _translate(package: Path, sources: list[str]) -> list[str]:
     from serving.engine.translator import DecodeOptions, Translator
 

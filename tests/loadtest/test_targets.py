@@ -51,7 +51,7 @@ def test_every_problem_is_reported_with_its_location() -> None:
                      "scenarios[1].targets.p95_ms: Input should be greater than 0",
                      "scenarios[1].targets.max_error_rate:", "scenarios[1].targets.p96_ms: Extra inputs",
                      "scenarios[2].users: unknown user class NoSuchUser (known: TranslateUser, BatchUser, BulkUser, StreamUser, "
-                     "TritonUser)", "extra: Extra inputs"):
+                     "MixedStreamUser, TritonUser)", "extra: Extra inputs"):
         assert fragment in text, text
     assert len(lines) == 8
 

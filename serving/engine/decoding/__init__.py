@@ -40,6 +40,7 @@ The modules: ``base`` (options, results, the ``Search`` protocol, the logits rul
 """
 
 from serving.engine.decoding.base import (
+    Alive,
     Hypothesis,
     LengthPenaltyKind,
     OnTokens,
@@ -53,6 +54,7 @@ from serving.engine.decoding.base import (
 from serving.engine.decoding.search import is_identity, search, start_search, take_rows
 
 __all__ = [
+    "Alive",
     "Hypothesis",
     "LengthPenaltyKind",
     "OnTokens",

@@ -21,6 +21,11 @@ search: the sentences the step finished, with their result, then those whose *st
 prefix every hypothesis that can still be the result shares (the alive beams and the finished hypotheses kept), so
 that each call extends the one before and the last is the result. Without a hook a search does none of this work."""
 
+Alive = Callable[[np.ndarray], np.ndarray]
+"""``alive(ids)`` -> ``[n]`` bool: of the sentences ``ids`` still decoding, which are still wanted (their request's
+deadline has not passed, their client is still there). Polled before every decoder step; the sentences it answers
+False for leave the batch (their rows are dropped, as finished ones are) and get an empty hypothesis."""
+
 
 @dataclass(frozen=True)
 class SearchOptions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from serving.engine.backends.base import Backend
-from serving.engine.decoding.base import Hypothesis, OnTokens, Search, SearchOptions
+from serving.engine.decoding.base import Alive, Hypothesis, OnTokens, Search, SearchOptions
 from serving.engine.decoding.beam import HFBeamSearch, T2TBeamSearch
 from serving.engine.decoding.greedy import GreedySearch
 from serving.engine.decoding.native import native_search
@@ -75,6 +75,7 @@ def search(
     prefixes: list[list[int]] | None = None,
     seeds: np.ndarray | None = None,
     candidates: np.ndarray | None = None,
+    alive: Alive | None = None,
 ) -> list[Hypothesis]:
     """Decode a batch of encoded sentences.
 
@@ -88,9 +89,12 @@ def search(
         prefixes: each sentence's forced target prefix, or None.
         seeds: ``[B]`` each sentence's sampling seed, or None.
         candidates: ``[B, V]`` the target ids each sentence may produce (a vocabulary shortlist's), or None.
+        alive: polled before every decoder step with the sentences still decoding (:data:`Alive`); those no longer
+            wanted leave the batch, the others decode exactly as they would have (their rows' arithmetic does not
+            depend on their neighbours': fp32; an int8 graph quantizing activations per batch may differ).
 
     Returns:
-        One :class:`Hypothesis` per sentence, in batch order.
+        One :class:`Hypothesis` per sentence, in batch order (an empty one for a sentence ``alive`` dropped).
     """
     caps = np.asarray(max_steps, dtype=np.int64).reshape(-1)
     if caps.shape[0] != cross_kv.shape[2] or caps.shape[0] != src_bias.shape[0]:
@@ -101,7 +105,18 @@ def search(
     rows = open_rows(decoder)
     rows.arrange(-1 - np.arange(caps.size), cross_kv, src_bias, candidates)
     tokens = state.tokens
+    decoding = np.arange(caps.size)  # the sentences not finished (nor dropped): their rows, in order
     while True:
+        if alive is not None:
+            decoding = decoding[~np.isin(decoding, list(state.results))]
+            wanted = np.asarray(alive(decoding), dtype=bool).reshape(-1)
+            if not wanted.all():
+                kept = state.remove(decoding[~wanted])
+                if kept is None:
+                    break
+                decoding = decoding[wanted]
+                rows.arrange(kept)
+                tokens = tokens[kept]
         log_probs = rows.decode(tokens)
         plan = state.advance(log_probs, rows.columns)
         if plan is None:

@@ -13,7 +13,10 @@ owns the runtime. Only one batch runs at a time: while it runs, the next one acc
 Admission, limits, deadlines and cancellation are the queue's (``serving.server.batching.queue``). The admission estimate
 (:class:`serving.server.batching.estimate.BatchEstimate`) learns engine seconds per unit of cost, by batch size, from every
 batch that ran; before a batch runs, its requests that the learned estimate says would finish after their deadline
-fail instead (``Batcher.drop_hopeless``). If a batch fails, its items are retried one by one so that one bad input
+fail instead (``Batcher.drop_hopeless``). A batch that started in time may still be slowed under it (a busy machine):
+the engine polls ``alive`` between decoder steps and stops the sentences whose request's deadline passed or whose
+client went away (the request fails with DeadlineExceeded, its sentences are counted ``abandoned``), so that no
+sentence is computed to its end after its deadline. If a batch fails, its items are retried one by one so that one bad input
 fails only its own request.
 """
 
@@ -23,9 +26,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from serving.engine.errors import InferenceFailed, ServingError
+import numpy as np
+
+from serving.engine.decoding import Alive
+from serving.engine.errors import DeadlineExceeded, InferenceFailed, ServingError
 from serving.engine.request import OnPartial
 from serving.server.batching.estimate import BatchEstimate, Estimate
 from serving.server.batching.queue import (
@@ -43,16 +49,20 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P")
 R = TypeVar("R")
 
-RunBatch = Callable[[Hashable, list[P], OnPartial | None], Sequence[R]]
-"""``run_batch(key, payloads, on_partial)`` -> one result per payload; runs on the worker thread."""
+RunBatch = Callable[[Hashable, list[P], OnPartial | None, Alive], Sequence[R]]
+"""``run_batch(key, payloads, on_partial, alive)`` -> one result per payload; runs on the worker thread. ``alive(indexes)``
+says which of the payloads ``indexes`` are still wanted (``serving.engine.decoding.Alive``): the engine polls it between
+decoder steps and stops the others, whose results are then ignored."""
 
 
 class DynamicBatcher(Batcher[P, R]):
     """Groups items of concurrent requests into batches run by ``run_batch`` on one worker thread.
 
     Arguments:
-        run_batch: ``(key, payloads, on_partial) -> results``; ``on_partial(i, partial)`` may be called from the
-            worker thread for payload ``i``; it is None when no request of the batch asked for partial results.
+        run_batch: ``(key, payloads, on_partial, alive) -> results``; ``on_partial(i, partial)`` may be called from
+            the worker thread for payload ``i``; it is None when no request of the batch asked for partial results.
+            ``alive(indexes)`` (:data:`RunBatch`) is False for the payloads whose request's deadline passed or whose
+            client went away.
         limits: batch and queue limits.
         observer: receives queue depth and batch statistics.
         name: used in the worker thread's name and in log lines.
@@ -153,16 +163,20 @@ class DynamicBatcher(Batcher[P, R]):
         cost = sum(item.cost for item in batch)
         self._running_until = started + self.estimator.seconds(len(batch), cost)[0]
         payloads = [item.payload for item in batch]
+        stopped: set[int] = set()  # the items the engine stopped between decoder steps
         ok = True
         try:
             results = await loop.run_in_executor(
-                self.executor, self._run_batch, key, payloads, relay_partials(loop, batch)
+                self.executor, self._run_batch, key, payloads, relay_partials(loop, batch), _alive(batch, stopped)
             )
             if len(results) != len(batch):
                 raise InferenceFailed(f"engine returned {len(results)} results for {len(batch)} inputs")
-            self.estimator.observe(len(batch), cost, time.monotonic() - started)
-            for item, result in zip(batch, results, strict=True):
-                item.request.set_result(item.index, result)
+            if not stopped:  # a batch cut short would teach the estimate a rate too fast
+                self.estimator.observe(len(batch), cost, time.monotonic() - started)
+            for i, (item, result) in enumerate(zip(batch, results, strict=True)):
+                if i not in stopped:
+                    item.request.set_result(item.index, result)
+            self._stopped([batch[i] for i in sorted(stopped)])
         except Exception as error:
             ok = False
             if len(batch) > 1:
@@ -177,5 +191,35 @@ class DynamicBatcher(Batcher[P, R]):
         finally:
             self._running = []
         if self.observer is not None:
-            self.observer.on_batch(BatchStats.of(batch, waits, time.monotonic() - started, ok))
+            computed = [item for i, item in enumerate(batch) if i not in stopped]
+            self.observer.on_batch(BatchStats.of(batch, waits, time.monotonic() - started, ok, computed))
+
+    def _stopped(self, items: list[Item[P]]) -> None:
+        """Fail the requests of ``items``, which the engine stopped between decoder steps (deadline passed or client
+        gone), and count them."""
+        if not items:
+            return
+        for request in {id(item.request): item.request for item in items}.values():  # and its items still queued
+            self.fail(request, DeadlineExceeded("request deadline passed while its batch was decoding; its sentences "
+                                                "stopped"), "deadline")  # no error for one failed or cancelled
+        if self.observer is not None:
+            self.observer.on_dropped("abandoned", len(items))
+
+
+def _alive(batch: Sequence[Item[Any]], stopped: set[int]) -> Alive:
+    """The batch's ``alive(indexes)`` (:data:`RunBatch`), polled by the engine on the worker thread: a payload is
+    wanted while its request is pending (a plain read of its future's state) and its deadline has not passed; the
+    ones it answers False for are added to ``stopped``."""
+
+    def alive(indexes: np.ndarray) -> np.ndarray:
+        now = time.monotonic()
+        wanted = np.ones(len(indexes), dtype=bool)
+        for j, i in enumerate(indexes.tolist()):
+            request = batch[i].request
+            if request.done or (request.deadline is not None and request.deadline <= now):
+                wanted[j] = False
+                stopped.add(i)
+        return wanted
+
+    return alive
 

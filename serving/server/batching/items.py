@@ -1,10 +1,12 @@
 """What the queue (``serving.server.batching.queue``) holds and reports: :class:`Item` (one payload of a request),
 :class:`Pending` (one admitted request, awaited by its caller), and per batch :class:`BatchStats`, given to a
-:class:`BatchObserver` (the metrics layer)."""
+:class:`BatchObserver` (the metrics layer); :func:`relay_partials` hands a running item's partial results to its
+request on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +17,8 @@ from serving.engine.request import OnPartial
 
 if TYPE_CHECKING:  # a request knows its batcher, to drop its queued items
     from serving.server.batching.queue import Batcher
+
+logger = logging.getLogger(__name__)
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -35,11 +39,14 @@ class BatchStats:
     late: int = 0  # items computed but done after their request's deadline (wasted work)
 
     @classmethod
-    def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool) -> BatchStats:
-        """The statistics of the batch ``items``, done now."""
+    def of(cls, items: Sequence[Item[Any]], queue_waits: list[float], compute_s: float, ok: bool,
+           computed: Sequence[Item[Any]] | None = None) -> BatchStats:
+        """The statistics of the batch ``items``, done now; ``computed``: those decoded to their end (default: all;
+        the others were stopped between decoder steps and are not late)."""
         costs = [item.cost for item in items]
         now = time.monotonic()
-        late = sum(1 for item in items if item.request.deadline is not None and item.request.deadline < now) if ok else 0
+        late = sum(1 for item in (items if computed is None else computed)
+                   if item.request.deadline is not None and item.request.deadline < now) if ok else 0
         return cls(size=len(items), padded_cost=len(costs) * max(costs), cost=sum(costs), queue_waits=queue_waits,
                    compute_s=compute_s, tags=sorted({item.request.tag for item in items}), ok=ok,
                    shares=[1.0 / max(1, len(item.request.items)) for item in items], late=late)
@@ -127,3 +134,26 @@ class Pending(Generic[R]):
 
     def _age(self) -> float:
         return time.monotonic() - self.items[0].enqueued_at if self.items else 0.0
+
+
+def relay_partials(loop: asyncio.AbstractEventLoop, items: Sequence[Item[Any]]) -> OnPartial | None:
+    """The ``on_partial(i, partial)`` a worker thread calls for ``items[i]``: hands the partial result to its
+    request's callback on the event loop. None when no request of ``items`` asked for partial results."""
+    if not any(item.request.on_partial is not None for item in items):
+        return None
+
+    def on_partial(i: int, partial: str) -> None:  # worker thread
+        item = items[i]
+        callback = item.request.on_partial
+        if callback is not None and not item.request.done:
+            loop.call_soon_threadsafe(_call_if_pending, item.request, callback, item.index, partial)
+
+    return on_partial
+
+
+def _call_if_pending(request: Pending[Any], callback: OnPartial, index: int, partial: str) -> None:
+    if not request.done:
+        try:
+            callback(index, partial)
+        except Exception:  # a consumer's bug must not reach the event loop's exception handler
+            logger.exception("on_partial callback failed")

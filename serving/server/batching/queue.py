@@ -8,7 +8,8 @@ decides how queued items run (its :meth:`Batcher.collect` loop), through the pub
 
 The promises users expect from Triton / TF Serving:
 
-- a full queue refuses a request at once with :class:`serving.engine.errors.Overloaded` (the caller answers 503 + Retry-After);
+- a full queue refuses a request at once with :class:`serving.engine.errors.Overloaded` (the caller answers 503 + Retry-After),
+  before its body is even parsed when there is no room for one more sentence (:meth:`Batcher.check_unread`);
 - a request past its deadline fails with :class:`serving.engine.errors.DeadlineExceeded` when the deadline passes, even while
   its items are running, and its queued items are dropped, never computed;
 - cancelling the waiting task (client disconnect) removes the request's queued items.
@@ -40,7 +41,7 @@ from serving.engine.errors import DeadlineExceeded, InferenceFailed, ModelNotRea
 from serving.engine.planner import BatchBudget
 from serving.engine.request import OnPartial
 from serving.server.batching.estimate import BatchEstimate, Estimate, StepEstimate
-from serving.server.batching.items import BatchObserver, BatchStats, Item, Pending
+from serving.server.batching.items import BatchObserver, BatchStats, Item, Pending, relay_partials
 from serving.server.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE_DELAY_US
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,35 @@ class Batcher(Generic[P, R]):
             retry_after=self._retry_after(late_by),
         )
 
+    def check_unread(self, deadline: float) -> None:
+        """Refuse a request whose body is not read yet (its sentences unknown: counted as one) that cannot fit
+        whatever it holds: the queue has no room for one more sentence, or the work queued ahead alone would end
+        after ``deadline`` (the latest any request may have: the server's timeout). The cheapest refusal: nothing
+        is parsed nor tokenized.
+
+        Raises:
+            Overloaded: as :meth:`enqueue` or :meth:`check_admission` refuse it.
+        """
+        self._check_room(1)
+        self.check_admission(deadline, items=1)
+
+    def _check_room(self, items: int) -> None:
+        """Refuse ``items`` more sentences if the queue has no room for them.
+
+        Raises:
+            Overloaded: its ``retry_after`` the time until the excess would have started.
+        """
+        if self._queued + items <= self.limits.queue_capacity:
+            return
+        if self.observer is not None:
+            self.observer.on_dropped("overloaded", items)
+        # Room comes as the items ahead start: the time the excess takes of the whole queue's.
+        excess = self._queued + items - self.limits.queue_capacity
+        raise Overloaded(
+            f"queue full ({self._queued} of {self.limits.queue_capacity} sentences waiting); retry later",
+            retry_after=self._retry_after(self.estimate(()).wait_s * min(1.0, excess / max(1, self._queued))),
+        )
+
     def _late_by(self, deadline: float | None, costs: Sequence[int]) -> tuple[float, Estimate] | None:
         """How late a request of ``costs`` would be behind the queued work, and the estimate (None: in time, or
         nothing queued)."""
@@ -203,15 +233,7 @@ class Batcher(Generic[P, R]):
             raise ModelNotReady("server is shutting down" if self._closed else "batcher is not started")
         if not payloads or len(costs) != len(payloads):
             raise ValueError("enqueue needs one cost per payload and at least one payload")
-        if self._queued + len(payloads) > self.limits.queue_capacity:
-            if self.observer is not None:
-                self.observer.on_dropped("overloaded", len(payloads))
-            # Room comes as the items ahead start: the time the excess takes of the whole queue's.
-            excess = self._queued + len(payloads) - self.limits.queue_capacity
-            raise Overloaded(
-                f"queue full ({self._queued} of {self.limits.queue_capacity} sentences waiting); retry later",
-                retry_after=self._retry_after(self.estimate(()).wait_s * min(1.0, excess / max(1, self._queued))),
-            )
+        self._check_room(len(payloads))
         self.check_admission(deadline, costs)
         pending: Pending[R] = Pending(
             batcher=self, key=key, deadline=deadline, on_partial=on_partial, tag=tag, width=max(1, int(width)),
@@ -358,29 +380,6 @@ class Batcher(Generic[P, R]):
     def _report_depth(self) -> None:
         if self.observer is not None:
             self.observer.on_queue_depth(self._queued)
-
-
-def relay_partials(loop: asyncio.AbstractEventLoop, items: Sequence[Item[Any]]) -> OnPartial | None:
-    """The ``on_partial(i, partial)`` a worker thread calls for ``items[i]``: hands the partial result to its
-    request's callback on the event loop. None when no request of ``items`` asked for partial results."""
-    if not any(item.request.on_partial is not None for item in items):
-        return None
-
-    def on_partial(i: int, partial: str) -> None:  # worker thread
-        item = items[i]
-        callback = item.request.on_partial
-        if callback is not None and not item.request.done:
-            loop.call_soon_threadsafe(_call_if_pending, item.request, callback, item.index, partial)
-
-    return on_partial
-
-
-def _call_if_pending(request: Pending[Any], callback: OnPartial, index: int, partial: str) -> None:
-    if not request.done:
-        try:
-            callback(index, partial)
-        except Exception:  # a consumer's bug must not reach the event loop's exception handler
-            logger.exception("on_partial callback failed")
 
 
 def as_serving_error(error: BaseException) -> ServingError:

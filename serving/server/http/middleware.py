@@ -1,10 +1,14 @@
 """One pure-ASGI middleware in front of every route (no BaseHTTPMiddleware: it would buffer streaming responses).
 
 For each HTTP request it assigns a request id (``X-Request-ID``, echoed), counts the request by route template,
-method and status and times it. For inference routes, in this order, before the route reads anything: it refuses new
+method and status and times it; with a canary, a successful answer says who answered it (``X-Mtgate-Answered-By``,
+``X-Mtgate-Answered-Model``: ``serving.server.shadow.canary``). For inference routes, in this order, before the route reads anything: it refuses new
 work while draining (503), checks the API key (401), enforces the body size limit (413), and reads the body within
 ``body_timeout_s`` (408; the server closing first also gives 408). Only then does the request count as in flight
-(what the SIGTERM drain waits for): a client that never finishes its body cannot hold the drain. The bulk route
+(what the SIGTERM drain waits for): a client that never finishes its body cannot hold the drain. A translation
+request for a model whose queue cannot take it whatever its body holds (``TranslationService.refuse_unread``: no room
+for one more sentence, or the queued work alone past the server's timeout) gets its 503 before the body is parsed or
+tokenized: the cheapest refusal, on a connection kept open. The bulk route
 streams its body itself; each part of it must arrive within ``body_timeout_s`` of the previous one.
 
 Request bodies in a ``Content-Encoding``: the routes whose body is read here whole (every inference route but bulk)
@@ -25,7 +29,7 @@ from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.engine.errors import InvalidInput, LimitExceeded, ServingError
+from serving.engine.errors import InvalidInput, LimitExceeded, Overloaded, ServingError
 from serving.server.errors import (
     RequestTimeout,
     Unauthorized,
@@ -36,11 +40,16 @@ from serving.server.errors import (
 )
 from serving.server.http.errors import error_response
 from serving.server.service import TranslationService
+from serving.server.shadow.canary import ANSWERED_BY, ANSWERED_BY_HEADER, ANSWERED_MODEL_HEADER
 
 INFERENCE_PATH = re.compile(
     r"^/v1/translate(/stream|/bulk)?/?$|^/v1/score/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$"
 )
 BULK_PATH = "/v1/translate/bulk"
+# The routes whose requests queue for a model's batcher: refused before parsing when it has no room (bulk waits).
+_TRANSLATION_PATH = re.compile(
+    r"^/v1/translate(?:/stream)?/?$|^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer/?$"
+)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # The content codings a whole-body inference route decodes, and zlib's window bits for each (HTTP's "deflate" is the
 # zlib format, RFC 9110 8.4.1.2).
@@ -75,10 +84,17 @@ class ServerMiddleware:
         path: str = scope["path"]
         status = [500]
 
+        marks: list[tuple[str, str]] = []  # who answered, with a canary (serving.server.shadow.canary)
+        answered_by = ANSWERED_BY.set(marks)
+
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                if marks and status[0] < 400:
+                    who, model = marks[-1]
+                    message["headers"] += [(ANSWERED_BY_HEADER.encode(), who.encode()),
+                                           (ANSWERED_MODEL_HEADER.encode(), model.encode("latin-1", "replace"))]
             await send(message)
 
         inference = scope["method"] == "POST" and INFERENCE_PATH.match(path) is not None
@@ -93,12 +109,14 @@ class ServerMiddleware:
             else:
                 await self.app(scope, receive, send_wrapper)
         finally:
+            ANSWERED_BY.reset(answered_by)
             template = _template(scope, inference)
             self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
             self.metrics.request_seconds.labels(template).observe(time.monotonic() - started)
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], path: str,
                          coding: str | None) -> None:
+        read = False  # the whole body
         try:
             if self.service.draining:
                 retry = {"Retry-After": str(self.settings.retry_after_s)}
@@ -123,10 +141,17 @@ class ServerMiddleware:
                 await self._in_flight(self.app(scope, self._paced(receive), send))
                 return
             body = await self._read_body(receive, limit, setting)
+            read = True
+            translation = _TRANSLATION_PATH.match(path)
+            if translation is not None:  # an overloaded model refuses before parsing or tokenizing anything
+                self.service.refuse_unread(translation["model"], translation["version"], scope["state"]["started"])
             if coding is not None:
                 body = _decode(body, coding, limit, setting)
                 scope = _plain(scope, len(body))
         except _Disconnected:
+            return
+        except Overloaded as error:  # the body was read (refused after it) or not: only then is the connection closed
+            await _refuse(error, path, scope, receive, send, close=not read)
             return
         except ServingError as error:
             await _refuse(error, path, scope, receive, send)
@@ -208,10 +233,11 @@ class ServerMiddleware:
         return message
 
 
-async def _refuse(error: ServingError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+async def _refuse(error: ServingError, path: str, scope: Scope, receive: Receive, send: Send, *,
+                  close: bool = True) -> None:
     """Answer a request refused before its route ran. The body may be unread: close the connection rather than
-    read what is left of it."""
-    extra = {**headers_of(error), "Connection": "close"}
+    read what is left of it (``close`` False: it was read, the connection stays open for the client's next one)."""
+    extra = {**headers_of(error), **({"Connection": "close"} if close else {})}
     await error_response(path, status_of(error), error.code, str(error), extra)(scope, receive, send)
 
 

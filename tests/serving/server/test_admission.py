@@ -11,8 +11,10 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+import numpy as np
 import pytest
 
+from serving.engine.decoding import Alive
 from serving.engine.errors import DeadlineExceeded, Overloaded
 from serving.engine.request import OnPartial
 from serving.server.batching import BatchLimits, DynamicBatcher, StepBatcher
@@ -31,7 +33,8 @@ class Timed:
         self.per_cost = per_cost
         self.batches: list[list[str]] = []
 
-    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None) -> list[str]:
+    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None, alive: Alive | None = None
+                 ) -> list[str]:
         self.batches.append(list(payloads))
         time.sleep(self.per_cost * sum(int(p.split(":")[1]) for p in payloads))
         return [p.upper() for p in payloads]
@@ -424,3 +427,54 @@ def test_sentences_done_after_their_deadline_are_counted_and_exported() -> None:
     for batch in stats.batches:
         observer.on_batch(batch)
     assert 'mtgate_late_sentences_total{model="m"} 2.0' in metrics.render().decode()
+
+
+class Stepped:
+    """run_batch that decodes in steps of ``step_s``, each payload for its cost in steps (payload ``"name:cost"``),
+    polling ``alive`` before every step as the engine does; records every batch and the steps it ran."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.batches: list[list[str]] = []
+        self.steps: dict[str, int] = {}
+
+    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None, alive: Alive | None = None
+                 ) -> list[str]:
+        self.batches.append(list(payloads))
+        left = {i: int(p.split(":")[1]) for i, p in enumerate(payloads)}
+        while left:
+            decoding = np.array(sorted(left))
+            wanted = np.ones(decoding.size, dtype=bool) if alive is None else alive(decoding)
+            for i in decoding[~wanted].tolist():
+                del left[i]
+            time.sleep(self.step_s)
+            for i in list(left):
+                self.steps[payloads[i]] = self.steps.get(payloads[i], 0) + 1
+                left[i] -= 1
+                if not left[i]:
+                    del left[i]
+        return [p.upper() for p in payloads]
+
+
+def test_a_request_whose_deadline_passes_while_its_batch_runs_stops_there_and_its_queued_rest_never_runs() -> None:
+    """A request of 3 sentences in batches of 2 (nothing learned: nothing refuses it before): its deadline passes
+    in its first batch, whose sentences stop at the next step (504, counted abandoned, never late); its third sentence,
+    still queued, is dropped, and the next request runs."""
+    stepped = Stepped(step_s=0.02)
+    stats = Stats()
+
+    async def main() -> None:
+        batcher = dynamic(stepped, stats, max_items=2, max_delay_s=0.05)
+        doomed = batcher.enqueue(["d1:50", "d2:50", "d3:50"], [1, 1, 1], deadline=time.monotonic() + 0.3)
+        other = batcher.enqueue(["o:20"], [1])
+        with pytest.raises(DeadlineExceeded):
+            await doomed.wait()
+        assert await other.wait() == ["O:20"]
+        await until(lambda: len(stats.batches) == 2)
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert stepped.batches == [["d1:50", "d2:50"], ["o:20"]]  # d3 never ran
+    assert stepped.steps["o:20"] == 20 and 5 <= stepped.steps["d1:50"] < 30, stepped.steps
+    assert ("abandoned", 2) in stats.dropped and ("deadline", 1) in stats.dropped, stats.dropped
+    assert stats.batches[0].late == 0

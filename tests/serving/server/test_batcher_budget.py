@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.engine.decoding import Alive
 from serving.engine.planner import BatchBudget, in_order
 from serving.engine.request import OnPartial
 from serving.engine.translator import Translator
@@ -26,7 +27,8 @@ SENTENCES = corpus("en")
 def test_the_batcher_cuts_under_the_budget_with_the_items_width() -> None:
     batches: list[list[int]] = []
 
-    def run_batch(key: Hashable, payloads: list[int], on_partial: OnPartial | None) -> list[int]:
+    def run_batch(key: Hashable, payloads: list[int], on_partial: OnPartial | None, alive: Alive | None = None
+                  ) -> list[int]:
         batches.append(list(payloads))
         return payloads
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from serving.engine.decoding import Alive
 from serving.engine.errors import DeadlineExceeded, InvalidInput, ModelNotReady, Overloaded
 from serving.engine.request import OnPartial
 from serving.server.batching import BatchLimits, BatchStats, DynamicBatcher
@@ -24,7 +25,8 @@ class Recorder:
         self.threads: set[str] = set()
         self.gate: threading.Event | None = None
 
-    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None) -> list[str]:
+    def __call__(self, key: Hashable, payloads: list[str], on_partial: OnPartial | None, alive: Alive | None = None
+                 ) -> list[str]:
         self.threads.add(threading.current_thread().name)
         if self.gate is not None:
             self.gate.wait(5)

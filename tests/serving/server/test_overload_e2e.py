@@ -5,17 +5,21 @@ request that the learned rate says cannot finish in time fails before it is comp
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from serving.engine.translator import DecodeOptions, Translator
+from serving.server.settings import DEFAULT_MODEL_DIR
 from tests.serving.server.test_server_e2e import metric_samples
 from tests.utils.marian_factory import corpus
 from tests.utils.server import ServerProcess, start_server
 
 SENTENCES = corpus("en")
+MULTI30K = Path(__file__).resolve().parents[3] / "tests" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 
 
 def batch_log(proc: ServerProcess) -> list[dict[str, str]]:
@@ -35,6 +39,10 @@ def wait_for_batches(proc: ServerProcess, count: int) -> None:
 def batch_requests(proc: ServerProcess) -> list[list[str]]:
     """The request ids of every batch the server logged."""
     return [[rid for rid in fields.get("request_ids", "").split(",") if rid] for fields in batch_log(proc)]
+
+
+def translations(response: httpx.Response) -> list[tuple[str, int]]:
+    return [(t["text"], t["output_tokens"]) for t in response.json()["translations"]]
 
 
 def metric(proc: ServerProcess, name: str) -> float:
@@ -114,5 +122,44 @@ def test_a_request_the_learned_rate_says_cannot_finish_in_time_is_not_computed(t
         wait_for_batches(proc, 6)  # the last request's, logged after the doomed one's would have been
         assert not any("doomed" in ids for ids in batch_requests(proc))
         assert metric(proc, "mtgate_late_sentences_total") == 0
+    finally:
+        assert proc.stop() == 0, "".join(proc.log)
+
+
+def test_a_request_whose_deadline_passes_while_its_batch_decodes_stops_there() -> None:
+    """A batch started in time can still outlast a request's deadline (a machine slowed under it): the engine stops
+    that request's sentences between decoder steps (504, counted ``abandoned``, never late) and the batch's other
+    sentences get the translation they get alone. (No batch ran before: the server has no learned rate, so nothing
+    refuses or drops the request before its batch starts.)"""
+    with gzip.open(MULTI30K, "rt", encoding="utf-8") as f:  # paragraphs of 5 sentences: the demo's long batches
+        lines = f.read().splitlines()[:40]
+    paragraphs = [" ".join(lines[i : i + 5]) for i in range(0, 40, 5)]
+    options = DecodeOptions(beam_size=4)
+    expected = [(t.text, t.output_tokens) for t in
+                Translator.load(DEFAULT_MODEL_DIR, precision="fp32", threads=1).translate(paragraphs[:6], options)]
+    proc = start_server(DEFAULT_MODEL_DIR, "--max-queue-delay-us", "100000", "--precision", "fp32")
+    try:
+        results: dict[str, httpx.Response] = {}
+
+        def client(rid: str, texts: list[str], timeout_ms: int | None = None) -> None:
+            results[rid] = httpx.post(proc.url + "/v1/translate", headers={"X-Request-ID": rid}, timeout=120,
+                                      json={"text": texts, "beam_size": 4, "timeout_ms": timeout_ms})
+
+        # Queued 100 ms for a fuller batch, then in one batch with the long request (about a second of beam search
+        # on 8 paragraphs): its deadline passes inside the batch.
+        short = threading.Thread(target=client, args=("short", paragraphs[6:8], 300))
+        short.start()
+        time.sleep(0.02)
+        client("long", paragraphs[:6])
+        short.join(120)
+        wait_for_batches(proc, 1)
+        assert batch_requests(proc) == [["long", "short"]]  # computing started in time
+        assert results["short"].status_code == 504, results["short"].text
+        assert results["long"].status_code == 200, results["long"].text
+        assert translations(results["long"]) == expected
+        assert metric(proc, "mtgate_late_sentences_total") == 0
+        stopped = sum(value for (name, labels), value in metric_samples(proc.url).items()
+                      if name == "mtgate_dropped_sentences_total" and ("reason", "abandoned") in labels)
+        assert stopped == 2, metric_samples(proc.url)
     finally:
         assert proc.stop() == 0, "".join(proc.log)
