@@ -13,7 +13,10 @@ Three views of the same workload as the benchmark (``python -m benchmarks.bench`
    runtime** is the step's wall time minus the runtime's calls (input binding, the search, the rows' bookkeeping,
    batching, detokenizing): ``outside_runtime_ms_per_step`` and its share of the step (issue 37's target: at most 15%
    at batch 1 and at 64 rows, demo int8, beam 4). With ONNX Runtime, ``binds_per_step`` counts the inputs and outputs
-   the stationary decoder's binding bound (``serving.engine.backends.binding``: a steady step binds none).
+   the stationary decoder's binding bound (``serving.engine.backends.binding``: a steady step binds none). A second
+   pass splits the time outside the runtime per step by part (``outside_runtime_us_per_step_by_part``): the search's
+   setup per batch, the rows' decode call outside the runtime (the step's inputs and binding), the search's step, the
+   rows' advance (slot assignment and copies) and the rest (preparing, encoding's Python, detokenizing).
 2. inside the decoder step (ONNX Runtime only): the same pass with a session on the same ``decoder.onnx`` with ONNX
    Runtime's profiler in place of the backend's decoder session; node times are grouped (vocabulary projection,
    log-softmax, self/cross attention, FFN, cache concat or the in-place attention, layer norms, other) and compared
@@ -100,6 +103,113 @@ class TimedBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class TimedRows:
+    """Wraps a search's decode rows (``serving.engine.rows``) and adds up, into ``parts``, the time of their calls
+    outside the runtime: ``rows_decode`` (the step's inputs, the binding), ``rows_advance`` (the plan applied to the
+    cache slots) and, with ``arrange`` and the search's construction, ``setup`` (once per batch)."""
+
+    def __init__(self, inner: Any, parts: dict[str, float], clock: dict[str, float]) -> None:
+        self.inner = inner
+        self.parts = parts
+        self.clock = clock
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        runtime, start = self.clock["runtime"], now()
+        out = self.inner.decode(tokens)
+        self.parts["rows_decode"] += now() - start - (self.clock["runtime"] - runtime)
+        return np.asarray(out)
+
+    def advance(self, parents: np.ndarray, encoder_rows: np.ndarray | None) -> None:
+        start = now()
+        self.inner.advance(parents, encoder_rows)
+        self.parts["rows_advance"] += now() - start
+
+    def arrange(self, *args: Any) -> None:
+        start = now()
+        self.inner.arrange(*args)
+        self.parts["setup"] += now() - start
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class TimedSearch:
+    """Wraps a search (``serving.engine.decoding``) and adds its ``advance`` (the search step, finished hypotheses,
+    the streaming hook) into ``parts["search_advance"]``."""
+
+    def __init__(self, inner: Any, parts: dict[str, float]) -> None:
+        self.inner = inner
+        self.parts = parts
+
+    def advance(self, log_probs: np.ndarray, columns: np.ndarray | None = None) -> Any:
+        start = now()
+        plan = self.inner.advance(log_probs, columns)
+        self.parts["search_advance"] += now() - start
+        return plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+OUTSIDE_PARTS = ("setup", "rows_decode", "search_advance", "rows_advance")
+
+
+def time_search_loop(clock: dict[str, float]) -> tuple[dict[str, float], Any]:
+    """Put :class:`TimedRows` and :class:`TimedSearch` around what ``serving.engine.decoding.search.search`` opens;
+    returns the parts they add up and a callable that takes them off again."""
+    import importlib
+
+    module = importlib.import_module("serving.engine.decoding.search")
+    parts = dict.fromkeys(OUTSIDE_PARTS, 0.0)
+    kept = module.start_search, module.open_rows
+
+    def start_search(*args: Any, **kwargs: Any) -> Any:
+        start = now()
+        search = TimedSearch(kept[0](*args, **kwargs), parts)
+        parts["setup"] += now() - start
+        return search
+
+    def open_rows(backend: Any) -> Any:
+        start = now()
+        rows = TimedRows(kept[1](backend), parts, clock)
+        parts["setup"] += now() - start
+        return rows
+
+    module.start_search, module.open_rows = start_search, open_rows
+
+    def restore() -> None:
+        module.start_search, module.open_rows = kept
+
+    return parts, restore
+
+
+def outside_split(parts: dict[str, float], outside_s: float, steps: int) -> dict[str, float]:
+    """Microseconds per decoder step of the time outside the runtime, by part: the search's setup per batch
+    (the search, the rows and their first arrangement), the rows' decode call outside the runtime (the step's inputs
+    and binding), the search's step, the rows' advance (slot assignment and copies), and the rest (preparing,
+    encoding's Python, detokenizing, the planner; the timing wrappers' own cost lands in the parts they wrap)."""
+    split = {f"{name}_us_per_step": round(1e6 * parts[name] / steps, 1) for name in OUTSIDE_PARTS}
+    split["rest_us_per_step"] = round(1e6 * (outside_s - sum(parts.values())) / steps, 1)
+    return split
+
+
+def outside_by_part(translator: Any, texts: list[str], beam: int, batch: int, clock: dict[str, float],
+                    steps: int) -> dict[str, float]:
+    """A second pass of the timed workload (``steps`` decoder steps) with the search loop's calls timed: the time
+    outside the runtime per step, by part (:func:`outside_split`). Its own pass, so that the wrappers' cost stays out
+    of the wall split's numbers."""
+    parts, restore = time_search_loop(clock)
+    runtime = clock["runtime"]
+    try:
+        wall = run_pass(translator, texts, beam, batch)
+    finally:
+        restore()
+    outside = wall - (clock["runtime"] - runtime)
+    split = outside_split(parts, outside, steps)
+    split["outside_us_per_step"] = round(1e6 * outside / steps, 1)
+    return split
 
 
 def run_pass(translator: Any, texts: list[str], beam: int, batch: int) -> float:
@@ -320,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                                        for t, v in sorted(timed.step_by_past.items()) if t in (0, 1, 8, 16, 31)},
     }
     translator.backend = timed.inner
+    split["outside_runtime_us_per_step_by_part"] = outside_by_part(translator, texts, args.beam, args.batch, clock,
+                                                                   steps)
 
     profiler = cProfile.Profile(_clock)
     profiler.enable()

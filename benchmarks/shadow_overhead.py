@@ -2,13 +2,15 @@
 
     .venv/bin/python -m benchmarks.shadow_overhead
     .venv/bin/python -m benchmarks.shadow_overhead --rate 4 --window 20 --rounds 3 --shadow-precision int8
+    .venv/bin/python -m benchmarks.shadow_overhead --rate 4 --canary-fraction 0.5 --shadow-fraction 0
 
 Two servers of the bundled demo model (fp32, ``--threads 1``) run side by side: one plain, one with the demo's
 ``--shadow-precision`` artifact as its shadow at ``--shadow-fraction`` (default 1.0). In each round each server in
 turn (the order reversed every round, so that a drift of the machine's speed hits both alike) gets ``--window``
 seconds of open-loop load: one sentence of the bundled Multi30k test set per ``POST /v1/translate``, ``--rate``
 requests per second, sent on schedule whatever the latency (above the server's capacity: an overload test, whose
-503s are the queue's). Prints, per server, the statuses and the p50/p95/p99 latency of the 200s over all rounds, and the shadow's counts (compared, shed) from ``/v1/shadow``. On a shared machine, say so
+503s are the queue's). With ``--canary-fraction`` that share of the second server's requests is answered by the
+candidate instead (``--canary-*`` defaults otherwise: no latency target, so a slow candidate is not rolled back). Prints, per server, the statuses and the p50/p95/p99 latency of the 200s over all rounds, and the shadow's counts (compared, shed) from ``/v1/shadow``. On a shared machine, say so
 with the numbers.
 """
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shadow-precision", default="int8")
     parser.add_argument("--shadow-fraction", default="1.0")
+    parser.add_argument("--canary-fraction", default="0", help="share answered by the candidate (default 0)")
     args = parser.parse_args(argv)
     corpus = default_corpus()
     with (gzip.open(corpus, "rt", encoding="utf-8") if corpus.suffix == ".gz" else corpus.open(encoding="utf-8")) as f:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         shadowed = stack.enter_context(start_server(
             DEFAULT_MODEL_DIR, logs / "shadow.log", extra_args=[
                 *common, "--shadow", str(DEFAULT_MODEL_DIR), "--shadow-precision", args.shadow_precision,
-                "--shadow-fraction", args.shadow_fraction]))
+                "--shadow-fraction", args.shadow_fraction, "--canary-fraction", args.canary_fraction]))
         servers = {"plain": plain.url, "shadow": shadowed.url}
         while json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))["state"] == "loading":
             time.sleep(0.2)
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)  # let the shadow's backlog drain before the other server's window
         summary = json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))
     print(f"rate {args.rate:g} req/s, {args.rounds} rounds x {args.window:g} s per server, demo fp32, --threads 1; "
-          f"shadow: demo {args.shadow_precision}, fraction {args.shadow_fraction}")
+          f"shadow: demo {args.shadow_precision}, fraction {args.shadow_fraction}, canary {args.canary_fraction}")
     for name, results in measured.items():
         latencies = np.array([s for s, status in results if status == 200]) * 1000
         statuses = dict(sorted(Counter(status for _, status in results).items()))
@@ -109,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:7s} requests {len(results)}  statuses {statuses}  p50 {p50:.0f} ms  p95 {p95:.0f} ms  "
               f"p99 {p99:.0f} ms (of the 200s)")
     print(f"shadow: {summary['requests']}, agreement {summary['agreement']}, chrF mean {summary['chrf']['mean']}")
+    if "canary" in summary:
+        canary = summary["canary"]
+        print(f"canary: {canary['state']} (fraction {canary['fraction']}), {canary['requests']}, window p95 "
+              f"{canary['window']['p95_ms']} ms, error rate {canary['window']['error_rate']}")
     return 0
 
 

@@ -108,6 +108,10 @@ SKIPPED: dict[str, str] = {
                                                    "tests/deploy/test_k8s_manifests.py builds and validates it",
     "kubectl apply -k deploy/kserve": "needs a Kubernetes cluster with KServe; tests/deploy/test_kserve_manifests.py "
                                       "checks the runtime against mtgate serve",
+    "kubectl apply -k deploy/shadow": "needs a Kubernetes cluster; tests/deploy/test_shadow_overlay.py checks the "
+                                      "overlay against the schemas and mtgate serve's settings",
+    'kubectl create secret generic mtgate-shadow-salt --from-literal=salt="$(openssl rand -hex 16)"':
+        "needs a Kubernetes cluster; goes with deploy/shadow",
     "kubectl apply -f deploy/k8s/batch-score-job.yaml": "needs a Kubernetes cluster; tests/batch/test_batch_deploy.py "
                                                         "checks the Job",
     "docker build --target ray -t mtgate:ray .": "needs Docker and network; tests/batch/test_batch_deploy.py checks "

@@ -74,6 +74,12 @@ _SETTINGS_FLAGS = {
     "shadow_queue_size": "shadow_queue_size",
     "shadow_log": "shadow_log",
     "shadow_redact": "shadow_redact",
+    "canary_fraction": "canary_fraction",
+    "canary_max_error_rate": "canary_max_error_rate",
+    "canary_max_p95_ms": "canary_max_p95_ms",
+    "canary_window": "canary_window",
+    "canary_min_requests": "canary_min_requests",
+    "canary_timeout_ms": "canary_timeout_ms",
 }
 
 
@@ -154,7 +160,24 @@ def _add_shadow(parser: argparse.ArgumentParser) -> None:
     shadow.add_argument("--shadow-log", type=Path, metavar="LOG",
                         help="append every compared pair to this JSONL file (rotated by size; MTGATE_SHADOW_LOG)")
     shadow.add_argument("--shadow-redact", action="store_true", default=None,
-                        help="write SHA-256 hashes of the texts instead of the texts (log and /v1/shadow)")
+                        help="write salted hashes (HMAC-SHA256) of the texts instead of the texts (log and "
+                             "/v1/shadow); the salt is random per start unless MTGATE_SHADOW_REDACT_SALT gives one "
+                             "(the same on every replica makes their logs comparable)")
+    canary = parser.add_argument_group("canary (answer a share of requests from the --shadow candidate)")
+    canary.add_argument("--canary-fraction", type=float, metavar="F",
+                        help="share of the default model's requests answered by the candidate, 0 to 1, sampled by "
+                             "request id (default 0; MTGATE_CANARY_FRACTION); a failed answer falls back to "
+                             "production; rolled back to 0 when the candidate breaks its targets")
+    canary.add_argument("--canary-max-error-rate", type=float, metavar="R",
+                        help="roll back above this error rate of the candidate (default 0.05)")
+    canary.add_argument("--canary-max-p95-ms", type=positive_float, metavar="MS",
+                        help="roll back above this p95 latency of the candidate (default: no latency target)")
+    canary.add_argument("--canary-window", type=positive_int, metavar="N",
+                        help="check the targets over the candidate's last N canary requests (default 100)")
+    canary.add_argument("--canary-min-requests", type=positive_int, metavar="N",
+                        help="requests the window must hold before the targets are checked (default 20)")
+    canary.add_argument("--canary-timeout-ms", type=positive_float, metavar="MS",
+                        help="longest wait for the candidate's answer before production answers (default 5000)")
 
 
 def build_settings(args: argparse.Namespace) -> ServingSettings:

@@ -9,6 +9,11 @@ work takes more than a couple of seconds (``serving.commands.progress``).
 ``--split-sentences`` translates each line as a document (``serving.engine.documents``: split into sentences, the sentences
 of a chunk in one batch, joined with the line's own spaces). ``--truncate`` cuts a sentence longer than the model's
 positions instead of refusing it (exit 2 and one line, the default).
+
+``--stream`` translates each line as soon as it is read and prints its translation as it becomes stable (the engine's
+``OnPartial`` deltas: greedy, every token; with a beam, the prefix all live beams share; never rewritten), flushing
+each piece; the line ends when the translation does, so the output is byte for byte the one without ``--stream``. Not
+with ``--num-hypotheses`` above 1 (n-best lists) or ``--split-sentences`` (sentences translated together and joined).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from serving.commands.options import (
     UsageError,
@@ -34,7 +39,7 @@ from serving.commands.options import (
 from serving.server.settings import DEFAULT_MODEL_DIR, MAX_BEAM_SIZE, MAX_OUTPUT_TOKENS, demo_missing, demo_model
 
 if TYPE_CHECKING:
-    from serving.engine.request import DecodeOptions, Engine
+    from serving.engine.request import DecodeOptions, Engine, OnPartial
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="split each line into sentences, translate them as one batch and join them with the "
                         "line's spaces (for lines of several sentences)")
     add_truncate(parser)
+    parser.add_argument("--stream", action="store_true",
+                        help="print each translation as it becomes stable, a line at a time as lines are read (the "
+                        "output is the same as without it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if args.split_sentences and (args.target_prefix is not None or (options.num_hypotheses or 1) > 1):
         raise UsageError("--split-sentences translates sentences and joins them: not with --target-prefix or "
                          "--num-hypotheses above 1")
+    if args.stream and (args.split_sentences or (options.num_hypotheses or 1) > 1):
+        flag = "--split-sentences" if args.split_sentences else "--num-hypotheses above 1"
+        raise UsageError(f"--stream prints one translation per line as it grows: not with {flag}")
 
     try:
         translator = Translator.load(package, runtime=args.runtime, precision=args.precision, threads=args.threads,
@@ -91,21 +102,57 @@ def run(args: argparse.Namespace) -> int:
     subject = "argument" if args.text else "line"
     lines: Iterable[str] = args.text if args.text else _stdin_lines()
     line_number = 0
+    streamed = _Streamed(sys.stdout) if args.stream else None
     try:
-        with bar("translate", "lines", enabled=not args.text and on_terminal(beside_output=True)) as done:
-            for chunk in _chunks(lines, _CHUNK_LINES):
+        with bar("translate", "lines", enabled=not args.text and not args.stream and on_terminal(beside_output=True)
+                 ) as done:
+            for chunk in _chunks(lines, 1 if args.stream else _CHUNK_LINES):
                 try:
                     _write(_translate(translator, chunk, options, subject, line_number, args.target_prefix,
-                                      args.split_sentences))
+                                      args.split_sentences, streamed))
                 except _BadLine as bad:  # the lines before it are written, then the one-line error
                     _write(bad.done)
                     raise UsageError(bad.message) from None
                 line_number += len(chunk)
                 done.update(len(chunk))
     except InferenceFailed as e:
+        if streamed is not None:
+            streamed.end_line()
         sys.stderr.write(f"mtgate translate: {e}\n")
         return 1
     return 0
+
+
+class _Streamed:
+    """``--stream``'s output of the line being translated: its deltas written as they come (on one line), then
+    :meth:`rest` of its translation."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._text = ""
+
+    def partial(self, index: int, delta: str) -> None:
+        """``OnPartial`` for a one-line chunk."""
+        delta = _one_line(delta)
+        self._text += delta
+        self._out.write(delta)
+        self._out.flush()
+
+    def rest(self, line: str) -> str:
+        """What the translation ``line`` has beyond what was streamed of it (all of it, if the streamed text is not
+        its start: it is then printed on a line of its own); the next line starts afresh."""
+        text, self._text = self._text, ""
+        if line.startswith(text):
+            return line[len(text):]
+        logger.error("the streamed text is not the start of the translation; the translation follows")
+        return "\n" + line
+
+    def end_line(self) -> None:
+        """A line cut short (the runtime failed) is ended, so the error goes to the next."""
+        if self._text:
+            self._text = ""
+            self._out.write("\n")
+            self._out.flush()
 
 
 class _BadLine(Exception):
@@ -118,9 +165,10 @@ class _BadLine(Exception):
 
 
 def _translate(translator: Engine, chunk: list[str], options: DecodeOptions, subject: str, first: int,
-               target_prefix: str | None = None, split: bool = False) -> list[str]:
+               target_prefix: str | None = None, split: bool = False, streamed: _Streamed | None = None) -> list[str]:
     """One output line per input line (blank for a blank input); with ``num_hypotheses`` above 1, the n-best lines
-    of each input line, Marian's way: ``LINE ||| TEXT ||| SCORE`` (LINE counts from 0).
+    of each input line, Marian's way: ``LINE ||| TEXT ||| SCORE`` (LINE counts from 0). With ``streamed`` (a chunk of
+    one line), the translation is written there as it grows, and the line returned is the rest of it.
 
     Raises:
         _BadLine: a line the engine refuses (not Unicode, too long, ...), with the lines before it translated.
@@ -131,7 +179,8 @@ def _translate(translator: Engine, chunk: list[str], options: DecodeOptions, sub
     todo = [i for i, text in enumerate(chunk) if text.strip()]
     prefixes = None if target_prefix is None else [target_prefix] * len(todo)
     try:
-        translations = _translations(translator, [chunk[i] for i in todo], options, split, prefixes)
+        translations = _translations(translator, [chunk[i] for i in todo], options, split, prefixes,
+                                     None if streamed is None else streamed.partial)
     except InvalidInput as e:
         index = getattr(e, "index", None)
         bad = chunk.index(e.text) if isinstance(e, InvalidText) else (todo[index] if isinstance(index, int)
@@ -154,7 +203,7 @@ def _translate(translator: Engine, chunk: list[str], options: DecodeOptions, sub
                 strict=True) for t in (translation, *translation.alternatives)]
     outputs = [""] * len(chunk)
     for i, translation in zip(todo, translations, strict=True):
-        outputs[i] = _one_line(translation.text)
+        outputs[i] = _one_line(translation.text) if streamed is None else streamed.rest(_one_line(translation.text))
     return outputs
 
 
@@ -163,14 +212,14 @@ def _one_line(text: str) -> str:
 
 
 def _translations(translator: Engine, texts: list[str], options: DecodeOptions, split: bool,
-                  prefixes: list[str] | None) -> list[Any]:
+                  prefixes: list[str] | None, on_partial: OnPartial | None = None) -> list[Any]:
     """The engine's translations of ``texts`` (each with ``text``); with ``split`` (``--split-sentences``), of
-    ``texts`` as documents."""
+    ``texts`` as documents; ``on_partial``: streamed (not with ``split``)."""
     if split:
         from serving.engine.documents import translate_documents
 
         return translate_documents(translator, texts, options)
-    return list(translator.run(translator.prepare(texts, options, prefixes)))
+    return list(translator.run(translator.prepare(texts, options, prefixes), on_partial))
 
 
 def _write(outputs: list[str]) -> None:

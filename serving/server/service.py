@@ -43,6 +43,7 @@ from serving.server.model_runner import ModelRunner
 from serving.server.preparation import prepare
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
+from serving.server.shadow.canary import answered
 
 logger = logging.getLogger(__name__)
 
@@ -326,28 +327,46 @@ class TranslationService:
         if self.shadow is not None:
             self.shadow.observe(runner.name, texts, admission.options, admission.target_prefix, pending.future, admitted,
                                 tag)
+            if self.shadow.canary is not None and runner.name == self.shadow.model:
+                answered("production", f"{runner.name}@{runner.info.version}/{runner.info.precision}")
         return runner, pending
 
+    async def _answer(self, runner: ModelRunner, texts: Sequence[str], admission: Admission, check: bool,
+                      documents: Sequence[Document] | None = None, indexes: Sequence[int] | None = None,
+                      on_partial: OnPartial | None = None) -> list[Translation]:
+        """Production's translations of ``texts`` (as ``admit``), or the canary candidate's for a request it samples,
+        never a streamed one (``serving.server.shadow.canary``; ``check``: the texts' limits are not checked yet)."""
+        async def production() -> list[Translation]:
+            _, pending = await self.admit(runner, texts, admission, documents=documents, indexes=indexes,
+                                          on_partial=on_partial)
+            return await pending.wait()
+
+        canary = None if self.shadow is None or runner is not self.models.get(self.shadow.model) else self.shadow.canary
+        if canary is None or on_partial is not None:
+            return await production()
+        return await canary.route(texts, admission, lambda: self.limits.check_texts(texts) if check else 0, production)
+
     async def translate(
-        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission
+        self, model: str | ModelRunner | None, texts: Sequence[str], admission: Admission,
+        on_partial: OnPartial | None = None,
     ) -> tuple[ModelRunner, list[Translation]]:
         """Translate ``texts`` with ``model`` under ``admission``: one translation per text, in order. An empty (or
         blank) text gets an empty translation without being sent to the engine, as ``mtgate translate`` answers a blank
-        line with an empty one."""
+        line with an empty one. ``on_partial``: the streaming hook, with indexes into ``texts``."""
         kept = [i for i, text in enumerate(texts) if text.strip()]
-        if len(kept) == len(texts):
-            runner, pending = await self.admit(model, texts, admission)
-            return runner, await pending.wait()
         runner = self.ready_model(model)
+        if len(kept) == len(texts):
+            return runner, await self._answer(runner, texts, admission, check=True, on_partial=on_partial)
         self.limits.check_texts(texts, blank=True)
         translations = [EMPTY_TRANSLATION] * len(texts)
         if kept:
             prefix = admission.target_prefix
-            runner, pending = await self.admit(
+            answer = await self._answer(
                 runner, [texts[i] for i in kept],
                 dataclasses.replace(admission, target_prefix=None if prefix is None else [prefix[i] for i in kept]),
-                indexes=kept)
-            for i, translation in zip(kept, await pending.wait(), strict=True):
+                check=False, indexes=kept,
+                on_partial=None if on_partial is None else (lambda i, delta: on_partial(kept[i], delta)))
+            for i, translation in zip(kept, answer, strict=True):
                 translations[i] = translation
         return runner, translations
 
@@ -376,8 +395,8 @@ class TranslationService:
         sentences = sentences_of(documents)
         if not sentences:  # every text blank: each one's translation is its whitespace
             return runner, assemble(documents, [])
-        runner, pending = await self.admit(runner, sentences, admission, documents=documents)
-        return runner, assemble(documents, await pending.wait())
+        return runner, assemble(documents, await self._answer(runner, sentences, admission, check=False,
+                                                              documents=documents))
 
     def _record(self, runner: ModelRunner, future: asyncio.Future[list[Translation]], admitted: float,
                 input_s: float) -> None:

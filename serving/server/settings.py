@@ -135,7 +135,19 @@ class ServingSettings(BaseSettings):
         shadow_log: append each compared pair to this JSONL file (whole lines; rotated by size).
         shadow_log_max_bytes: rotate the pair log beyond this size.
         shadow_log_max_files: rotated pair logs kept (``PATH.1`` ... ``PATH.N``); older ones are deleted.
-        shadow_redact: the pair log and ``/v1/shadow`` hold SHA-256 hashes of the texts instead of the texts.
+        shadow_redact: the pair log and ``/v1/shadow`` hold salted hashes (HMAC-SHA256) of the texts instead of
+            the texts.
+        shadow_redact_salt: the key of those hashes; give every replica the same one to compare their logs (default:
+            a random salt per server start, so hashes of two servers or two runs never match).
+        canary_fraction: the share of the default model's requests answered by the ``shadow`` candidate instead of
+            production (``serving.server.shadow.canary``; sampled by request id); set to 0 by a rollback.
+        canary_max_error_rate: roll the canary back when more of the candidate's answers fail (error, crash,
+            timeout) over the window.
+        canary_max_p95_ms: roll it back when the candidate's p95 latency over the window is above this (None: no
+            latency target; ``canary_timeout_ms`` still bounds each answer).
+        canary_window: the sliding window the targets are checked over (the candidate's last N canary requests).
+        canary_min_requests: requests the window must hold before the targets are checked.
+        canary_timeout_ms: longest wait for the candidate's answer; past it production answers (counted as an error).
     """
 
     # validate_by_name: ServingSettings(max_batch_size=...) works although the field's aliases are env var names.
@@ -202,6 +214,13 @@ class ServingSettings(BaseSettings):
     shadow_log_max_bytes: int = Field(default=64 << 20, ge=4096)
     shadow_log_max_files: int = Field(default=5, ge=1)
     shadow_redact: bool = False
+    shadow_redact_salt: SecretStr | None = None
+    canary_fraction: float = Field(default=0.0, ge=0, le=1)
+    canary_max_error_rate: float = Field(default=0.05, ge=0, le=1)
+    canary_max_p95_ms: float | None = Field(default=None, gt=0)
+    canary_window: int = Field(default=100, ge=1)
+    canary_min_requests: int = Field(default=20, ge=1)
+    canary_timeout_ms: float = Field(default=5000.0, gt=0)
 
     @classmethod
     def settings_customise_sources(
@@ -246,6 +265,11 @@ class ServingSettings(BaseSettings):
                 f"max_sentences_per_request ({self.max_sentences_per_request}) exceeds max_queue_size "
                 f"({self.max_queue_size}): such a request could never be queued"
             )
+        if self.canary_fraction > 0 and self.shadow is None:
+            problems.append("canary_fraction needs a candidate to answer from (shadow)")
+        if self.canary_min_requests > self.canary_window:
+            problems.append(f"canary_min_requests ({self.canary_min_requests}) exceeds canary_window "
+                            f"({self.canary_window}): the targets would never be checked")
         names = [p.name for p in self.model_dirs]
         if len(set(self.model_dirs)) != len(self.model_dirs):
             problems.append(f"a model directory is listed twice: {names}")

@@ -1,7 +1,8 @@
 """benchmarks/profile_engine.py on the tiny package: the wall split counts the decoder steps of the package's own
 decoder contract (a stationary cache written in place, package format 4) and splits them into the runtime's calls
-and what runs outside them, with the binds per step; the ONNX Runtime node profile drives that decoder through the
-translator's own steps (it fed the old growing-cache inputs and failed on format-4 packages), at any beam and batch."""
+and what runs outside them, with the binds per step and the outside time by part; the ONNX Runtime node profile
+drives that decoder through the translator's own steps (it fed the old growing-cache inputs and failed on format-4
+packages), at any beam and batch."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def test_profile_of_the_tiny_package(tiny_onnx_package: Path, tmp_path: Path, be
     assert split["decode_step_ms_per_step"] > 0
     assert 0 < split["runtime_ms_per_step"] < split["wall_ms_per_step"]
     assert split["outside_runtime_ms_per_step"] > 0 and 0 < split["outside_runtime_share"] < 1
+    parts = split["outside_runtime_us_per_step_by_part"]  # a second pass, the search loop's calls timed
+    named = [parts[f"{name}_us_per_step"] for name in profile_engine.OUTSIDE_PARTS]
+    assert all(value >= 0 for value in named) and parts["rows_decode_us_per_step"] > 0
+    assert parts["search_advance_us_per_step"] > 0 and parts["setup_us_per_step"] > 0
+    assert abs(sum(named) + parts["rest_us_per_step"] - parts["outside_us_per_step"]) < 0.5
     if stationary:  # bound on the first step of each batch only (3 sentence-steps per batch, 23 bindings)
         assert 0 < split["binds_per_step"] < 23
     profile = report["ort_decoder_profile"]

@@ -96,28 +96,38 @@ class StepBinding:
     def _bind_arrays(self, rows: int, cache: np.ndarray, cross_kv: np.ndarray, src_bias: np.ndarray) -> None:
         """The cache (each present output bound to its past input: GroupQueryAttention writes the new slot in place),
         the encoder outputs and the source mask of rows ``0..rows-1``."""
+        # A view's address is its array's plus its offset (``ndarray.ctypes`` costs microseconds a call: once per
+        # array, not per view).
+        base = cache.ctypes.data
         for (name, (layer, kind)), out_name in zip(self._past, self._present, strict=True):
             view = cache[layer, kind, :rows]
-            self._bind_input(name, view)
-            self._bind_output(out_name, view)
-        inputs = [(name, cross_kv[layer, kind, :rows]) for name, (layer, kind) in self._cross]
-        inputs.append(("src_bias", src_bias[:rows]))
+            address = base + layer * cache.strides[0] + kind * cache.strides[1]
+            self._bind_input(name, view, address)
+            self._bind_output(out_name, view, address)
+        base = cross_kv.ctypes.data
+        inputs = [(name, cross_kv[layer, kind, :rows], base + layer * cross_kv.strides[0] + kind * cross_kv.strides[1])
+                  for name, (layer, kind) in self._cross]
+        inputs.append(("src_bias", src_bias[:rows], src_bias.ctypes.data))
         self._copies = []
-        for name, value in inputs:
+        for name, value, address in inputs:
             if not (value.flags.c_contiguous and value.dtype == np.float32):
                 value = np.ascontiguousarray(value, dtype=np.float32)
                 self._copies.append(value)  # the binding borrows its memory
-            self._bind_input(name, value)
+                address = value.ctypes.data
+            self._bind_input(name, value, address)
         # Copies are bound again at the next step (the arrays they copy may have changed since).
         self._arrays = () if self._copies else (weakref.ref(cache), weakref.ref(cross_kv), weakref.ref(src_bias),
                                                 (cache.shape, cross_kv.shape, src_bias.shape))
 
-    def _bind_input(self, name: str, value: np.ndarray) -> None:
+    def _bind_input(self, name: str, value: np.ndarray, address: int | None = None) -> None:
         # By address (``bind_cpu_input`` would keep the array alive as long as the binding): ``run`` binds again
-        # whatever is no longer the array bound, so a freed array's memory is never read.
-        self.binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), value.ctypes.data)
+        # whatever is no longer the array bound, so a freed array's memory is never read. ``address``: the value's
+        # when the caller computed it.
+        address = value.ctypes.data if address is None else address
+        self.binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), address)
         self.binds += 1
 
-    def _bind_output(self, name: str, value: np.ndarray) -> None:
-        self.binding.bind_output(name, "cpu", 0, np.float32, list(value.shape), value.ctypes.data)
+    def _bind_output(self, name: str, value: np.ndarray, address: int | None = None) -> None:
+        address = value.ctypes.data if address is None else address
+        self.binding.bind_output(name, "cpu", 0, np.float32, list(value.shape), address)
         self.binds += 1

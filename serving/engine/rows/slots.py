@@ -55,7 +55,7 @@ class SlotRows:
         self._owners = 0  # encoder rows seen
         self.slot = np.zeros(0, dtype=np.int64)  # [n] logical row -> slot; the live slots are 0..n-1
         self._tokens = np.zeros((0, 1), dtype=np.int64)  # the step's tokens in slot order (the first n rows)
-        self._range = np.zeros(0, dtype=np.int64)
+        self._range = b""  # the bytes of ``0..k-1`` as int64, for the identity plan's test
 
     @property
     def count(self) -> int:
@@ -108,17 +108,19 @@ class SlotRows:
         n = self.count
         self.positions[:n] += 1  # every live row wrote its slot at its position
         parents = np.asarray(parents, dtype=np.int64)
-        if parents.size == n and (parents == self._identity(n)).all():
+        if parents.size == n and parents.tobytes() == self._identity(n):
             return  # every row continues itself in its slot (greedy search): nothing moves, nobody left
         self._reserve(parents.size)
         self._assign(self.slot[parents])
         self._fit()
 
-    def _identity(self, n: int) -> np.ndarray:
-        """``0..n-1`` (a view of a range kept for the purpose)."""
-        if self._range.size < n:
-            self._range = np.arange(max(n, 2 * self._range.size), dtype=np.int64)
-        return self._range[:n]
+    def _identity(self, n: int) -> bytes:
+        """The bytes of ``0..n-1`` as int64 (from a range kept for the purpose: comparing bytes is a tenth of
+        comparing arrays, and this runs every step)."""
+        size = n * 8
+        if len(self._range) < size:
+            self._range = np.arange(max(n, len(self._range) // 4), dtype=np.int64).tobytes()
+        return self._range[:size]
 
     def arrange(self, sources: np.ndarray, cross_kv: np.ndarray | None = None,
                 src_bias: np.ndarray | None = None, candidates: np.ndarray | None = None) -> None:
@@ -205,13 +207,15 @@ class SlotRows:
         assert self.cache is not None and self.cross is not None
         n = self.count
         capacity = self.cache.shape[4]
-        filled = int(self.positions[:n].max()) if n else 0
-        if capacity > self._initial_capacity and 4 * (filled + 1) <= capacity:
-            self._resize_cache(self.cache.shape[2], max(self._initial_capacity, capacity // 2))
+        if capacity > self._initial_capacity:  # (the maxima only where they can matter: this runs every beam step)
+            filled = int(self.positions[:n].max()) if n else 0
+            if 4 * (filled + 1) <= capacity:
+                self._resize_cache(self.cache.shape[2], max(self._initial_capacity, capacity // 2))
         width = self.cross.shape[4]
-        needed = int(self.source_len[:n].max()) if n else 0
-        if width > _MIN_SOURCE_WIDTH and 2 * needed <= width:
-            self._resize_source(self.cross.shape[2], max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8))
+        if width > _MIN_SOURCE_WIDTH:
+            needed = int(self.source_len[:n].max()) if n else 0
+            if 2 * needed <= width:
+                self._resize_source(self.cross.shape[2], max(_MIN_SOURCE_WIDTH, -(-needed // 8) * 8))
 
     def _reserve(self, slots: int, positions: int = 0, source_width: int = 0, cross_kv: np.ndarray | None = None,
                  src_bias: np.ndarray | None = None) -> None:

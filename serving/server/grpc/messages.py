@@ -1,7 +1,8 @@
 """The messages of the KServe v2 / Triton ``GRPCInferenceService`` (``serving.server.grpc.servicer``), as compiled in the
 ``tritonclient`` wheel: each method's request and response types, a request's bytes parsed (``INVALID_ARGUMENT`` for
-bytes that are not one), the :class:`~serving.server.oip.InferRequest` of a ``ModelInferRequest``, and a stream's answer to
-a failed request.
+bytes that are not one), the :class:`~serving.server.oip.InferRequest` of a ``ModelInferRequest``, the
+``ModelInferResponse`` of its translations, and what a stream answers besides (``serving.server.grpc.stream``): a
+failed request, a partial text, the flag of a request's last response.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from serving.engine.errors import InvalidInput
-from serving.server.oip import INPUT_NAME, OUTPUT_DATATYPES, InferRequest, decode_bytes_tensor
+from serving.engine.request import Translation
+from serving.server.oip import (
+    INPUT_NAME,
+    OUTPUT_DATATYPES,
+    InferRequest,
+    decode_bytes_tensor,
+    encode_binary,
+    output_values,
+)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 METHODS = {m.name: m for m in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
@@ -36,13 +45,55 @@ def parse_message(kind: Any, raw: bytes) -> Any:
                            f"({len(raw)} bytes that do not parse as protobuf)") from None
 
 
+FINAL_RESPONSE = "triton_final_response"
+"""The parameter that flags a stream's last response to a request, as Triton sets it on every stream response."""
+
+
 def stream_error(request: Any, message: str) -> Any:
     """A stream's answer to a failed request: Triton's ``error_message``, with the request's id and model (when
-    the request could be parsed)."""
+    the request could be parsed); it is the request's last response."""
     known = request is not None
     return service_pb2.ModelStreamInferResponse(error_message=message, infer_response=service_pb2.ModelInferResponse(
         id=request.id if known else "", model_name=request.model_name if known else "",
-        model_version=request.model_version if known else ""))
+        model_version=request.model_version if known else "", parameters=_final(True)))
+
+
+def stream_response(response: Any, *, final: bool) -> Any:
+    """``response`` (a ``ModelInferResponse``) as a stream's answer, flagged as the request's last one or not."""
+    response.parameters[FINAL_RESPONSE].bool_param = final
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+def infer_response(name: str, version: str, parsed: InferRequest, translations: list[Translation]) -> Any:
+    """The ``ModelInferResponse`` of a request's translations: the outputs it asked for, in binary, in its shape."""
+    values = output_values(translations)
+    names = [name for name, _ in parsed.outputs]
+    return service_pb2.ModelInferResponse(
+        model_name=name, model_version=version, id=parsed.id or "",
+        outputs=[service_pb2.ModelInferResponse.InferOutputTensor(
+            name=name, datatype=OUTPUT_DATATYPES[name], shape=parsed.shape) for name in names],
+        raw_output_contents=[encode_binary(OUTPUT_DATATYPES[name], values[name]) for name in names],
+    )
+
+
+def partial_response(name: str, version: str, parsed: InferRequest, deltas: list[str]) -> Any:
+    """A stream's partial answer to a request: ``OUTPUT_TEXT`` in the request's shape, each element the text its
+    sentence's translation continues with (empty: nothing new); not the request's last response."""
+    tensor = service_pb2.ModelInferResponse.InferOutputTensor(name="OUTPUT_TEXT", datatype="BYTES", shape=parsed.shape)
+    response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=parsed.id or "",
+                                              outputs=[tensor], raw_output_contents=[encode_binary("BYTES", deltas)])
+    return stream_response(response, final=False)
+
+
+def empty_final_response(name: str, version: str, parsed: InferRequest) -> Any:
+    """The empty response that ends a request's responses, for a client that asked for it (Triton's
+    ``triton_enable_empty_final_response``): its id and model, no outputs."""
+    return stream_response(service_pb2.ModelInferResponse(model_name=name, model_version=version, id=parsed.id or ""),
+                           final=True)
+
+
+def _final(final: bool) -> dict[str, Any]:
+    return {FINAL_RESPONSE: service_pb2.InferParameter(bool_param=final)}
 
 
 def parameter_value(value: Any) -> Any:

@@ -9,7 +9,8 @@ work unchanged. Served: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``Serve
 ``UNIMPLEMENTED`` without one); the others (shared memory, trace and log settings) answer ``UNIMPLEMENTED`` at once,
 counted in the metrics and logged once per method. ``ModelStreamInfer`` answers each request of the stream as
 ``ModelInfer`` would, as soon as it is ready (a failed request is an ``error_message`` in the stream, which goes
-on), so ``perf_analyzer --streaming`` works.
+on), so ``perf_analyzer --streaming`` works; a request with the parameter ``stream: true`` gets partial responses
+first (``serving.server.grpc.stream``).
 
 Every RPC goes through :func:`_rpc` (``ModelStreamInfer``: through the same mapping per request): the API key is
 checked first for the methods that need it (inference and repository control, as on HTTP), then the request bytes
@@ -36,28 +37,27 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from serving import __version__
-from serving.engine.errors import ModelNotFound, ModelNotReady, ServingError
+from serving.engine.errors import InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.engine.request import Translation
 from serving.server.errors import GRPC_CODES, Unauthorized, api_key_problem, status_of
 from serving.server.grpc.messages import (
     METHODS,
     SERVICE_NAME,
+    empty_final_response,
+    infer_response,
     message_type,
     parameter_value,
     parse_infer_request,
     parse_message,
     stream_error,
+    stream_response,
 )
+from serving.server.grpc.stream import STREAM, STREAMING_NOTE, Partials, stream_options
 from serving.server.model_runner import ModelRunner
-from serving.server.oip import (
-    OUTPUT_DATATYPES,
-    InferRequest,
-    encode_binary,
-    model_config,
-    model_metadata,
-    output_values,
-)
+from serving.server.oip import InferRequest, model_config, model_metadata
 from serving.server.repository import ModelControl
 from serving.server.service import TranslationService
+from serving.server.shadow.canary import ANSWERED_BY, ANSWERED_BY_HEADER, ANSWERED_MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ class InferenceServicer:
         document = model_config(runner.name, f"mtgate_{runner.info.runtime}", max_batch_size=settings.max_batch_size,
                                 max_queue_delay_us=settings.max_queue_delay_us,
                                 max_queue_size=settings.max_queue_size)
+        document["parameters"] = {"streaming": {"string_value": STREAMING_NOTE}}  # decoupled stays false: see stream
         config = json_format.ParseDict(document, model_config_pb2.ModelConfig())
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -181,12 +182,24 @@ class InferenceServicer:
 
     @_rpc
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._model_infer(request, context, time.monotonic())
+        if stream_options(request)[0]:
+            raise InvalidInput(f"parameter {STREAM!r}: partial responses are sent on ModelStreamInfer; ModelInfer "
+                               "answers once")
+        marks: list[tuple[str, str]] = []  # who answered, with a canary: in the trailing metadata
+        token = ANSWERED_BY.set(marks)
+        try:
+            runner, parsed, translations = await self._translate(request, context, time.monotonic())
+        finally:
+            ANSWERED_BY.reset(token)
+        if marks:
+            context.set_trailing_metadata(((ANSWERED_BY_HEADER, marks[-1][0]), (ANSWERED_MODEL_HEADER, marks[-1][1])))
+        return infer_response(runner.name, str(runner.info.version), parsed, translations)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes],  # noqa: N802
                                context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream answered as by ``ModelInfer`` as soon as it is ready (Triton's order: the
-        client matches responses by ``id``); a failed request is an ``error_message`` and the stream goes on. Each
+        client matches responses by ``id``), after its partial responses if it asked for them
+        (``serving.server.grpc.stream``); a failed request is an ``error_message`` and the stream goes on. Each
         request is counted as a ``ModelStreamInfer`` call; a wrong API key ends the stream before it is read."""
         try:
             self._authorize(context)
@@ -195,25 +208,28 @@ class InferenceServicer:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         writing = asyncio.Lock()
 
+        async def write(reply: Any) -> None:
+            async with writing:
+                with contextlib.suppress(Exception):  # the stream is gone (the client left): nothing to answer
+                    await context.write(reply)
+
         async def answer(raw: bytes) -> None:
             started = time.monotonic()
             code, request = "OK", None
             try:
                 request = parse_message(service_pb2.ModelInferRequest, raw)
-                reply = service_pb2.ModelStreamInferResponse(
-                    infer_response=await self._model_infer(request, context, started))
+                replies = await self._stream_answer(request, context, started, write)
             except ServingError as error:
                 code = _code_of(error)
-                reply = stream_error(request, str(error))
+                replies = [stream_error(request, str(error))]
             except Exception as error:  # noqa: BLE001 - a crash answers its request, the stream goes on
                 code = "INTERNAL"
                 logger.exception("gRPC ModelStreamInfer crashed")
-                reply = stream_error(request, f"internal error: {type(error).__name__}")
+                replies = [stream_error(request, f"internal error: {type(error).__name__}")]
             finally:
                 self._count("ModelStreamInfer", code, started)
-            async with writing:
-                with contextlib.suppress(Exception):  # the stream is gone (the client left): nothing to answer
-                    await context.write(reply)
+            for reply in replies:
+                await write(reply)
 
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -225,38 +241,44 @@ class InferenceServicer:
             for task in tasks:
                 task.cancel()
 
-    async def _model_infer(self, request: Any, context: grpc.aio.ServicerContext, started: float) -> Any:
+    async def _stream_answer(self, request: Any, context: grpc.aio.ServicerContext, started: float,
+                             write: Callable[[Any], Awaitable[None]]) -> list[Any]:
+        """The last responses of a stream's request; its partial ones (parameter ``stream``) written on the way."""
+        stream, empty_final = stream_options(request)
+        if not stream:
+            runner, parsed, translations = await self._translate(request, context, started)
+            return [stream_response(infer_response(runner.name, str(runner.info.version), parsed, translations),
+                                    final=True)]
+        partials = Partials(write)
+        runner, parsed, translations = await partials.follow(self._translate(request, context, started, partials))
+        await partials.rest([translation.text for translation in translations])
+        name, version = runner.name, str(runner.info.version)
+        whole = stream_response(infer_response(name, version, parsed, translations), final=not empty_final)
+        return [whole, empty_final_response(name, version, parsed)] if empty_final else [whole]
+
+    async def _translate(self, request: Any, context: grpc.aio.ServicerContext, started: float,
+                         partials: Partials | None = None) -> tuple[ModelRunner, InferRequest, list[Translation]]:
+        """A ``ModelInferRequest`` translated (with ``partials``: streamed to them as well)."""
         service = self.service
         if service.draining:
             raise ModelNotReady("the server is draining; send new requests to another replica")
         runner = self.service.version(request.model_name, request.model_version)
         parsed = parse_infer_request(request)
+        if partials is not None:
+            partials.start(runner.name, str(runner.info.version), parsed)
         service.inflight += 1  # the SIGTERM drain waits for gRPC requests as for HTTP ones
         service.metrics.inflight.inc()
         try:
-            return await self._infer(runner, parsed, started, context)
+            timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
+            admission = service.limits.admission(parsed.decoding(), started, min(timeouts) if timeouts else None,
+                                                 label="parameter {!r}", tag=parsed.id or "",
+                                                 target_prefix=parsed.target_prefixes())
+            runner, translations = await service.translate(runner, parsed.texts, admission,
+                                                           None if partials is None else partials.add)
+            return runner, parsed, translations
         finally:
             service.inflight -= 1
             service.metrics.inflight.dec()
-
-    async def _infer(self, runner: ModelRunner, parsed: InferRequest, started: float,
-                     context: grpc.aio.ServicerContext) -> Any:
-        service = self.service
-        timeouts = [t for t in (_microseconds(parsed.int_parameter("timeout")), context.time_remaining()) if t]
-        admission = service.limits.admission(parsed.decoding(), started, min(timeouts) if timeouts else None,
-                                             label="parameter {!r}", tag=parsed.id or "",
-                                             target_prefix=parsed.target_prefixes())
-        runner, translations = await service.translate(runner, parsed.texts, admission)
-        values = output_values(translations)
-        names = [name for name, _ in parsed.outputs]
-        return service_pb2.ModelInferResponse(
-            model_name=runner.name,
-            model_version=str(runner.info.version),
-            id=parsed.id or "",
-            outputs=[service_pb2.ModelInferResponse.InferOutputTensor(
-                name=name, datatype=OUTPUT_DATATYPES[name], shape=parsed.shape) for name in names],
-            raw_output_contents=[encode_binary(OUTPUT_DATATYPES[name], values[name]) for name in names],
-        )
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """One pure-ASGI middleware in front of every route (no BaseHTTPMiddleware: it would buffer streaming responses).
 
 For each HTTP request it assigns a request id (``X-Request-ID``, echoed), counts the request by route template,
-method and status and times it. For inference routes, in this order, before the route reads anything: it refuses new
+method and status and times it; with a canary, a successful answer says who answered it (``X-Mtgate-Answered-By``,
+``X-Mtgate-Answered-Model``: ``serving.server.shadow.canary``). For inference routes, in this order, before the route reads anything: it refuses new
 work while draining (503), checks the API key (401), enforces the body size limit (413), and reads the body within
 ``body_timeout_s`` (408; the server closing first also gives 408). Only then does the request count as in flight
 (what the SIGTERM drain waits for): a client that never finishes its body cannot hold the drain. A translation
@@ -39,6 +40,7 @@ from serving.server.errors import (
 )
 from serving.server.http.errors import error_response
 from serving.server.service import TranslationService
+from serving.server.shadow.canary import ANSWERED_BY, ANSWERED_BY_HEADER, ANSWERED_MODEL_HEADER
 
 INFERENCE_PATH = re.compile(
     r"^/v1/translate(/stream|/bulk)?/?$|^/v1/score/?$|^/v2/models/[^/]+(/versions/[^/]+)?/infer/?$"
@@ -82,10 +84,17 @@ class ServerMiddleware:
         path: str = scope["path"]
         status = [500]
 
+        marks: list[tuple[str, str]] = []  # who answered, with a canary (serving.server.shadow.canary)
+        answered_by = ANSWERED_BY.set(marks)
+
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                if marks and status[0] < 400:
+                    who, model = marks[-1]
+                    message["headers"] += [(ANSWERED_BY_HEADER.encode(), who.encode()),
+                                           (ANSWERED_MODEL_HEADER.encode(), model.encode("latin-1", "replace"))]
             await send(message)
 
         inference = scope["method"] == "POST" and INFERENCE_PATH.match(path) is not None
@@ -100,6 +109,7 @@ class ServerMiddleware:
             else:
                 await self.app(scope, receive, send_wrapper)
         finally:
+            ANSWERED_BY.reset(answered_by)
             template = _template(scope, inference)
             self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
             self.metrics.request_seconds.labels(template).observe(time.monotonic() - started)

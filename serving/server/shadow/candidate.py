@@ -2,8 +2,9 @@
 uses) or, for an engine handed in (tests, embedding), on the shadow worker thread (:class:`LocalCandidate`).
 
 The child process keeps the candidate off production's interpreter: its Python work never takes the server's GIL
-(production's event loop and batcher thread), it runs at nice +10 with its own runtime threads, and if it dies
-(a crash in the runtime, the OOM killer) the server only counts and logs it. The worker thread sends it one job at a
+(production's event loop and batcher thread), it runs at nice +10 (0 when it answers canary requests) with its own
+runtime threads, and if it dies (a crash in the runtime, the OOM killer) the server only counts, logs and restarts it
+(``serving.server.shadow.worker``). The worker thread sends it one job at a
 time over a pipe and waits, without the GIL, for the answer.
 """
 
@@ -19,9 +20,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
-from serving.engine.request import DecodeOptions, Engine
+from serving.engine.request import DecodeOptions, Engine, Translation
 
-NICE = 10  # the candidate's niceness above the server's
+NICE = 10  # the candidate's niceness above the server's (0 with a canary: its answers are on the critical path)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class CandidateJob:
     options: DecodeOptions
     target_prefix: list[str] | None
     production: list[str]  # production's translations, for the cross-likelihood
+    canary: bool = False  # a canary request (``serving.server.shadow.canary``): the whole translations, no scores
 
 
 CROSS_SCORES = ("candidate_own", "candidate_on_production", "production_own", "production_on_candidate")
@@ -42,6 +44,7 @@ class CandidateResult:
     texts: list[str]
     seconds: float  # the candidate's translation (not its scoring)
     scores: dict[str, list[float]]  # of CROSS_SCORES, those computed: one per sentence
+    translations: list[Translation] | None = None  # a canary job's: what the client gets
 
 
 class Candidate(Protocol):
@@ -58,8 +61,11 @@ def run_job(engine: Engine, job: CandidateJob, cross: bool, production: Engine |
     """What the candidate does with a job, wherever it runs; ``production``: a copy of the production model to score
     both translations with as well."""
     started = time.monotonic()
-    texts = [t.text for t in engine.run(engine.prepare(job.texts, job.options, job.target_prefix))]
+    translations = engine.run(engine.prepare(job.texts, job.options, job.target_prefix))
     seconds = time.monotonic() - started
+    if job.canary:
+        return CandidateResult([t.text for t in translations], seconds, {}, list(translations))
+    texts = [t.text for t in translations]
     scores: dict[str, list[float]] = {}
     n = len(job.texts)
     for scorer, model, first, second in (("candidate", engine, "own", "on_production"),
@@ -97,20 +103,29 @@ class CandidateCrashed(RuntimeError):
     """The candidate's process died."""
 
 
+class CandidateUnavailable(RuntimeError):
+    """The candidate cannot take a job now (restarting after a crash, failed to load, stopping)."""
+
+
+class CandidateLoading(CandidateUnavailable):
+    """The candidate is still loading (at the server's start): not a failure of the candidate."""
+
+
 class ChildCandidate:
     """The package at ``path`` loaded in a child process (spawned: no state of the server is inherited); with
     ``production`` (a package and precision), a copy of the production model beside it, to score with."""
 
     def __init__(self, path: Path, runtime: str, precision: str, threads: int, cross: bool,
-                 production: tuple[Path, str] | None = None) -> None:
+                 production: tuple[Path, str] | None = None, nice: int = NICE) -> None:
         self._args = (str(path), runtime, precision, threads, cross,
-                      None if production is None else (str(production[0]), production[1]))
+                      None if production is None else (str(production[0]), production[1]), nice)
         self._process: Any = None
         self._conn: Connection | None = None
 
     @property
     def pid(self) -> int | None:
-        return None if self._process is None else int(self._process.pid)
+        pid = None if self._process is None else self._process.pid  # None until the (re)started process runs
+        return None if pid is None else int(pid)
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -160,9 +175,9 @@ class ChildCandidate:
 
 
 def _child_main(conn: Connection, path: str, runtime: str, precision: str, threads: int, cross: bool,
-                production_package: tuple[str, str] | None) -> None:
+                production_package: tuple[str, str] | None, nice: int) -> None:
     with contextlib.suppress(OSError):
-        os.nice(NICE)
+        os.nice(nice)
     try:
         from serving.engine.translator import Translator
 

@@ -9,6 +9,7 @@ each at most ``max_bytes`` (plus one line). Used from the shadow worker thread o
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -18,9 +19,12 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def text_hash(text: str) -> str:
-    """What ``--shadow-redact`` writes instead of a text."""
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+def text_hash(text: str, salt: bytes) -> str:
+    """What ``--shadow-redact`` writes instead of a text: its HMAC-SHA256 keyed with ``salt``
+    (``shadow_redact_salt``, or a random one per server). Unsalted, a hash of a short or common sentence is found by
+    hashing guesses; salted, equal texts still hash alike within one server's log (or across the replicas given
+    the same salt), so agreement can be counted without the texts."""
+    return "hmac-sha256:" + hmac.new(salt, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
 class PairLog:

@@ -2,7 +2,8 @@
 model and the candidate: requests by outcome (``compared``, ``shed``: the shadow queue was full, ``failed``: the
 candidate raised, ``unavailable``: it is loading or failed to load), pairs and identical pairs, sentence chrF and BLEU
 of the candidate against production, length ratio, both latencies, the cross-likelihood (a model's mean
-log-probability of a translation, by scorer and translation), and the shadow queue's depth."""
+log-probability of a translation, by scorer and translation), the shadow queue's depth and the candidate's restarts;
+and the canary's (``mtgate_canary_*``: :class:`CanaryMetrics`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,34 @@ class ShadowMetrics:
                                  registry=r).labels(model, candidate)
         self.up = Gauge("mtgate_shadow_up", "1 while the candidate is loaded and translating", labels,
                         registry=r).labels(model, candidate)
+        self.restarts = Counter("mtgate_shadow_restarts_total", "times the candidate's process died and was restarted",
+                                labels, registry=r).labels(model, candidate)
+
+
+CANARY_OUTCOMES = ("candidate", "fallback")
+
+
+class CanaryMetrics:
+    """The canary's series (``serving.server.shadow.canary``) for one production model and one candidate."""
+
+    def __init__(self, registry: CollectorRegistry, model: str, candidate: str) -> None:
+        labels = ["model", "candidate"]
+        r = registry
+        self.fraction = Gauge("mtgate_canary_fraction", "share of requests answered by the candidate now (0 after a "
+                              "rollback)", labels, registry=r).labels(model, candidate)
+        requests = Counter("mtgate_canary_requests_total", "requests sampled for the canary, by who answered "
+                           "(candidate; fallback: the candidate failed or was too slow, production answered)",
+                           [*labels, "outcome"], registry=r)
+        self.outcome = {o: requests.labels(model, candidate, o) for o in CANARY_OUTCOMES}
+        for counter in self.outcome.values():
+            counter.inc(0)
+        self.rollbacks = Counter("mtgate_canary_rollbacks_total", "automatic rollbacks of the canary to 0", labels,
+                                 registry=r).labels(model, candidate)
+        self.rollbacks.inc(0)
+        self.seconds = Histogram("mtgate_canary_latency_seconds", "the candidate's answer time of a canary request "
+                                 "(a failure: until it failed)", labels, buckets=_LATENCY_BUCKETS,
+                                 registry=r).labels(model, candidate)
+        self.error_rate = Gauge("mtgate_canary_window_error_rate", "the candidate's error rate over the window",
+                                labels, registry=r).labels(model, candidate)
+        self.p95 = Gauge("mtgate_canary_window_p95_seconds", "the candidate's p95 latency over the window", labels,
+                         registry=r).labels(model, candidate)

@@ -140,3 +140,37 @@ def test_the_binding_keeps_no_batch_alive(tiny_onnx_package: Path) -> None:
     del rows
     gc.collect()
     assert all(ref() is None for ref in arrays)
+
+
+def test_each_view_is_bound_at_its_own_address() -> None:
+    """The binding computes a view's address from its array's (``ndarray.ctypes`` once per array): every past and
+    present cache view, cross-attention view and the source mask is bound where numpy says the view starts."""
+    from serving.package import cross_names, past_names, present_names, stacked
+
+    bound: dict[str, tuple[int, list[int]]] = {}
+
+    class Recording:
+        def bind_input(self, name: str, _device: str, _id: int, _dtype: Any, shape: list[int], address: int) -> None:
+            bound[name] = (address, shape)
+
+        def bind_output(self, name: str, _device: str, _id: int, _dtype: Any, shape: list[int], address: int) -> None:
+            bound[name] = (address, shape)
+
+    class Session:
+        def io_binding(self) -> Recording:
+            return Recording()
+
+        def run_with_iobinding(self, _binding: Recording) -> None:
+            pass
+
+    layers, rows = 3, 2
+    cache = np.zeros((layers, 2, 5, 4, 8, 6), dtype=np.float32)
+    cross = np.zeros((layers, 2, 4, 4, 7, 6), dtype=np.float32)
+    bias = np.zeros((4, 1, 1, 7), dtype=np.float32)
+    StepBinding(Session(), layers).run(np.zeros((rows, 1), np.int64), np.zeros(rows, np.int64), cache, cross, bias,
+                                       np.arange(rows), np.zeros((rows, 10), np.float32))
+    for names, array in ((past_names(layers), cache), (present_names(layers), cache), (cross_names(layers), cross)):
+        for name, (layer, kind) in stacked(names):
+            view = array[layer, kind, :rows]
+            assert bound[name] == (view.ctypes.data, list(view.shape)), name
+    assert bound["src_bias"] == (bias.ctypes.data, [rows, 1, 1, 7])

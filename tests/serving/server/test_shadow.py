@@ -3,7 +3,9 @@ candidate, the int8 demo (nearly the same translations) or a deliberately differ
 with greedy decoding cut at 4 tokens in its manifest's decoding defaults: a candidate whose translations differ a
 lot). The summary, the metrics and the pair log tell the two apart; production's answers are byte-identical to a
 server's without a shadow; a full shadow queue sheds and counts; the log holds whole lines after SIGKILL; redaction
-writes no text."""
+writes no text, only salted hashes; a candidate whose process dies is restarted. The canary: the 4-token candidate
+answers (the headers say so) until its process is killed, then production answers, the canary rolls back to 0, and the
+candidate's process is restarted."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import httpx
 import pytest
 
 from serving.server.settings import demo_model
+from serving.server.shadow.log import text_hash
 from tests.utils.server import ServerProcess, start_server
 
 SENTENCES = [
@@ -94,7 +97,11 @@ def int8(demo: Path, logs: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def short(demo: Path, different: Path, logs: Path) -> Iterator[ServerProcess]:
-    yield from _serve(demo, "--shadow", str(different), "--shadow-log", str(logs / "short.jsonl"), "--shadow-redact")
+    yield from _serve(demo, "--shadow", str(different), "--shadow-log", str(logs / "short.jsonl"), "--shadow-redact",
+                      env={"MTGATE_SHADOW_REDACT_SALT": SALT})
+
+
+SALT = "the replicas' salt"
 
 
 def _shadow_ready(server: ServerProcess) -> None:
@@ -197,13 +204,15 @@ def test_the_summary_metrics_and_log_tell_a_close_candidate_from_a_different_one
     assert len(close_log) == len(far_log) == PAIRS
     assert [r["source"] for r in close_log] == SENTENCES
     assert close_log[0]["request_id"] == "req-0" and close_log[0]["production_text"] in expected[0].decode()
-    assert all(r["source"].startswith("sha256:") and r["candidate_text"].startswith("sha256:") for r in far_log)
+    assert all(r["source"].startswith("hmac-sha256:") and r["candidate_text"].startswith("hmac-sha256:")
+               for r in far_log)
+    assert [r["source"] for r in far_log] == [text_hash(t, SALT.encode()) for t in SENTENCES]  # the configured salt
     for sentence in SENTENCES:
         assert sentence not in far_text and sentence.split()[-1].strip(".") not in far_text
     for record in far_log:
         assert not record["identical"] and record["chrf"] < 60
     for worst in far["worst"]:  # the summary of a redacted shadow shows hashes too
-        assert worst["source"].startswith("sha256:") and worst["production_text"].startswith("sha256:")
+        assert worst["source"].startswith("hmac-sha256:") and worst["production_text"].startswith("hmac-sha256:")
 
 
 def test_grpc_requests_are_shadowed(int8: ServerProcess) -> None:
@@ -291,7 +300,7 @@ def _killed_while_logging(server: ServerProcess, log: Path) -> None:
     assert len(records) >= start + 30 and {r["source"] for r in records} <= set(SENTENCES)
 
 
-def test_a_candidate_whose_process_dies_is_counted_and_production_answers_as_before(
+def test_a_candidate_whose_process_dies_is_counted_restarted_and_production_answers_as_before(
     plain: ServerProcess, short: ServerProcess
 ) -> None:
     """(After the comparison test: it kills ``short``'s candidate.)"""
@@ -299,12 +308,77 @@ def test_a_candidate_whose_process_dies_is_counted_and_production_answers_as_bef
     assert pid and pid != short.process.pid
     os.kill(pid, signal.SIGKILL)
     assert _answers(short) == _answers(plain)
-    deadline = time.monotonic() + 30
-    while (summary := httpx.get(short.url + "/v1/shadow").json())["requests"]["unavailable"] < 3:
-        assert time.monotonic() < deadline, json.dumps(summary)
+    deadline = time.monotonic() + 120
+    while (summary := httpx.get(short.url + "/v1/shadow").json())["state"] != "ready" or summary["pid"] == pid:
+        assert summary["state"] in ("ready", "restarting") and time.monotonic() < deadline, json.dumps(summary)
         time.sleep(0.05)
-    assert summary["state"] == "failed" and "died" in summary["load_error"]
+    assert summary["restarts"] == 1 and "died" in summary["load_error"] and summary["pid"] != pid
     assert summary["requests"]["failed"] == 1  # the request it died on (or would have got next)
     assert short.process.poll() is None and httpx.get(short.url + "/v2/health/ready").status_code == 200
     metrics = httpx.get(short.url + "/metrics").text
-    assert _metric(metrics, "mtgate_shadow_up", model=MODEL) == 0
+    assert _metric(metrics, "mtgate_shadow_restarts_total", model=MODEL) == 1
+    assert _metric(metrics, "mtgate_shadow_up", model=MODEL) == 1
+    assert any("restarting it in 1 s (restart 1" in line for line in short.log)
+    before = summary["pairs"]
+    assert _answers(short) == _answers(plain)
+    assert _summary(short, before + PAIRS)["requests"]["failed"] == 1  # the restarted candidate compares again
+
+
+def test_canary_answers_from_the_candidate_falls_back_when_it_dies_and_rolls_back(
+    plain: ServerProcess, demo: Path, different: Path
+) -> None:
+    server = start_server(demo, "--precision", "fp32", "--shadow", str(different), "--shadow-fraction", "0",
+                          "--canary-fraction", "1.0", "--canary-window", "3", "--canary-min-requests", "3",
+                          "--canary-max-error-rate", "0.5", "--grpc-port", "0", timeout=180)
+    try:
+        _shadow_ready(server)
+        body = {"text": SENTENCES[0]}
+        expected = httpx.post(plain.url + "/v1/translate", json=body, timeout=60).json()["translations"][0]["text"]
+        for _ in range(3):  # the 4-token candidate answers
+            r = httpx.post(server.url + "/v1/translate", json=body, timeout=60)
+            assert r.status_code == 200 and r.headers["x-mtgate-answered-by"] == "candidate"
+            assert r.headers["x-mtgate-answered-model"] == "demo-en-de@short/fp32"
+            text = r.json()["translations"][0]["text"]
+            assert text != expected and len(text.split()) <= 4
+        assert _grpc_answered_by(server) == ("candidate", "demo-en-de@short/fp32")
+        pid = httpx.get(server.url + "/v1/shadow").json()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(3):  # it died: production answers, no error; 2 failures of the last 3 (> 0.5) roll it back
+            r = httpx.post(server.url + "/v1/translate", json=body, timeout=60)
+            assert r.status_code == 200 and r.json()["translations"][0]["text"] == expected
+            assert r.headers["x-mtgate-answered-by"] == "production"
+        shadow = httpx.get(server.url + "/v1/shadow").json()
+        canary = shadow["canary"]
+        assert canary["state"] == "rolled_back" and canary["fraction"] == 0 and "error rate" in canary["reason"]
+        assert canary["requests"] == {"sampled": 6, "candidate": 4, "fallback": 2}  # the last: not sampled
+        metrics = httpx.get(server.url + "/metrics").text
+        assert _metric(metrics, "mtgate_canary_fraction", model=MODEL) == 0
+        assert _metric(metrics, "mtgate_canary_rollbacks_total", model=MODEL) == 1
+        assert _metric(metrics, "mtgate_canary_requests_total", model=MODEL, outcome="fallback") == 2
+        deadline = time.monotonic() + 30  # (stderr is read by a thread of its own: the line may still be on its way)
+        while not (rollbacks := [line for line in server.log if "canary rolled back to 0" in line]):
+            assert time.monotonic() < deadline, "".join(server.log[-20:])
+            time.sleep(0.05)
+        assert len(rollbacks) == 1 and "error rate" in rollbacks[0]
+        deadline = time.monotonic() + 120  # the candidate comes back, the canary stays rolled back
+        while (shadow := httpx.get(server.url + "/v1/shadow").json())["state"] != "ready":
+            assert time.monotonic() < deadline, json.dumps(shadow)
+            time.sleep(0.05)
+        r = httpx.post(server.url + "/v1/translate", json=body, timeout=60)
+        assert r.headers["x-mtgate-answered-by"] == "production" and shadow["canary"]["state"] == "rolled_back"
+    finally:
+        server.stop()
+
+
+def _grpc_answered_by(server: ServerProcess) -> tuple[str, str]:
+    """A gRPC ModelInfer's trailing metadata: who answered, and which model."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=MODEL, inputs=[service_pb2.ModelInferRequest.InferInputTensor(
+        name="INPUT_TEXT", datatype="BYTES", shape=[1, 1],
+        contents=service_pb2.InferTensorContents(bytes_contents=[SENTENCES[1].encode()]))])
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        _, call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=60)
+    metadata = dict(call.trailing_metadata())
+    return metadata["x-mtgate-answered-by"], metadata["x-mtgate-answered-model"]

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from serving.engine.errors import InferenceFailed
 from serving.server.http import create_app
 from serving.server.settings import ServingSettings
 from serving.server.shadow import Shadow
+from serving.server.shadow.candidate import ChildCandidate
 from serving.server.shadow.compare import compare
 from serving.server.shadow.log import PairLog, text_hash
 from tests.fakes import EchoTranslator
@@ -50,7 +52,9 @@ def test_pair_log_rotates_within_its_bound(tmp_path: Path) -> None:
     reopened.write({"i": 200})
     reopened.close()
     assert json.loads(path.read_bytes().splitlines()[-1]) == {"i": 200}
-    assert text_hash("Hund").startswith("sha256:") and "Hund" not in text_hash("Hund")
+    hashed = text_hash("Hund", b"salt")
+    assert hashed.startswith("hmac-sha256:") and "Hund" not in hashed and hashed == text_hash("Hund", b"salt")
+    assert hashed != text_hash("Hund", b"other") and hashed[len("hmac-sha256:"):] != sha256(b"Hund").hexdigest()
 
 
 class _Crashing(EchoTranslator):
@@ -141,3 +145,32 @@ def test_serve_refuses_a_missing_candidate_or_a_bad_fraction_in_one_line(tmp_pat
                                "0", *flags], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
             done.stderr
+
+
+def test_redacted_hashes_are_salted_per_server_unless_a_salt_is_configured(tmp_path: Path) -> None:
+    """Two servers without a configured salt hash the same text differently (a guess cannot be checked against a
+    log); two given the same MTGATE_SHADOW_REDACT_SALT alike (replicas' logs compare), and as documented."""
+    def sources(run: str, **salt: Any) -> list[str]:
+        (tmp_path / run).mkdir()
+        with _server(tmp_path / run, EchoTranslator, shadow_redact=True, **salt) as (url, _):
+            assert httpx.post(url + "/v1/translate", json={"text": "ein Hund"}).status_code == 200
+            _wait(url, lambda s: s["pairs"] == 1)
+        text = (tmp_path / run / "pairs.jsonl").read_text()
+        assert "Hund" not in text and "HUND" not in text
+        return [json.loads(line)["source"] for line in text.splitlines()]
+
+    first, second = sources("a"), sources("b")
+    assert first[0].startswith("hmac-sha256:") and first != second
+    salted = [sources(run, shadow_redact_salt="replicas") for run in ("c", "d")]
+    assert salted[0] == salted[1] == [text_hash("ein Hund", b"replicas")]
+
+
+def test_the_candidates_pid_is_none_until_its_process_runs() -> None:
+    """GET /v1/shadow reads the pid at any moment, also while a restart has created the process but not started it
+    (that read was a 500)."""
+    import multiprocessing
+
+    candidate = ChildCandidate(ROOT / "unused", "onnxruntime", "auto", 1, False)
+    assert candidate.pid is None
+    candidate._process = multiprocessing.get_context("spawn").Process(target=print)  # created, not started yet
+    assert candidate.pid is None
