@@ -1,7 +1,8 @@
 """The measuring loop every engine process runs: mtgate's (``mtgate_worker``) and the peers' (``benchmarks/peers.py``).
 
-This module imports only the standard library, numpy and ``serving.package.files`` (standard library only), so the peers'
-interpreter, which has none of mtgate's dependencies, imports it too.
+This module imports only the standard library and numpy, so the peers' interpreter, which has none of mtgate's
+dependencies, imports it too (not even ``serving``: importing ``serving.package.files`` runs the package's
+``__init__``, which needs pydantic).
 """
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-from serving.package.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +174,10 @@ def package_versions(names: Sequence[str]) -> dict[str, str]:
 def write_json(path: Path, data: Any) -> None:
     """``data`` as indented JSON, written atomically (the parent directory is created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     delete=False) as file:
+        file.write(json.dumps(data, indent=1) + "\n")
+    os.replace(file.name, path)
 
 
 def run_worker(config: dict[str, Any], load: Callable[[dict[str, Any]], tuple[Any, dict[str, Any]]]) -> None:
