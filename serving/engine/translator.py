@@ -109,6 +109,7 @@ class Translator:
         max_batch_size: int | None = DEFAULT_BUDGET.max_batch_size,
         max_batch_tokens: int = DEFAULT_BUDGET.max_batch_tokens,
         shortlist: bool = False,
+        spin: bool = True,
     ) -> Translator:
         """Load a model package (format and every checksum verified) on a runtime.
 
@@ -121,6 +122,7 @@ class Translator:
             max_batch_size, max_batch_tokens: the engine's budget (the class's arguments): ``mtgate serve`` passes
                 its settings, ``batch-score`` its flags.
             shortlist: decode with the package's vocabulary shortlist (``serving.engine.shortlist``; ONNX Runtime).
+            spin: let the runtime's decoder threads spin between steps (``serving.engine.backends.create_backend``).
 
         Returns:
             A ready Translator.
@@ -154,7 +156,7 @@ class Translator:
         decoder, table = open_shortlist(package, artifact) if shortlist else (package.path(artifact.decoder), None)
         try:
             backend = create_backend(runtime, package.path(artifact.encoder), decoder, threads, reuse_buffers=True,
-                                     shortlist=table)
+                                     shortlist=table, spin=spin)
         except BackendUnavailable as e:
             raise PackageError(str(e)) from e
         # DEBUG: a server names the model as it serves it (a repository's directories), once it is warm (runner)

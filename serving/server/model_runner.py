@@ -116,7 +116,7 @@ class ModelRunner:
             self.translator = await self.batcher.call_in_worker(
                 lambda: Translator.load(package_dir, runtime=s.runtime, precision=s.precision, threads=s.threads,
                                         max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
-                                        shortlist=s.shortlist)
+                                        shortlist=s.shortlist, spin=s.spin)
             )
         if self._settings.warmup:
             await self.batcher.call_in_worker(self._warm_up)

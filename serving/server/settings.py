@@ -74,6 +74,9 @@ class ServingSettings(BaseSettings):
             costs at most 1 BLEU, else fp32; ``serving.package.precision``), ``fp32`` or ``int8``.
         threads: intra-op threads of the runtime (None: the engine's default for this machine).
         shortlist: decode with the packages' vocabulary shortlists (``serving.engine.shortlist``; onnxruntime).
+        spin: let the runtime's decoder threads spin between decoder calls (ONNX Runtime's allow_spinning): faster
+            steps (p95 150-190 against 290-300 ms at 96 req/s on the demo); turn it off when other busy processes
+            share the server's cores, whose spinning threads would take them (benchmarks/README.md, "Spinning").
         host: address to listen on.
         port: TCP port to listen on.
         grpc_port: when set, also serve the KServe v2 / Triton gRPC protocol on this port (Triton's is 8001; 0 picks
@@ -164,6 +167,7 @@ class ServingSettings(BaseSettings):
     precision: Literal["auto", "fp32", "int8"] = "auto"
     threads: int | None = Field(default=None, ge=1)
     shortlist: bool = False
+    spin: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int | None = Field(default=None, ge=0, le=65535)

@@ -15,7 +15,7 @@ __all__ = ["Backend", "BackendUnavailable", "EncoderOutput", "create_backend", "
 
 def create_backend(
     runtime: str, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False,
-    shortlist: Shortlist | None = None,
+    shortlist: Shortlist | None = None, spin: bool = True,
 ) -> Backend:
     """Open the artifact's two graphs with the named runtime.
 
@@ -28,6 +28,7 @@ def create_backend(
             engine's search loop allows it); other runtimes ignore it.
         shortlist: decode with this vocabulary shortlist (ONNX Runtime; ``decoder_path`` is then the package's
             shortlist decoder).
+        spin: let the decoder's worker threads spin between calls (ONNX Runtime; OpenVINO manages its own threads).
 
     Raises:
         ValueError: unknown runtime.
@@ -37,7 +38,8 @@ def create_backend(
     if runtime == "onnxruntime":
         from serving.engine.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(encoder_path, decoder_path, threads, reuse_buffers=reuse_buffers, shortlist=shortlist)
+        return OnnxRuntimeBackend(encoder_path, decoder_path, threads, reuse_buffers=reuse_buffers, shortlist=shortlist,
+                                  spin=spin)
     if shortlist is not None:
         raise ValueError(f"a vocabulary shortlist runs on onnxruntime only, not on {runtime}")
     if runtime == "openvino":

@@ -71,13 +71,15 @@ class OnnxRuntimeBackend:
             engine turns it on; callers that keep every step's outputs leave it off.
         shortlist: decode with this vocabulary shortlist (``serving.engine.shortlist``); ``decoder_path`` must then be the
             package's shortlist decoder (input ``vocab_ids``).
+        spin: let the decoder's worker threads spin between calls (:func:`session_options`): the fastest steps when
+            nothing else wants the cores (``ServingSettings.spin``).
     """
 
     runtime = "onnxruntime"
 
     def __init__(
         self, encoder_path: Path, decoder_path: Path, threads: int | None = None, *, reuse_buffers: bool = False,
-        shortlist: Shortlist | None = None,
+        shortlist: Shortlist | None = None, spin: bool = True,
     ) -> None:
         try:
             import onnxruntime as ort
@@ -87,7 +89,7 @@ class OnnxRuntimeBackend:
         self.encoder = open_graph(self.runtime, encoder_path, lambda: ort.InferenceSession(
             str(encoder_path), session_options(threads, spin=False), providers=providers))
         self.decoder = open_graph(self.runtime, decoder_path, lambda: ort.InferenceSession(
-            str(decoder_path), session_options(threads), providers=providers))
+            str(decoder_path), session_options(threads, spin=spin), providers=providers))
         self.threads = threads
         self.reuse_buffers = reuse_buffers
         # Package format 4: the decoder keeps each row's cache in place (serving.engine.backends.base.STATIONARY_NOTE).
