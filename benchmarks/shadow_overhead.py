@@ -17,16 +17,15 @@ with the numbers.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
 import json
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from loadtest.corpus import default_corpus  # noqa: E402
@@ -41,37 +41,30 @@ from loadtest.server import start_server  # noqa: E402
 from serving.server.settings import DEFAULT_MODEL_DIR  # noqa: E402
 
 
-def _post(url: str, text: str) -> tuple[float, int]:
-    """Latency and status (0: no answer)."""
-    body = json.dumps({"text": text}).encode()
-    request = urllib.request.Request(url + "/v1/translate", body, {"Content-Type": "application/json"})
-    started = time.perf_counter()
+async def _post(http: httpx.AsyncClient, url: str, text: str, due: float) -> tuple[float, int]:
+    """Latency from the scheduled send time ``due`` and status (0: no answer)."""
+    await asyncio.sleep(max(0.0, due - time.perf_counter()))
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            response.read()
-            status = response.status
-    except urllib.error.HTTPError as e:
-        status = e.code
-    except Exception:
+        response = await http.post(url + "/v1/translate", json={"text": text})
+        status = response.status_code
+    except httpx.HTTPError:
         status = 0
-    return time.perf_counter() - started, status
+    return time.perf_counter() - due, status
 
 
 def _window(url: str, sentences: list[str], rate: float, seconds: float) -> list[tuple[float, int]]:
-    results: list[tuple[float, int]] = []
-    lock = threading.Lock()
+    """``rate`` requests a second for ``seconds``, each sent at its time whatever the others' latency (an open loop:
+    one task per request on an unbounded connection pool, so that a rate above the server's capacity stays offered)."""
 
-    def one(text: str) -> None:
-        result = _post(url, text)
-        with lock:
-            results.append(result)
+    async def run() -> list[tuple[float, int]]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(limits=limits, timeout=60.0) as http:
+            start = time.perf_counter()
+            return list(await asyncio.gather(*(
+                _post(http, url, sentences[i % len(sentences)], start + i / rate)
+                for i in range(int(rate * seconds)))))
 
-    with ThreadPoolExecutor(64) as pool:
-        start = time.perf_counter()
-        for i in range(int(rate * seconds)):
-            time.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            pool.submit(one, sentences[i % len(sentences)])
-    return results
+    return asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> int:
