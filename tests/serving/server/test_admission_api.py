@@ -80,10 +80,12 @@ def test_a_model_whose_queue_cannot_take_a_request_refuses_it_before_parsing_it(
                max_sentences_per_request=2, request_timeout_s=12) as client:
         batcher = client.app.state.service.get(None).batcher  # type: ignore[attr-defined]
         batcher.estimator.observe(1, 50, 5.0)  # 100 ms per token in batches of 1
-        results: list[Any] = []
+        results: dict[int, Any] = {}  # by the order sent (the threads finish in any order)
 
         def send(text: str) -> None:
-            thread = threading.Thread(target=lambda: results.append(client.post("/v1/translate", json={"text": text})))
+            index = len(threads)
+            thread = threading.Thread(target=lambda: results.update({index: client.post("/v1/translate",
+                                                                                          json={"text": text})}))
             thread.start()
             threads.append(thread)
 
@@ -118,4 +120,4 @@ def test_a_model_whose_queue_cannot_take_a_request_refuses_it_before_parsing_it(
         translator.gate.set()
         for thread in threads:
             thread.join(10)
-        assert results[0].status_code == 200
+        assert results[0].status_code == 200, results[0].text  # the one that ran
