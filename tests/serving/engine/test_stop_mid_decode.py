@@ -5,28 +5,15 @@ and every other sentence gets the tokens it gets alone (fp32), with the numpy se
 from __future__ import annotations
 
 import gzip
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from serving.engine.native import native_core
 from serving.engine.translator import DecodeOptions, Translator
 from serving.server.settings import DEFAULT_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
-CORES = ["numpy"] if os.environ.get("MTGATE_NATIVE", "1").strip() == "0" else ["native", "numpy"]
-
-
-@pytest.fixture(params=CORES)
-def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The decoding core of the test's searches (``MTGATE_NATIVE``: numpy when 0)."""
-    monkeypatch.setenv("MTGATE_NATIVE", "1" if request.param == "native" else "0")
-    if request.param == "native":
-        assert native_core() is not None, "the native core is not built (HELPERS.md: build it in place)"
-    yield request.param
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +41,7 @@ class FlipsAfter:
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_sentence_no_longer_wanted_leaves_its_batch_and_the_others_translate_as_alone(
-    demo: Translator, core: str, beam_size: int
+    demo: Translator, search_core: str, beam_size: int
 ) -> None:
     sources = _sources(6)
     options = DecodeOptions(beam_size=beam_size)
@@ -73,7 +60,7 @@ def test_a_sentence_no_longer_wanted_leaves_its_batch_and_the_others_translate_a
     assert len(alive.polls[-1]) < 4  # finished sentences are not polled
 
 
-def test_a_batch_whose_every_sentence_is_stopped_ends_at_once(demo: Translator, core: str) -> None:
+def test_a_batch_whose_every_sentence_is_stopped_ends_at_once(demo: Translator, search_core: str) -> None:
     sources = _sources(4)
     alive = FlipsAfter(gone={0, 1, 2, 3}, after=2)
     translations = demo.run(demo.prepare(sources, DecodeOptions(beam_size=4)), None, alive)

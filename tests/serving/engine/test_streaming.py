@@ -13,9 +13,8 @@ beam 5 with a length penalty of 0.6. ``benchmarks/stream_latency.py --check`` ru
 from __future__ import annotations
 
 import gzip
-import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ import numpy as np
 import pytest
 
 from serving.engine.continuous import ContinuousDecoder
-from serving.engine.native import native_core
 from serving.engine.request import Prepared
 from serving.engine.tokenizers import TextStream, Tokenizer, open_stream
 from serving.engine.translator import DecodeOptions, Translation, Translator
@@ -38,16 +36,6 @@ def _sources(count: int, start: int = 0) -> list[str]:
         return f.read().splitlines()[start : start + count]
 
 
-CORES = ["numpy"] if os.environ.get("MTGATE_NATIVE", "1").strip() == "0" else ["native", "numpy"]
-
-
-@pytest.fixture(params=CORES)
-def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The decoding core of the test's searches (``MTGATE_NATIVE``: numpy when 0)."""
-    monkeypatch.setenv("MTGATE_NATIVE", "1" if request.param == "native" else "0")
-    if request.param == "native":
-        assert native_core() is not None, "the native core is not built (HELPERS.md: build it in place)"
-    yield request.param
 
 
 _EXPECTED: dict[tuple[str, int, int, DecodeOptions], list[str]] = {}
@@ -100,7 +88,7 @@ CASES = [("beam 4", "demo", 32, DecodeOptions(beam_size=4)), ("beam 5, length pe
 
 
 @pytest.mark.parametrize(("name", "engine", "count", "options"), CASES, ids=[case[0] for case in CASES])
-def test_request_level_streams_the_translation(request: pytest.FixtureRequest, core: str, name: str, engine: str,
+def test_request_level_streams_the_translation(request: pytest.FixtureRequest, search_core: str, name: str, engine: str,
                                                count: int, options: DecodeOptions) -> None:
     translator: Translator = request.getfixturevalue(engine)
     sources = _sources(count)
@@ -116,7 +104,7 @@ def test_request_level_streams_the_translation(request: pytest.FixtureRequest, c
 
 
 @pytest.mark.parametrize(("name", "engine", "count", "options"), CASES, ids=[case[0] for case in CASES])
-def test_step_level_streams_the_translation_in_mixed_batches(request: pytest.FixtureRequest, core: str, name: str,
+def test_step_level_streams_the_translation_in_mixed_batches(request: pytest.FixtureRequest, search_core: str, name: str,
                                                              engine: str, count: int, options: DecodeOptions) -> None:
     translator: Translator = request.getfixturevalue(engine)
     sources = _sources(count)
@@ -190,7 +178,7 @@ class CountingTokenizer:
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_each_token_is_detokenized_once(demo: Translator, core: str, beam: int) -> None:
+def test_each_token_is_detokenized_once(demo: Translator, search_core: str, beam: int) -> None:
     """The detokenizer work of a streamed request: every output token goes through a sentence's stream once, and
     ``decode`` runs once per sentence (its translation), never on the prefix at each step."""
     counting = CountingTokenizer(demo.tokenizer)
