@@ -5,6 +5,7 @@ Tests of the real engine behind the server use tests/conftest.py's shared ``tiny
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import threading
@@ -24,6 +25,8 @@ if str(ROOT) not in sys.path:  # `tests.fakes` when pytest runs without the repo
     sys.path.insert(0, str(ROOT))
 
 from serving.server.http import create_app  # noqa: E402
+from serving.server.metrics import ServingMetrics  # noqa: E402
+from serving.server.model_runner import ModelRunner  # noqa: E402
 from serving.server.settings import ServingSettings  # noqa: E402
 from tests.fakes import EchoTranslator  # noqa: E402
 
@@ -45,6 +48,21 @@ def serve_app(translator: Any = None, **settings: Any) -> Iterator[TestClient]:
     with TestClient(app, raise_server_exceptions=False) as client:
         wait_ready(client)
         yield client
+
+
+def loaded_runner(settings: ServingSettings, package_dir: Path) -> ModelRunner:
+    """A ModelRunner of ``package_dir`` as the server makes it, started, loaded and stopped (its engine stays)."""
+    runner = ModelRunner(settings, ServingMetrics(), package_dir=package_dir)
+
+    async def main() -> None:
+        runner.start()
+        try:
+            await runner.load()
+        finally:
+            await runner.stop()
+
+    asyncio.run(main())
+    return runner
 
 
 @contextmanager

@@ -16,9 +16,8 @@ from serving.engine.planner import BatchBudget, in_order
 from serving.engine.request import OnPartial
 from serving.engine.translator import Translator
 from serving.server.batching import BatchLimits, DynamicBatcher
-from serving.server.metrics import ServingMetrics
-from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
+from tests.serving.server.conftest import loaded_runner
 from tests.utils.marian_factory import corpus
 
 SENTENCES = corpus("en")
@@ -52,16 +51,7 @@ def test_the_batcher_cuts_under_the_budget_with_the_items_width() -> None:
 def test_serve_loads_the_engine_with_its_budget(tiny_package: Path) -> None:
     settings = ServingSettings(model_dirs=[tiny_package], max_batch_size=5, max_batch_tokens=300, threads=1,
                                warmup=False)
-    runner = ModelRunner(settings, ServingMetrics(), package_dir=tiny_package)
-
-    async def main() -> None:
-        runner.start()
-        try:
-            await runner.load()
-        finally:
-            await runner.stop()
-
-    asyncio.run(main())
+    runner = loaded_runner(settings, tiny_package)
     assert isinstance(runner.translator, Translator)
     assert runner.translator.budget == BatchBudget(5, 300)
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from serving.engine.backends.onnxruntime import OnnxRuntimeBackend
-from serving.server.metrics import ServingMetrics
-from serving.server.model_runner import ModelRunner
 from serving.server.settings import ServingSettings
+from tests.serving.server.conftest import loaded_runner
 
 SPINNING = "session.intra_op.allow_spinning"
 
@@ -26,16 +24,7 @@ def _decoder_spins(backend: OnnxRuntimeBackend) -> bool:
 @pytest.mark.parametrize("spin", [True, False])
 def test_the_server_loads_its_decoder_with_the_spin_setting(tiny_package: Path, spin: bool) -> None:
     settings = ServingSettings(model_dirs=[tiny_package], threads=1, warmup=False, spin=spin, runtime="onnxruntime")
-    runner = ModelRunner(settings, ServingMetrics(), package_dir=tiny_package)
-
-    async def main() -> None:
-        runner.start()
-        try:
-            await runner.load()
-        finally:
-            await runner.stop()
-
-    asyncio.run(main())
+    runner = loaded_runner(settings, tiny_package)
     assert runner.translator is not None
     backend = runner.translator.backend
     assert isinstance(backend, OnnxRuntimeBackend)
