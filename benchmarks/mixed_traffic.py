@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/mixed_traffic.py` fro
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
-    BenchmarkError,
     ReportFiles,
     UsageError,
     machine,
@@ -59,17 +57,14 @@ from benchmarks.mixed_load import Mix, run_open_loop, schedule, send_lag_ms, sum
 from benchmarks.mixed_report import acceptance, ms, to_markdown  # noqa: E402
 from benchmarks.served_batching import (  # noqa: E402
     MISSES_TO_STOP,
+    ModeResult,
+    climb,
     parse_modes,
     parse_rates,
     parse_server_env,
-    reported_batching,
     served_parser,
-    server_environment,
-    wait_until_idle,
 )
 from loadtest.corpus import CorpusError, default_corpus, paragraph_range, read_lines  # noqa: E402
-from loadtest.errors import LoadTestError  # noqa: E402
-from loadtest.server import start_server  # noqa: E402
 
 DEFAULT_RATES = "1,2,4,6,8,12,16"
 
@@ -112,19 +107,6 @@ class RateRun:
     send_lag_ms: dict[str, float | None]
     holds: bool
     reasons: list[str]
-
-
-@dataclass
-class ModeRun:
-    mode: str
-    reported_batching: str | None = None
-    rates: list[RateRun] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def highest_rate_held(self) -> float | None:
-        held = [r.rate for r in self.rates if r.holds]
-        return max(held) if held else None
 
 
 # ---------------------------------------------------------------- arguments
@@ -217,50 +199,25 @@ def run_rate(url: str, rate: float, corpus: list[str], config: Config) -> RateRu
                    send_lag_ms=send_lag_ms(outcomes), holds=not reasons, reasons=reasons)
 
 
-def run_modes(results: list[ModeRun], config: Config, on_rate: Callable[[], object]) -> None:
-    """A server per mode, then the rate ladder with the modes taking turns at each rate, each server idle first;
-    ``on_rate`` after each run. A server failure ends that mode; a ladder ends after MISSES_TO_STOP misses."""
+def run_modes(results: list[ModeResult[RateRun]], config: Config, on_rate: Callable[[], object]) -> None:
+    """``served_batching.climb`` with one open-loop run of the mix per rate (:func:`run_rate`)."""
     corpus = read_lines(config.corpus)
-    with contextlib.ExitStack() as stack:
-        servers: dict[str, Any] = {}
-        for result in results:
-            try:
-                server = stack.enter_context(start_server(
-                    config.package, config.work_dir / result.mode / "server.log", config.server_timeout_s,
-                    env=server_environment(config, result.mode)))
-            except (LoadTestError, BenchmarkError) as e:
-                result.error = str(e)
-                say(f"{result.mode}: error: {e}")
-                continue
-            servers[result.mode] = server
-            result.reported_batching = reported_batching(server.log)
-        misses = dict.fromkeys(servers, 0)
-        for rate in config.rates:
-            for result in results:
-                mode = result.mode
-                if mode not in servers or misses[mode] >= MISSES_TO_STOP:
-                    continue
-                try:
-                    wait_until_idle(servers[mode].url)
-                    say(f"{mode}: {rate:g} req/s, {config.duration_s:g} s")
-                    measured = run_rate(servers[mode].url, rate, corpus, config)
-                except (LoadTestError, BenchmarkError) as e:
-                    result.error = str(e)
-                    say(f"{mode}: error: {e}")
-                    misses[mode] = MISSES_TO_STOP
-                    continue
-                result.rates.append(measured)
-                short, long = measured.classes["short"], measured.classes["long"]
-                say(f"{mode}: {rate:g} req/s: short p95 {ms(short['latency_ms']['p95'])} ms, long p95 "
-                    f"{ms(long['latency_ms']['p95'])} ms: " + ("holds" if measured.holds else "; ".join(measured.reasons)))
-                on_rate()
-                misses[mode] = 0 if measured.holds else misses[mode] + 1
+
+    def measure(mode: str, url: str, rate: float) -> RateRun:
+        say(f"{mode}: {rate:g} req/s, {config.duration_s:g} s")
+        return run_rate(url, rate, corpus, config)
+
+    def summary(measured: RateRun) -> str:
+        short, long = measured.classes["short"], measured.classes["long"]
+        return f"short p95 {ms(short['latency_ms']['p95'])} ms, long p95 {ms(long['latency_ms']['p95'])} ms"
+
+    climb(results, config, measure, summary, on_rate)
 
 
 # ---------------------------------------------------------------- report
 
 
-def to_json(config: Config, host: dict[str, Any], modes: list[ModeRun], started: datetime,
+def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult[RateRun]], started: datetime,
             complete: bool) -> dict[str, Any]:
     mode_data = [{"mode": m.mode, "reported_batching": m.reported_batching, "highest_rate_held": m.highest_rate_held,
                   "error": m.error, "rates": [asdict(r) for r in m.rates]} for m in modes]
@@ -293,7 +250,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mixed_traffic") -> int:
     except SystemExit as e:  # argparse: --help, or a malformed flag (its usage message is already on stderr)
         return int(e.code or 0)
     started, host = datetime.now(UTC), machine()
-    modes = [ModeRun(mode) for mode in config.modes]
+    modes = [ModeResult[RateRun](mode) for mode in config.modes]
     report = ReportFiles.of(config.out_dir, config.name)
     try:
         run_modes(modes, config, on_rate=lambda: report.write(to_json(config, host, modes, started, False),

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/served_batching.py` from anywhere
@@ -117,13 +117,27 @@ class RateResult:
     top_failures: list[str] = field(default_factory=list)
 
 
+class RateOutcome(Protocol):
+    """What the ladder reads of one rate's result (``RateResult``, and benchmarks/mixed_traffic.py's ``RateRun``)."""
+
+    @property
+    def rate(self) -> float: ...
+    @property
+    def holds(self) -> bool: ...
+    @property
+    def reasons(self) -> list[str]: ...
+
+
+R = TypeVar("R", bound=RateOutcome)
+
+
 @dataclass
-class ModeResult:
+class ModeResult(Generic[R]):
     """One batching mode: its ladder, its highest holding rate, and what its server said about its settings."""
 
     mode: str
     reported_batching: str | None = None
-    rates: list[RateResult] = field(default_factory=list)
+    rates: list[R] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -374,11 +388,26 @@ def server_environment(config: ServerOptions, mode: str) -> dict[str, str]:
             "MTGATE_PRECISION": config.precision, "MTGATE_RUNTIME": config.runtime}
 
 
-def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], object]) -> None:
+class LadderOptions(ServerOptions, Protocol):
+    """What :func:`climb` reads of a run's configuration (this script's Config, and mixed_traffic's)."""
+
+    @property
+    def package(self) -> Path: ...
+    @property
+    def work_dir(self) -> Path: ...
+    @property
+    def server_timeout_s(self) -> float: ...
+    @property
+    def rates(self) -> list[float]: ...
+
+
+def climb(results: list[ModeResult[R]], config: LadderOptions, measure: Callable[[str, str, float], R],
+          summary: Callable[[R], str], on_rate: Callable[[], object]) -> None:
     """Start a server per mode of ``results``, then climb the rate ladder with the modes taking turns at each rate
     (so that a change in the machine's speed, which on a shared VM can be tens of percent within minutes, hits every
-    mode alike), calling ``on_rate`` after each run; stop the servers. A server or Locust failure ends that mode's
-    ladder and goes into its ``error``; a mode's ladder also ends after MISSES_TO_STOP rates that do not hold."""
+    mode alike), each server idle before its run: ``measure(mode, url, rate)`` runs one rate, ``summary(result)``
+    says what it measured, ``on_rate`` is called after each run; stop the servers. A server or load failure ends that
+    mode's ladder and goes into its ``error``; a mode's ladder also ends after MISSES_TO_STOP rates that do not hold."""
     with contextlib.ExitStack() as stack:
         servers: dict[str, Any] = {}
         for result in results:
@@ -404,19 +433,31 @@ def run_modes(results: list[ModeResult], config: Config, on_rate: Callable[[], o
                     continue
                 try:
                     wait_until_idle(servers[mode].url)
-                    users = config.users or users_for(rate)
-                    say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
-                    measured = run_rate(servers[mode].url, rate, config, config.work_dir / mode / f"rate-{rate:g}")
+                    measured = measure(mode, servers[mode].url, rate)
                 except (LoadTestError, BenchmarkError) as e:
                     result.error = str(e)
                     say(f"{mode}: error: {e}")
                     misses[mode] = MISSES_TO_STOP
                     continue
                 result.rates.append(measured)
-                say(f"{mode}: {rate:g} req/s: p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, "
-                     f"{measured.failures} failed: " + ("holds" if measured.holds else "; ".join(measured.reasons)))
+                say(f"{mode}: {rate:g} req/s: {summary(measured)}: "
+                    + ("holds" if measured.holds else "; ".join(measured.reasons)))
                 on_rate()
                 misses[mode] = 0 if measured.holds else misses[mode] + 1
+
+
+def run_modes(results: list[ModeResult[RateResult]], config: Config, on_rate: Callable[[], object]) -> None:
+    """:func:`climb` with one Locust run of ``TranslateUser`` per rate (:func:`run_rate`)."""
+
+    def measure(mode: str, url: str, rate: float) -> RateResult:
+        users = config.users or users_for(rate)
+        say(f"{mode}: {rate:g} req/s, {users} users, {config.duration_s:g} s")
+        return run_rate(url, rate, config, config.work_dir / mode / f"rate-{rate:g}")
+
+    def summary(measured: RateResult) -> str:
+        return f"p95 {_ms(measured.p95_ms)} ms, {measured.achieved_rps:.2f} req/s, {measured.failures} failed"
+
+    climb(results, config, measure, summary, on_rate)
 
 
 # ---------------------------------------------------------------- report
@@ -432,7 +473,7 @@ def _users_text(config: Config) -> str:
     return f"{USERS_PER_RPS} per offered req/s, at least {MIN_USERS}, at most {MAX_USERS}"
 
 
-def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult], started: datetime,
+def to_json(config: Config, host: dict[str, Any], modes: list[ModeResult[RateResult]], started: datetime,
             complete: bool) -> dict[str, Any]:
     return {
         "name": config.name,
@@ -515,10 +556,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     started = datetime.now(UTC)
     host = machine()
-    modes: list[ModeResult] = []
+    modes: list[ModeResult[RateResult]] = []
     report = ReportFiles.of(config.out_dir, config.name)
     try:
-        modes.extend(ModeResult(mode) for mode in config.modes)
+        modes.extend(ModeResult[RateResult](mode) for mode in config.modes)
         run_modes(modes, config, on_rate=lambda: report.write(to_json(config, host, modes, started, False),
                                                                to_markdown))
     except KeyboardInterrupt:
