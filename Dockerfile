@@ -16,8 +16,9 @@
 # MTGATE_MAX_BATCH_SIZE, MTGATE_API_KEY.
 #
 # The server image installs the plain install plus the `grpc` extra (grpcio and tritonclient's compiled protocol
-# messages): what `mtgate serve` needs for HTTP and gRPC and nothing more (no tensorflow, locust, sacrebleu). It
-# serves gRPC on 8001 (MTGATE_GRPC_PORT; unset it for HTTP only). The batch image adds the `batch` extra and runs
+# messages): what `mtgate serve` needs for HTTP and gRPC and nothing more (no tensorflow, locust, sacrebleu: the
+# shadow's chrF and BLEU are computed without it). It serves gRPC on 8001 (MTGATE_GRPC_PORT; unset it for HTTP
+# only). The batch image adds the `batch` extra and runs
 # `batch-score`. Both hold the same source tree; a command whose extra an image lacks (`mtgate loadtest`, `validate`,
 # `convert`) answers with one line naming the extra. Checkpoints are converted outside (`make demo` converts the demo).
 #

@@ -60,6 +60,12 @@ class ShadowNotConfigured(ServingError):
     code = "shadow_not_configured"
 
 
+class CanaryNotConfigured(ServingError):
+    """``POST /v1/shadow/canary`` on a server started without a canary (``--canary-fraction``; HTTP 404)."""
+
+    code = "canary_not_configured"
+
+
 # The one table. Lookup walks the exception's MRO, so subclasses inherit their parent's status.
 STATUS: dict[type[ServingError], int] = {
     InputTooLong: 413,
@@ -68,6 +74,7 @@ STATUS: dict[type[ServingError], int] = {
     Unauthorized: 401,
     ModelNotFound: 404,
     ShadowNotConfigured: 404,
+    CanaryNotConfigured: 404,
     RequestTimeout: 408,
     UnsupportedEncoding: 415,
     ClientDisconnected: 499,

@@ -1,4 +1,5 @@
-"""The data plane behind the routes: models, their batchers, limits, readiness and drain. Knows nothing of HTTP.
+"""The data plane behind the routes: models (found by name and version through ``serving.server.catalog``), their
+batchers, limits, readiness and drain. Knows nothing of HTTP.
 
 A route turns its request into texts and an :class:`~serving.server.limits.Admission` (options and deadline, parsed
 and checked once: ``TranslationService.limits.admission``) and calls :meth:`TranslationService.translate` (or
@@ -26,7 +27,7 @@ from serving.engine.documents import (
     source_language,
     split_documents,
 )
-from serving.engine.errors import InvalidInput, ModelNotFound, ModelNotReady, ServingError
+from serving.engine.errors import InvalidInput, ModelNotFound, ServingError
 from serving.engine.request import (
     EMPTY_TRANSLATION,
     Engine,
@@ -37,6 +38,7 @@ from serving.engine.request import (
 from serving.engine.tokenizers.base import InvalidText
 from serving.package import PackageError
 from serving.server.batching import Pending
+from serving.server.catalog import ModelCatalog
 from serving.server.limits import Admission, RequestLimits
 from serving.server.metrics import ServingMetrics
 from serving.server.model_runner import ModelRunner
@@ -54,8 +56,9 @@ class _Key:
     streaming: bool  # streamed batches pay for partial detokenization; keep them apart from the others
 
 
-class TranslationService:
-    """Every served model plus the server's state (loading -> ready -> draining)."""
+class TranslationService(ModelCatalog):
+    """Every served model (:class:`~serving.server.catalog.ModelCatalog`: by name and version) plus the server's state
+    (loading -> ready -> draining)."""
 
     def __init__(
         self,
@@ -71,15 +74,7 @@ class TranslationService:
             runners = [ModelRunner(settings, metrics, translator=t) for t in translators]
         elif not runners:
             runners = [ModelRunner(settings, metrics, package_dir=p) for p in settings.model_dirs]
-        self.models: dict[str, ModelRunner] = {}
-        for runner in runners:
-            if runner.name in self.models:
-                raise ValueError(f"two packages serve the model name {runner.name!r}")
-            self.models[runner.name] = runner
-        # Versions served besides each model's newest (a repository's version policy: latest N, all, specific);
-        # reached by naming their version (/v2, gRPC).
-        self.older: dict[str, dict[str, ModelRunner]] = {}
-        self.default_model = next(iter(self.models))
+        super().__init__(runners)
         self.draining = False
         self.failed: str | None = None
         self.inflight = 0
@@ -93,10 +88,6 @@ class TranslationService:
     @property
     def ready(self) -> bool:
         return not self.draining and self.failed is None and all(r.ready for r in self.runners())
-
-    def runners(self) -> list[ModelRunner]:
-        """Every runner served: each model's newest version, then its older ones."""
-        return [*self.models.values(), *(r for versions in self.older.values() for r in versions.values())]
 
     def start(self) -> None:
         for runner in self.runners():
@@ -130,108 +121,7 @@ class TranslationService:
         for runner in self.runners():
             await runner.stop()
 
-    def versions_of(self, name: str) -> dict[str, ModelRunner]:
-        """The served versions of ``name`` (none when it is not served), by version."""
-        if name not in self.models:
-            return {}
-        newest = self.models[name]
-        return {**self.older.get(name, {}), newest.version_name: newest}
-
-    def serve_versions(self, name: str, runners: dict[str, ModelRunner]) -> list[ModelRunner]:
-        """Serve exactly ``runners`` (loaded and warm, by version; the highest is what requests without a version
-        get) as ``name``. Returns the runners no longer served, which new requests do not reach: the caller stops
-        each once its admitted requests are done."""
-        before = self.versions_of(name)
-        ordered = sorted(runners, key=int)
-        self.models[name] = runners[ordered[-1]]
-        self.older[name] = {v: runners[v] for v in ordered[:-1]}
-        kept = {id(r) for r in runners.values()}
-        return [r for r in before.values() if id(r) not in kept]
-
-    def remove(self, name: str) -> list[ModelRunner]:
-        """Stop routing requests to ``name``; returns its runners (the caller stops each once its requests are
-        done)."""
-        runners = list(self.versions_of(name).values())
-        del self.models[name]
-        self.older.pop(name, None)
-        if self.default_model == name and self.models:
-            self.default_model = next(iter(self.models))
-        return runners
-
     # -- requests ------------------------------------------------------------------------------------------------
-
-    def get(self, name: str | None) -> ModelRunner:
-        """The model called ``name`` (the default model when None).
-
-        Raises:
-            ModelNotFound: no such model.
-        """
-        runner = self.models.get(self.default_model if name is None else name)
-        if runner is None:
-            have = ", ".join(sorted(self.models))
-            raise ModelNotFound(f"unknown model {name!r} (this server serves: {have})")
-        return runner
-
-    def version(self, name: str, version: str | None) -> ModelRunner:
-        """The model ``name`` at ``version`` (None or "": whichever it serves), as the Open Inference Protocol names
-        them (HTTP ``/v2`` and gRPC).
-
-        Raises:
-            ModelNotFound: no such model, or not that version (the message lists what is served).
-        """
-        runner = self.models.get(name)
-        if runner is not None and version and runner.translator is not None and version != str(runner.info.version):
-            runner = self.older.get(name, {}).get(version)
-        if runner is None:
-            what = f"{name!r}" + (f" version {version!r}" if version else "")
-            raise ModelNotFound(f"Request for unknown model: {what} (served: {', '.join(sorted(self.models))})")
-        return runner
-
-    def ready_model(self, name: str | ModelRunner | None) -> ModelRunner:
-        """The model called ``name``, if it is loaded and warm.
-
-        Draining is not checked here: the HTTP middleware refuses new requests once a drain begins, and a request
-        it let in before then (even one still reading its body) runs to completion.
-
-        Raises:
-            ModelNotFound: no such model.
-            ModelNotReady: still loading.
-        """
-        runner = name if isinstance(name, ModelRunner) else self.get(name)
-        if not runner.ready:
-            raise ModelNotReady(f"model {runner.name!r} is not ready yet (loading and warming up)")
-        return runner
-
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, object]:
-        """Triton's statistics extension (``{"model_stats": [...]}``, one entry per served version): of every model,
-        of ``name``'s versions, or of ``name`` at ``version``.
-
-        Raises:
-            ModelNotFound: no such model or version.
-        """
-        if name is None:
-            runners = self.runners()
-        elif version:
-            runners = [self.version(name, version)]
-        else:
-            self.version(name, None)  # ModelNotFound
-            runners = sorted(self.versions_of(name).values(), key=lambda r: r.version_name.zfill(20))
-        entries = [r.statistics.to_json(r.name, r.version_name) for r in runners]
-        return {"model_stats": entries}
-
-    def model_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Each model with its version and state (``READY``, ``LOADING``, ``UNAVAILABLE`` with the reason), as
-        Triton's repository index lists them."""
-        index = []
-        for runner in sorted(self.runners(), key=lambda r: (r.name, r.version_name.zfill(20))):
-            state = "READY" if runner.ready else "UNAVAILABLE" if runner.load_error else "LOADING"
-            if ready_only and state != "READY":
-                continue
-            entry = {"name": runner.name, "version": runner.version_name, "state": state}
-            if runner.load_error:
-                entry["reason"] = runner.load_error
-            index.append(entry)
-        return index
 
     async def score(
         self, model: str | ModelRunner | None, sources: Sequence[str], targets: Sequence[str], admission: Admission

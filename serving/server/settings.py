@@ -143,7 +143,8 @@ class ServingSettings(BaseSettings):
         shadow_redact_salt: the key of those hashes; give every replica the same one to compare their logs (default:
             a random salt per server start, so hashes of two servers or two runs never match).
         canary_fraction: the share of the default model's requests answered by the ``shadow`` candidate instead of
-            production (``serving.server.shadow.canary``; sampled by request id); set to 0 by a rollback.
+            production (``serving.server.shadow.canary``; sampled by request id); set to 0 by a rollback, set again
+            by ``POST /v1/shadow/canary``.
         canary_max_error_rate: roll the canary back when more of the candidate's answers fail (error, crash,
             timeout) over the window.
         canary_max_p95_ms: roll it back when the candidate's p95 latency over the window is above this (None: no

@@ -1,6 +1,7 @@
 """deploy/monitoring: every query of the Grafana dashboard and the alert rules parses as PromQL (promql-parser) and
 names only metrics, and labels, that the real server exposes on /metrics after real traffic (the real app with a
-real model package behind TestClient). The scrape config points at that route and at the Kubernetes annotations.
+real model package behind TestClient; the shadow's and canary's series from a second app with a shadow candidate and a
+canary). The scrape config points at that route and at the Kubernetes annotations.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.server.http import create_app
 from serving.server.settings import ServingSettings
+from serving.server.shadow import Shadow
+from tests.fakes import EchoTranslator
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 K8S = MONITORING.parent / "k8s"
@@ -48,6 +51,13 @@ def exposition(model_package: Path) -> Iterator[dict[str, set[str] | None]]:
         r = client.post("/v1/translate", json={"text": "Too late.", "timeout_ms": 1})  # waits 20 ms: expires
         assert r.status_code == 504, r.text
         text = client.get("/metrics").text
+    # The shadow's and the canary's series (mtgate_shadow_*, mtgate_canary_*): an app with a candidate and a canary.
+    shadowed = ServingSettings(model_dirs=[model_package], shadow=model_package, canary_fraction=0.5)
+    app = create_app(shadowed.model_copy(update={"shadow": None, "canary_fraction": 0.0}), EchoTranslator())
+    service = app.state.service
+    service.shadow = Shadow(shadowed, service.metrics.registry, service.default_model, load=EchoTranslator)
+    with TestClient(app) as client:
+        text += client.get("/metrics").text
     series: dict[str, set[str] | None] = {}
     for family in text_string_to_metric_families(text):
         for suffix in _SUFFIXES.get(family.type, ("",)):
@@ -158,6 +168,15 @@ def test_query_metrics_exist_on_metrics(title: str, expr: str, exposition: dict[
     # and the traffic produced samples of each, so that the label checks above really ran
     unobserved = [s.name for s in selectors(promql_parser.parse(substitute(expr))) if exposition[s.name] is None]
     assert unobserved == []
+
+
+def test_alerts_cover_canary_rollbacks_and_shed_shadow_work() -> None:
+    alerts = dict(alert_queries())
+    assert "mtgate_canary_rollbacks_total" in alerts["MtgateCanaryRolledBack"]
+    assert 'mtgate_shadow_requests_total{outcome="shed"}' in alerts["MtgateShadowShedding"]
+    rules = yaml.safe_load((MONITORING / "alerts.yml").read_text(encoding="utf-8"))
+    [shedding] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "MtgateShadowShedding"]
+    assert shedding["for"] == "15m"  # sustained, not a burst
 
 
 def test_the_check_catches_a_wrong_name_or_label(exposition: dict[str, set[str] | None]) -> None:

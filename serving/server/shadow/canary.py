@@ -16,9 +16,10 @@ answer in time) production answers that request: the client gets production's an
 the failure counts against the candidate (once production has answered: an input both refuse is the client's).
 
 Rollback: over the candidate's last ``canary_window`` canary requests (once ``canary_min_requests`` are in), an error
-rate above ``canary_max_error_rate`` or a p95 latency above ``canary_max_p95_ms`` sets the fraction to 0 until the
-server restarts: one ERROR log line says why, ``mtgate_canary_rollbacks_total`` counts it, ``mtgate_canary_fraction``
-drops to 0 and ``GET /v1/shadow`` shows the state, the reason and when.
+rate above ``canary_max_error_rate`` or a p95 latency above ``canary_max_p95_ms`` sets the fraction to 0: one ERROR
+log line says why, ``mtgate_canary_rollbacks_total`` counts it, ``mtgate_canary_fraction`` drops to 0 and ``GET
+/v1/shadow`` shows the state, the reason and when. It stays there until the server restarts or an operator sets a
+fraction (``POST /v1/shadow/canary``, :meth:`Canary.set_fraction`): above 0 re-arms the canary with an empty window.
 
 Which model answered: the HTTP middleware puts :data:`ANSWERED_BY`'s value into the response headers
 ``X-Mtgate-Answered-By`` (``production`` or ``candidate``) and ``X-Mtgate-Answered-Model`` (``name@version/precision``;
@@ -45,6 +46,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from serving.engine.errors import InvalidInput
 from serving.engine.request import Translation
 from serving.server.limits import Admission
 from serving.server.settings import ServingSettings
@@ -98,7 +100,7 @@ class Canary:
         self.model = model
         self.candidate = candidate
         self.fraction = settings.canary_fraction
-        self.state = "active"  # -> rolled_back
+        self.state = "active"  # -> rolled_back (automatic), off (an operator's 0); an operator's F > 0: active again
         self.reason: str | None = None
         self.rolled_back_at: str | None = None
         self.counts = {"sampled": 0, "candidate": 0, "fallback": 0}
@@ -212,6 +214,30 @@ class Canary:
         self.metrics.rollbacks.inc()
         logger.error("canary rolled back to 0: candidate %s: %s; production answers every request of model %s",
                      self.candidate, reason, self.model)
+
+    def set_fraction(self, fraction: float) -> None:
+        """An operator's fraction (``POST /v1/shadow/canary``): above 0 re-arms the canary (a rollback's state and
+        the sliding window cleared), 0 turns it off until set again. One INFO line, ``mtgate_canary_fraction_sets_total``.
+
+        Raises:
+            InvalidInput: ``fraction`` is not within [0, 1].
+        """
+        if not 0.0 <= fraction <= 1.0:  # NaN too
+            raise InvalidInput(f"the canary fraction must be within [0, 1], got {fraction!r}")
+        with self._lock:
+            previous, self.fraction = self.state, fraction
+            self.reason = self.rolled_back_at = None
+            if fraction > 0:
+                self.state = "active"
+                self._window.clear()
+            else:
+                self.state, self.reason = "off", "set to 0 by an operator (POST /v1/shadow/canary)"
+        self.metrics.fraction.set(fraction)
+        self.metrics.error_rate.set(0)
+        self.metrics.p95.set(0)
+        self.metrics.sets.inc()
+        logger.info("canary fraction set to %g by an operator: candidate %s of model %s (was %s, now %s)", fraction,
+                    self.candidate, self.model, previous, self.state)
 
     def to_json(self) -> dict[str, Any]:
         """The ``canary`` part of ``GET /v1/shadow``."""

@@ -2,13 +2,16 @@
 not, sentence chrF and BLEU of the candidate's text against production's, and the length ratio.
 
 chrF and BLEU are sacrebleu's sentence scorers (``CHRF()``, ``BLEU(effective_order=True)``, their defaults) when
-sacrebleu is installed (the ``shadow`` extra); without it they are off (``None``) and :data:`SCORER` says so.
+sacrebleu is installed (the ``shadow`` extra); without it (the Docker image) the same formulas in plain Python
+(:mod:`serving.server.shadow.sentence_scores`). :data:`SCORER` names which.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from serving.server.shadow.sentence_scores import sentence_bleu, sentence_chrf
 
 try:
     import sacrebleu
@@ -18,9 +21,9 @@ try:
     _CHRF: Any = CHRF()
     _BLEU: Any = BLEU(effective_order=True)
     SCORER = f"sacrebleu {sacrebleu.__version__}"
-except ImportError:  # pragma: no cover - the eval extra is installed wherever the tests run
+except ImportError:  # the Docker image: the same formulas without sacrebleu
     _CHRF = _BLEU = None
-    SCORER = "off (sacrebleu is not installed)"
+    SCORER = "mtgate sentence_scores (sacrebleu is not installed; its CHRF() and BLEU(effective_order=True) formulas)"
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,14 @@ class PairScores:
 
     Attributes:
         identical: the two texts are equal.
-        chrf: sentence chrF of the candidate's text, production's as the reference (0-100; None without sacrebleu).
+        chrf: sentence chrF of the candidate's text, production's as the reference (0-100).
         bleu: sentence BLEU (effective order), likewise.
         length_ratio: candidate characters / production characters (1.0 when both are empty).
     """
 
     identical: bool
-    chrf: float | None
-    bleu: float | None
+    chrf: float
+    bleu: float
     length_ratio: float
 
 
@@ -44,9 +47,9 @@ def compare(production: str, candidate: str) -> PairScores:
     """Score ``candidate`` against ``production`` (identical texts score 100 without running the scorers)."""
     identical = production == candidate
     if identical:
-        chrf = bleu = 100.0 if _CHRF is not None else None
+        chrf = bleu = 100.0
     elif _CHRF is None:
-        chrf = bleu = None
+        chrf, bleu = sentence_chrf(candidate, production), sentence_bleu(candidate, production)
     else:
         chrf = float(_CHRF.sentence_score(candidate, [production]).score)
         bleu = float(_BLEU.sentence_score(candidate, [production]).score)

@@ -84,6 +84,10 @@ class CanaryMetrics:
         self.rollbacks = Counter("mtgate_canary_rollbacks_total", "automatic rollbacks of the canary to 0", labels,
                                  registry=r).labels(model, candidate)
         self.rollbacks.inc(0)
+        self.sets = Counter("mtgate_canary_fraction_sets_total", "fractions set by an operator (POST "
+                            "/v1/shadow/canary; above 0 re-arms a rolled-back canary)", labels,
+                            registry=r).labels(model, candidate)
+        self.sets.inc(0)
         self.seconds = Histogram("mtgate_canary_latency_seconds", "the candidate's answer time of a canary request "
                                  "(a failure: until it failed)", labels, buckets=_LATENCY_BUCKETS,
                                  registry=r).labels(model, candidate)

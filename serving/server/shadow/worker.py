@@ -346,8 +346,7 @@ class Shadow:
                 "time": now, "request_id": job.request_id, "index": i, "model": self.model,
                 "candidate": self.candidate, "source": redact(source), "production_text": redact(production.text),
                 "candidate_text": redact(candidate), "identical": pair.identical,
-                "chrf": None if pair.chrf is None else round(pair.chrf, 3),
-                "bleu": None if pair.bleu is None else round(pair.bleu, 3),
+                "chrf": round(pair.chrf, 3), "bleu": round(pair.bleu, 3),
                 "length_ratio": round(pair.length_ratio, 4),
                 "production_seconds": round(job.production_s, 6), "candidate_seconds": round(candidate_s, 6),
                 **{f"{name}_log_prob": round(values[i], 5) for name, values in result.scores.items()},
@@ -362,9 +361,8 @@ class Shadow:
         m.pairs.inc()
         if record["identical"]:
             m.identical.inc()
-        if record["chrf"] is not None:
-            m.chrf.observe(record["chrf"])
-            m.bleu.observe(record["bleu"])
+        m.chrf.observe(record["chrf"])
+        m.bleu.observe(record["bleu"])
         m.length_ratio.observe(record["length_ratio"])
         for name, histogram in m.log_prob.items():
             if f"{name}_log_prob" in record:

@@ -169,3 +169,70 @@ class _Slow(_Marked):
     def run(self, prepared: Any, on_partial: Any = None) -> Any:
         time.sleep(0.5)
         return super().run(prepared, on_partial)
+
+
+def test_an_operator_re_arms_a_rolled_back_canary(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """POST /v1/shadow/canary behind the API key: a candidate rolled back for failing answers again once re-armed
+    (state and window cleared, one INFO line, a metric); bad input is a 4xx through the one error mapping."""
+    caplog.set_level(logging.INFO, logger="serving.server.shadow.canary")
+    broken = threading.Event()
+    broken.set()
+
+    class _Flaky(_Marked):
+        def run(self, prepared: Any, on_partial: Any = None) -> Any:
+            if broken.is_set():
+                raise RuntimeError("candidate broken")
+            return super().run(prepared, on_partial)
+
+    key = {"Authorization": "Bearer k3y"}
+    with _server(tmp_path, _Flaky, canary_fraction=1.0, canary_window=5, canary_min_requests=3,
+                 api_key="k3y") as (url, shadow):
+        for _ in range(4):
+            assert _translate(url, **key).headers["x-mtgate-answered-by"] == "production"
+        assert httpx.get(url + "/v1/shadow").json()["canary"]["state"] == "rolled_back"
+        broken.clear()  # the candidate is fixed; the canary stays at 0 until re-armed
+        assert _translate(url, **key).headers["x-mtgate-answered-by"] == "production"
+
+        def post(body: Any, headers: dict[str, str] = key, **kw: Any) -> httpx.Response:
+            return httpx.post(url + "/v1/shadow/canary", json=body, headers=headers, **kw)
+
+        assert post({"fraction": 0.5}, headers={}).status_code == 401  # the key, as model load/unload
+        assert post({"fraction": 0.5}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        for bad in ({"fraction": 1.5}, {"fraction": -0.1}, {"fraction": "1"}, {"fraction": True}, {}, [0.5], 0.5):
+            r = post(bad)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_input", (bad, r.text)
+        r = httpx.post(url + "/v1/shadow/canary", content=b"{fraction", headers={**key, "Content-Type":
+                                                                                 "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.text
+        assert httpx.get(url + "/v1/shadow").json()["canary"]["state"] == "rolled_back"  # nothing changed
+
+        r = post({"fraction": 1})
+        assert r.status_code == 200, r.text
+        canary = r.json()["canary"]
+        assert canary == httpx.get(url + "/v1/shadow").json()["canary"]  # the state /v1/shadow shows
+        assert canary["state"] == "active" and canary["fraction"] == 1.0 and canary["reason"] is None
+        assert canary["rolled_back_at"] is None and canary["window"]["requests"] == 0
+        r = _translate(url, **key)
+        assert r.headers["x-mtgate-answered-by"] == "candidate"
+        assert r.json()["translations"][0]["text"] == "C B A (candidate)"
+        labels = f'{{candidate="{shadow.candidate}",model="echo"}}'
+        assert _metric(url, "mtgate_canary_fraction" + labels) == 1
+        assert _metric(url, "mtgate_canary_fraction_sets_total" + labels) == 1
+        assert _metric(url, "mtgate_canary_rollbacks_total" + labels) == 1
+
+        canary = post({"fraction": 0}).json()["canary"]  # an operator's 0: off, production answers
+        assert canary["state"] == "off" and canary["fraction"] == 0
+        assert _translate(url, **key).headers["x-mtgate-answered-by"] == "production"
+    sets = [r for r in caplog.records if "set to" in r.getMessage() and "by an operator" in r.getMessage()]
+    assert [r.levelno for r in sets] == [logging.INFO, logging.INFO] and "was rolled_back, now active" in \
+        sets[0].getMessage()
+
+
+def test_setting_the_fraction_without_a_canary_is_404(tmp_path: Path) -> None:
+    with _server(tmp_path, _Marked) as (url, _):  # a shadow, no canary
+        r = httpx.post(url + "/v1/shadow/canary", json={"fraction": 0.5})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "canary_not_configured"
+    app = create_app(ServingSettings(model_dirs=[ROOT / "unused"]), EchoTranslator())
+    with run_app(app) as url:  # no shadow at all
+        r = httpx.post(url + "/v1/shadow/canary", json={"fraction": 0.5})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "shadow_not_configured"
