@@ -2,7 +2,7 @@
 uses) or, for an engine handed in (tests, embedding), on the shadow worker thread (:class:`LocalCandidate`).
 
 The child process keeps the candidate off production's interpreter: its Python work never takes the server's GIL
-(production's event loop and batcher thread), it runs at nice +10 (0 when it answers canary requests) with its own
+(production's event loop and batcher thread), it runs at nice +19 (0 when it answers canary requests) with its own
 runtime threads, and if it dies (a crash in the runtime, the OOM killer) the server only counts, logs and restarts it
 (``serving.server.shadow.worker``). The worker thread sends it one job at a
 time over a pipe and waits, without the GIL, for the answer.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from serving.engine.request import DecodeOptions, Engine, Translation
 
-NICE = 10  # the candidate's niceness above the server's (0 with a canary: its answers are on the critical path)
+NICE = 19  # the candidate's niceness above the server's (0 with a canary: its answers are on the critical path)
 
 
 @dataclass(frozen=True)

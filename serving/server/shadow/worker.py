@@ -4,7 +4,7 @@ production model's requests, off the critical path, so that it can be compared w
 The service (``serving.server.service``) hands every admitted request to :meth:`Shadow.observe`; a sampled one is
 queued once production has answered it (its translations are what the candidate is compared with). The queue is
 bounded (``shadow_queue_size``) and drained by one worker thread of its own, which hands each job to the candidate:
-a child process with its own thread budget (``shadow_threads``) at a lower CPU priority (nice +10;
+a child process with its own thread budget (``shadow_threads``) at a lower CPU priority (nice +19;
 ``serving.server.shadow.candidate``). When the queue is full a request is shed and counted, never waited for.
 Nothing the shadow does (load, translate, compare, log) raises into a request, and a candidate whose process dies
 takes nothing down with it: a failure is logged and counted, and a dead process is restarted after a backoff (1 s,

@@ -174,3 +174,18 @@ def test_the_candidates_pid_is_none_until_its_process_runs() -> None:
     assert candidate.pid is None
     candidate._process = multiprocessing.get_context("spawn").Process(target=print)  # created, not started yet
     assert candidate.pid is None
+
+
+def test_the_candidates_process_runs_at_the_lowest_cpu_priority(tiny_package: Path) -> None:
+    """At nice +19 the candidate takes only CPU production leaves: at 3x capacity on one core, +10 still cost
+    production 6% of its answers (benchmarks.shadow_overhead --pin), +19 none."""
+    import os
+
+    candidate = ChildCandidate(tiny_package, "onnxruntime", "fp32", 1, False)
+    candidate.start()
+    try:
+        assert candidate.pid is not None
+        child = os.getpriority(os.PRIO_PROCESS, candidate.pid)
+        assert child == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+    finally:
+        candidate.close()
