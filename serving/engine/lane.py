@@ -68,10 +68,16 @@ class Block:
 
 
 class Lane:
-    """One decode batch: blocks of rows (one search per option set) over one set of rows (``serving.engine.rows``)."""
+    """One decode batch: blocks of rows (one search per option set) over one set of rows (``serving.engine.rows``).
 
-    def __init__(self, backend: Backend) -> None:
+    Arguments:
+        backend: the backend its decoder calls run on.
+        long: it holds long sentences (``serving.engine.continuous``: stepped less often while short ones run).
+    """
+
+    def __init__(self, backend: Backend, *, long: bool = False) -> None:
         self.backend = backend
+        self.long = long
         self.blocks: list[Block] = []
         self.decode_rows = open_rows(backend)
         self._tokens = np.zeros((0, 1), dtype=np.int64)

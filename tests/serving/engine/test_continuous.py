@@ -255,12 +255,20 @@ def _check_slots(decoder: ContinuousDecoder) -> None:
             assert sorted(rows.slot.tolist()) == list(range(lane.rows))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_random_joins_and_leaves_translate_as_alone(translator: Translator, seed: int) -> None:
+def _median_length(translator: Translator) -> int:
+    return int(np.median([len(source) for source in translator.encode(SENTENCES)]))
+
+
+@pytest.mark.parametrize("seed,lanes", [(1, "one kind"), (2, "one kind"), (1, "short and long")])
+def test_random_joins_and_leaves_translate_as_alone(translator: Translator, seed: int, lanes: str) -> None:
     """Groups of 1-3 sentences, greedy or beam, join at random steps; some are abandoned at random steps. Every
-    group that stays gets exactly what it gets alone; abandoned ones get an error and free their rows at once."""
+    group that stays gets exactly what it gets alone; abandoned ones get an error and free their rows at once. Also
+    with the sentences split between short and long lanes (a group's sentences can be in both), the long ones
+    stepped every third step."""
     rng = np.random.default_rng(seed)
-    decoder = ContinuousDecoder(translator)
+    decoder = ContinuousDecoder(translator, long_tokens=None)
+    if lanes == "short and long":
+        decoder = ContinuousDecoder(translator, long_tokens=_median_length(translator), long_every=3)
     results = Results()
     wanted: dict[str, bool] = {}
     groups: dict[str, tuple[list[str], DecodeOptions]] = {}
@@ -343,3 +351,52 @@ def test_a_stationary_cache_stays_bounded_under_a_stream_of_joins(translator: Tr
     assert max(slots for slots, _, _ in shapes) <= 16  # 4 sentences x 2 beams, doubled at most once
     assert max(positions for _, positions, _ in shapes) <= 32  # the initial capacity covers 12 steps
     assert max(width for _, _, width in shapes) <= max(16, 2 * longest_source)
+
+
+def test_short_sentences_step_ahead_of_long_ones(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short sentence that joins beside a long one runs in a lane of its own, stepped every step, while the long
+    lane steps every fourth: the short one finishes in the steps it takes alone, each paying for its own rows; both
+    get the translation they get alone."""
+    from serving.engine.lane import Lane
+
+    lengths = [len(source) for source in translator.encode(SENTENCES)]
+    long_text, short_text = SENTENCES[int(np.argmax(lengths))], SENTENCES[int(np.argmin(lengths))]
+    limit = (max(lengths) + min(lengths)) // 2
+    options = DecodeOptions(beam_size=2)
+
+    def steps_alone(text: str) -> int:
+        decoder = ContinuousDecoder(translator, long_tokens=limit)
+        decoder.add(translator.prepare([text], options), Results().sink("alone"))
+        steps = 0
+        while not decoder.idle:
+            decoder.step()
+            steps += 1
+        return steps
+
+    short_steps = steps_alone(short_text)
+    stepped = {False: 0, True: 0}
+    lane_step = Lane.step
+
+    def counting(lane: Lane, *args: Any, **kwargs: Any) -> None:
+        stepped[lane.long] += 1
+        lane_step(lane, *args, **kwargs)
+
+    monkeypatch.setattr(Lane, "step", counting)
+    decoder = ContinuousDecoder(translator, long_tokens=limit, long_every=4)
+    results = Results()
+    long_options = DecodeOptions(beam_size=2, min_length=4 * short_steps + 8)  # in flight all along
+    decoder.add(translator.prepare([long_text], long_options), results.sink("long"))
+    decoder.step()
+    stepped[True] = 0
+    decoder.add(translator.prepare([short_text], options), results.sink("short"))
+    steps = 0
+    while "short" not in results.values:
+        decoder.step()
+        steps += 1
+    assert steps == short_steps and stepped[False] == steps
+    assert "long" not in results.values and 1 <= stepped[True] <= steps // 4 + 1 < steps  # every fourth step only
+    while not decoder.idle:
+        decoder.step()
+    monkeypatch.setattr(Lane, "step", lane_step)
+    for name, text, opts in (("long", long_text, long_options), ("short", short_text, options)):
+        assert _ids(results.values[name]) == _ids(translator.translate([text], opts)), name
