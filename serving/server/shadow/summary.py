@@ -77,8 +77,7 @@ class ShadowSummary:
     def to_json(self) -> dict[str, Any]:
         with self._lock:
             def disagreement(r: dict[str, Any]) -> tuple[float, float]:
-                return (r["chrf"] if r["chrf"] is not None else (100.0 if r["identical"] else 0.0), -abs(
-                    1 - r["length_ratio"]))
+                return r["chrf"], -abs(1 - r["length_ratio"])
 
             worst = sorted((r for r in self._examples if not r["identical"]), key=disagreement)[:WORST_SHOWN]
             return {
