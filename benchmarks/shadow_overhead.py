@@ -32,6 +32,7 @@ import urllib.request
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -39,36 +40,38 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 import numpy as np  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from loadtest.corpus import default_corpus  # noqa: E402
+from loadtest.metrics_text import read_metrics  # noqa: E402
 from loadtest.server import start_server  # noqa: E402
 from serving.server.settings import DEFAULT_MODEL_DIR  # noqa: E402
 
 
-async def _post(http: aiohttp.ClientSession, url: str, text: str, due: float) -> tuple[float, int]:
-    """Latency from the scheduled send time ``due`` and status (0: no answer)."""
+class Sent(NamedTuple):
+    """One request of the open loop."""
+
+    latency_s: float  # from its scheduled send time to its answer
+    status: int  # 0: no answer
+    lag_s: float  # how late it left this generator's event loop
+
+
+async def _post(http: aiohttp.ClientSession, url: str, text: str, due: float) -> Sent:
     await asyncio.sleep(max(0.0, due - time.perf_counter()))
-    SEND_LAGS.append(time.perf_counter() - due)
+    lag = time.perf_counter() - due
     try:
         async with http.post(url + "/v1/translate", json={"text": text}) as response:
             await response.read()
             status = response.status
     except (aiohttp.ClientError, TimeoutError):
         status = 0
-    return time.perf_counter() - due, status
-
-
-SEND_LAGS: list[float] = []
-"""How late each request left this generator's event loop (seconds after its scheduled time)."""
+    return Sent(time.perf_counter() - due, status, lag)
 
 
 def _server_seconds(url: str) -> tuple[float, float]:
     """The server's own ``/v1/translate`` time so far (``mtgate_request_duration_seconds``: from reading the request to
     the response): sum and count."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
     found = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(text):
+    for family in read_metrics(url, timeout_s=10.0):
         for sample in family.samples:
             if sample.labels.get("route") == "/v1/translate":
                 for part in found:
@@ -77,11 +80,11 @@ def _server_seconds(url: str) -> tuple[float, float]:
     return found["sum"], found["count"]
 
 
-def _window(url: str, sentences: list[str], rate: float, seconds: float) -> list[tuple[float, int]]:
+def _window(url: str, sentences: list[str], rate: float, seconds: float) -> list[Sent]:
     """``rate`` requests a second for ``seconds``, each sent at its time whatever the others' latency (an open loop:
     one task per request on an unbounded connection pool, so that a rate above the server's capacity stays offered)."""
 
-    async def run() -> list[tuple[float, int]]:
+    async def run() -> list[Sent]:
         connector = aiohttp.TCPConnector(limit=0)  # no pool limit: every request on time
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60.0)) as http:
             start = time.perf_counter()
@@ -126,14 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, {cpus[1]})
         while json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))["state"] == "loading":
             time.sleep(0.2)
-        measured: dict[str, list[tuple[float, int]]] = {name: [] for name in servers}
-        lags: dict[str, list[float]] = {name: [] for name in servers}
+        measured: dict[str, list[Sent]] = {name: [] for name in servers}
         before = {name: _server_seconds(url) for name, url in servers.items()}
         for round_ in range(args.rounds):
             for name in (list(servers) if round_ % 2 == 0 else list(reversed(servers))):
-                SEND_LAGS.clear()
                 measured[name] += _window(servers[name], sentences, args.rate, args.window)
-                lags[name] += SEND_LAGS
                 time.sleep(2)  # let the shadow's backlog drain before the other server's window
         after = {name: _server_seconds(url) for name, url in servers.items()}
         summary = json.load(urllib.request.urlopen(shadowed.url + "/v1/shadow"))
@@ -142,13 +142,14 @@ def main(argv: list[str] | None = None) -> int:
           f"({where}); "
           f"shadow: demo {args.shadow_precision}, fraction {args.shadow_fraction}, canary {args.canary_fraction}")
     for name, results in measured.items():
-        latencies = np.array([s for s, status in results if status == 200]) * 1000
-        statuses = dict(sorted(Counter(status for _, status in results).items()))
+        latencies = np.array([sent.latency_s for sent in results if sent.status == 200]) * 1000
+        statuses = dict(sorted(Counter(sent.status for sent in results).items()))
         p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) if len(latencies) else (np.nan,) * 3
         print(f"{name:7s} requests {len(results)}  statuses {statuses}  p50 {p50:.0f} ms  p95 {p95:.0f} ms  "
               f"p99 {p99:.0f} ms (of the 200s)")
         server_sum, server_count = (a - b for a, b in zip(after[name], before[name], strict=True))
-        lag_p50, lag_p95 = np.percentile(np.array(lags[name]) * 1000, [50, 95]) if lags[name] else (np.nan,) * 2
+        lags = np.array([sent.lag_s for sent in results]) * 1000
+        lag_p50, lag_p95 = np.percentile(lags, [50, 95]) if len(lags) else (np.nan,) * 2
         inside = server_sum / server_count * 1000 if server_count else float("nan")
         print(f"{'':7s} of which: sent late by the generator p50 {lag_p50:.0f} ms, p95 {lag_p95:.0f} ms; in the "
               f"server (read to response, mean over {server_count:.0f}) {inside:.0f} ms; the rest is before the "
