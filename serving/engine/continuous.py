@@ -52,7 +52,7 @@ MAX_JOIN_WIDTH = 8
 """New sentences join a lane only while its cache holds fewer steps than this (their masked slots)."""
 
 LONG_TOKENS = 48
-"""Sentences of more source tokens than this run in long lanes (the step batcher's ``LONG_COST`` too)."""
+"""Sentences of more source tokens than this run in long lanes (the step batcher caps long items by it too)."""
 
 LONG_EVERY = 2
 """While short rows are in flight, the long lanes step once every this many steps."""

@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from serving.engine.continuous import LONG_TOKENS
 from serving.engine.errors import InferenceFailed, ModelNotReady, ServingError
 from serving.engine.request import OnPartial, Prepared
 from serving.server.batching.estimate import Estimate, StepEstimate
@@ -59,8 +60,9 @@ P = TypeVar("P")
 R = TypeVar("R")
 W = TypeVar("W")
 
-LONG_COST = 48
-"""Items of more source tokens than this are long (``StepBatcher``'s ``long_cost``)."""
+LONG_COST = LONG_TOKENS
+"""Items of more source tokens than this are long (``StepBatcher``'s ``long_cost``): the bound of the engine's long
+lanes, so that what the batcher caps is what decodes apart."""
 
 OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
 """``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
