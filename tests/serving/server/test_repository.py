@@ -9,6 +9,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -64,12 +65,22 @@ def test_a_new_version_switches_in_under_load(tiny_package: Path, tmp_path: Path
         threads = [threading.Thread(target=load, args=(k,)) for k in range(2)]
         for t in threads:
             t.start()
-        time.sleep(6)
+
+        def wait_for(done: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 30
+            while not done() and not failures and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert done() or failures, f"{what} within 30 s: {[v[-3:] for v in seen]}\n" + "".join(server.log)
+
+        # Load on version 1 first: both clients answered several times (a steady stream, not a warm-up).
+        wait_for(lambda: all(len(v) >= 10 for v in seen), "10 answers per client from version 1")
         _place(tiny_package, repository, 2)  # the poll finds it, loads and warms it, switches
-        deadline = time.monotonic() + 30
-        while not (seen[0][-1:] == ["2"] and seen[1][-1:] == ["2"]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(max(0.0, 20 - 6 - 0.5))  # 20 s of load in all
+        # Load across the whole switch: version 2 loads and warms beside version 1, takes the new requests, version 1
+        # drains what it admitted and stops (the last step of a switch) ...
+        wait_for(lambda: all(v[-1:] == ["2"] for v in seen) and any(
+            f"model {NAME} version 1 stopped" in line for line in server.log), "the switch to version 2")
+        # ... then on through four more polls (0.5 s each), which must leave the choice as it is.
+        time.sleep(2.0)
         stop.set()
         for t in threads:
             t.join(60)
