@@ -9,8 +9,11 @@ tiny model, rather than one built with options of its own, uses these instead of
   with the number of artifacts (``mtgate validate`` checks the parity of every artifact).
 - ``tiny_shortlist_package``: the same checkpoint for onnxruntime (fp32 and int8, not verified) with a vocabulary
   shortlist built from the tokenizers' corpus and measured on its first 40 lines.
+- ``en_de_shaped_package``: (source dir, package): a random checkpoint with opus-mt-en-de's shape (d_model 512, 2
+  layers, 2000 ids) whose EOS is made likelier, converted for onnxruntime and openvino (fp32, not verified); for the
+  parity tests of the converter and the decoding-feature tests of the engine.
 
-Both packages are named ``tiny-marian``, version ``test``. They are shared, so they are read-only: a test that
+The tiny packages are named ``tiny-marian``, version ``test``. They are shared, so they are read-only: a test that
 damages, edits or deletes anything copies it into its own ``tmp_path`` first (``shutil.copytree``). Each fixture
 checks at the end of the session that no file was added, removed or changed.
 """
@@ -111,3 +114,34 @@ def tiny_shortlist_package(tiny_marian_dir: Path, tmp_path_factory: pytest.TempP
     convert(tiny_marian_dir, out, runtimes=["onnxruntime"], precisions=["fp32", "int8"], verify=False,
             name=PACKAGE_NAME, version=PACKAGE_VERSION, shortlist=request)
     yield from _unchanged(out)
+
+
+EN_DE_SHAPED_EOS_BIAS = 5.0  # added to EOS's output bias: greedy and beam hypotheses of 1 to 19 tokens, not all capped
+
+
+@pytest.fixture(scope="session")
+def en_de_shaped_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(source dir, package dir): ``tests.utils.marian_factory.make_en_de_shaped_dir`` (2 layers, 2000 ids, seed 0)
+    with ``EN_DE_SHAPED_EOS_BIAS`` added to final_logits_bias[EOS], converted for onnxruntime and openvino, fp32,
+    without the parity check (the tests compare it with transformers themselves)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.utils.marian_factory import make_en_de_shaped_dir
+
+    root = tmp_path_factory.mktemp("en-de-shaped")
+    source = make_en_de_shaped_dir(root / "src", layers=2, vocab_size=2000)
+    model = transformers.MarianMTModel.from_pretrained(source).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] += EN_DE_SHAPED_EOS_BIAS
+    model.save_pretrained(source)
+    from converters.convert import convert
+
+    package = root / "package"
+    convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False,
+            name="en-de-shaped", version=PACKAGE_VERSION)
+    checks = [_unchanged(source), _unchanged(package)]
+    for check in checks:
+        next(check)
+    yield source, package
+    for check in checks:
+        next(check, None)

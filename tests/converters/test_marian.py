@@ -22,7 +22,7 @@ from converters.convert import convert, load_source
 from converters.marian import MarianConverter, sinusoidal_positions
 from serving.engine.backends import create_backend, empty_past
 from serving.package import find_artifact, load_manifest
-from tests.utils.marian_factory import corpus, make_en_de_shaped_dir, make_marian_dir
+from tests.utils.marian_factory import corpus, make_marian_dir
 from tests.utils.refusals import assert_refused_at_once
 
 torch = pytest.importorskip("torch")
@@ -56,18 +56,15 @@ def _hf_reference(source_dir: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def models(tiny_marian_dir: Path, tiny_package: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, dict[str, np.ndarray]]]:
+def models(tiny_marian_dir: Path, tiny_package: Path, en_de_shaped_package: tuple[Path, Path]
+           ) -> dict[str, tuple[Path, Path, dict[str, np.ndarray]]]:
     """name -> (source dir, package dir, transformers reference outputs).
 
-    The tiny model is the session's shared one (tests/conftest.py: the default tiny Marian checkpoint converted for
-    onnxruntime and openvino with the built-in parity check). The en-de-shaped one is converted here, without the
-    parity check: it is compared with transformers only.
+    Both are the session's shared ones (tests/conftest.py): the tiny Marian checkpoint converted for onnxruntime and
+    openvino with the built-in parity check, and the en-de-shaped one (its EOS made likelier for the decoding tests,
+    one logit's bias: the same graph), converted without the parity check: it is compared with transformers only.
     """
-    root = tmp_path_factory.mktemp("marian")
-    source = make_en_de_shaped_dir(root / "ende-src", layers=2, vocab_size=2000)
-    package = root / "en-de-shaped-pkg"
-    convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False)
+    source, package = en_de_shaped_package
     return {"tiny": (tiny_marian_dir, tiny_package, _hf_reference(tiny_marian_dir)),
             "en-de-shaped": (source, package, _hf_reference(source))}
 

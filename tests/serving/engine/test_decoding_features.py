@@ -26,7 +26,7 @@ import pytest
 
 from serving.engine.decoding import SearchOptions, search
 from tests.utils.decoding_parity import package_backend
-from tests.utils.marian_factory import corpus, make_en_de_shaped_dir
+from tests.utils.marian_factory import corpus
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -52,30 +52,31 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-EOS_BIAS = {"tiny": 3.0, "en-de-shaped": 5.0}  # on EOS's output bias: hypotheses of 1 to 19 tokens, not all capped
+TINY_EOS_BIAS = 3.0  # on EOS's output bias: hypotheses of 1 to 19 tokens, not all capped (en-de-shaped: conftest.py)
 
 
 @pytest.fixture(scope="module")
-def models(tiny_marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """name -> (source dir, package dir, MarianMTModel): the tiny model and an en-de-shaped one, each with its EOS
-    made likelier (so that the length rules matter), converted for both runtimes."""
+def models(tiny_marian_dir: Path, en_de_shaped_package: tuple[Path, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """name -> (source dir, package dir, MarianMTModel): the tiny model and an en-de-shaped one (the session's, from
+    tests/conftest.py), each with its EOS made likelier (so that the length rules matter), converted for both
+    runtimes."""
     from converters.convert import convert
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("decoding-features")
-    shutil.copytree(tiny_marian_dir, root / "tiny")
-    sources = {"tiny": root / "tiny",
-               "en-de-shaped": make_en_de_shaped_dir(root / "en-de-shaped", layers=2, vocab_size=2000)}
-    out = {}
-    for name, source in sources.items():
-        model = transformers.MarianMTModel.from_pretrained(source).eval()
-        with torch.no_grad():
-            model.final_logits_bias[0, model.config.eos_token_id] += EOS_BIAS[name]
-        model.save_pretrained(source)
-        package = root / f"{name}-package"
-        convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False)
-        out[name] = (source, package, model)
-    return out
+    source = root / "tiny"
+    shutil.copytree(tiny_marian_dir, source)
+    model = transformers.MarianMTModel.from_pretrained(source).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] += TINY_EOS_BIAS
+    model.save_pretrained(source)
+    package = root / "tiny-package"
+    convert(source, package, runtimes=["onnxruntime", "openvino"], precisions=["fp32"], verify=False)
+    en_de_source, en_de_package = en_de_shaped_package
+    return {"tiny": (source, package, model),
+            "en-de-shaped": (en_de_source, en_de_package,
+                             transformers.MarianMTModel.from_pretrained(en_de_source).eval())}
 
 
 def _inputs(source: Path) -> np.ndarray:
