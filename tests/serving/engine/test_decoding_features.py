@@ -18,6 +18,7 @@ sentences.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,19 +134,42 @@ def _search(backend: Any, model: Any, ids: np.ndarray, case: dict[str, Any], pre
     return tokens, scores
 
 
+Once = Callable[[tuple[str, ...], Callable[[], Any]], Any]
+
+
+@pytest.fixture(scope="module")
+def once() -> Once:
+    """``once(key, compute)``: ``compute()`` the first time a test asks for ``key``, the same value afterwards. For
+    what several tests compare and nobody changes, each a deterministic function of its key: the tokenized inputs and
+    ``generate``'s output per model and case (the same for both runtimes), a backend per model and runtime (its
+    sessions keep nothing between calls: the searches run on backends that have served other tests), and the search
+    without the feature per model, runtime and plain settings (shared by the cases of the same beam)."""
+    done: dict[tuple[str, ...], Any] = {}
+
+    def get(key: tuple[str, ...], compute: Callable[[], Any]) -> Any:
+        if key not in done:
+            done[key] = compute()
+        return done[key]
+
+    return get
+
+
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("model_name", ["tiny", "en-de-shaped"])
 @pytest.mark.parametrize("case_name", list(CASES))
-def test_features_match_generate(models: dict[str, Any], model_name: str, runtime: str, case_name: str) -> None:
+def test_features_match_generate(models: dict[str, Any], once: Once, model_name: str, runtime: str,
+                                 case_name: str) -> None:
     if runtime == "openvino":
         pytest.importorskip("openvino")
     source, package, model = models[model_name]
     case = CASES[case_name]
-    ids = _inputs(source)
+    ids = once(("inputs", model_name), lambda: _inputs(source))
     config = model.config
     prefixes = _prefixes(config.vocab_size, config.pad_token_id, config.eos_token_id) if case.get("prefix") else None
-    expected, expected_scores = _generate(model, ids, case, prefixes)
-    got, got_scores = _search(package_backend(package, runtime), model, ids, case, prefixes)
+    expected, expected_scores = once(("generate", model_name, case_name),
+                                     lambda: _generate(model, ids, case, prefixes))
+    backend = once(("backend", model_name, runtime), lambda: package_backend(package, runtime))
+    got, got_scores = _search(backend, model, ids, case, prefixes)
     assert got == expected
     if expected_scores is not None:
         np.testing.assert_allclose(np.array(got_scores), np.array(expected_scores), rtol=0, atol=1e-4)
@@ -155,5 +179,6 @@ def test_features_match_generate(models: dict[str, Any], model_name: str, runtim
         assert all(len(h[0]) - (PREFIX if prefixes else 0) > case["min_new_tokens"] for h in got)
     plain = {"num_beams": case["num_beams"], **({"forced_eos": True} if case.get("forced_eos") else {})}
     if case != plain:  # the feature changes what is decoded (else the comparison would prove little)
-        baseline, _ = _search(package_backend(package, runtime), model, ids, plain, None)
+        baseline, _ = once(("plain", model_name, runtime, repr(sorted(plain.items()))),
+                           lambda: _search(backend, model, ids, plain, None))
         assert [h[0] for h in got] != [h[0] for h in baseline] or "num_return_sequences" in case
