@@ -24,7 +24,9 @@ shares a lane with paragraphs at beam 4 pays for their rows at every one of its 
 step; beside 8 paragraphs, 32 rows: 3.55 ms). A sentence of more than ``long_tokens`` source tokens joins a long
 lane, the others a short one; while short rows are in flight the long lanes step once every ``long_every`` steps
 (the short lanes every step), so short sentences finish at their own pace and leave, and the paragraphs take every
-step again once they are alone. Every sentence still gets exactly the translation it gets alone.
+step again once they are alone. Only a beam search makes a sentence long: greedy, a paragraph is one row, and a lane
+of its own costs a second decoder call a step for one row's worth of work (served, greedy, 25% paragraphs:
+benchmarks/README.md, "Mixed traffic"). Every sentence still gets exactly the translation it gets alone.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ MAX_JOIN_WIDTH = 8
 """New sentences join a lane only while its cache holds fewer steps than this (their masked slots)."""
 
 LONG_TOKENS = 48
-"""Sentences of more source tokens than this run in long lanes (the step batcher caps long items by it too)."""
+"""Sentences of more source tokens than this run in long lanes when they decode with a beam (the step batcher caps
+long items by it too)."""
 
 LONG_EVERY = 2
 """While short rows are in flight, the long lanes step once every this many steps."""
@@ -80,7 +83,8 @@ class ContinuousDecoder:
     Arguments:
         translator: the engine (backend, tokenizer, decoding defaults) the rows run on.
         max_join_width: see :data:`MAX_JOIN_WIDTH`.
-        long_tokens: see :data:`LONG_TOKENS` (None: one kind of lane for every sentence).
+        long_tokens: see :data:`LONG_TOKENS` (None: one kind of lane for every sentence); greedy sentences are never
+            long.
         long_every: see :data:`LONG_EVERY` (1: every lane steps every step).
     """
 
@@ -195,8 +199,8 @@ class ContinuousDecoder:
             _call(group.on_result, error)
 
     def _join(self) -> None:
-        """Encode every joining sentence in one call; their rows join the youngest lane of their kind (short or long,
-        ``long_tokens``), or a new one."""
+        """Encode every joining sentence in one call; their rows join the youngest lane of their kind (short or long:
+        more than ``long_tokens`` source tokens and a beam), or a new one."""
         groups, self._joining = self._joining, []
         groups = [group for group in groups if _alive(group) or self._abandon(group)]
         if not groups:
@@ -212,7 +216,8 @@ class ContinuousDecoder:
         for group in groups:
             count = len(group.prepared.sources)
             rows = row_of[start : start + count]
-            is_long = (lengths[start : start + count] > self.long_tokens if self.long_tokens is not None
+            is_long = (lengths[start : start + count] > self.long_tokens
+                       if self.long_tokens is not None and group.prepared.search.beam_size > 1
                        else np.zeros(count, dtype=bool))
             start += count
             for kind in (False, True):

@@ -400,3 +400,21 @@ def test_short_sentences_step_ahead_of_long_ones(translator: Translator, monkeyp
     monkeypatch.setattr(Lane, "step", lane_step)
     for name, text, opts in (("long", long_text, long_options), ("short", short_text, options)):
         assert _ids(results.values[name]) == _ids(translator.translate([text], opts)), name
+
+
+def test_greedy_sentences_share_one_lane_whatever_their_length(translator: Translator) -> None:
+    """Only a beam search makes a sentence long: greedy, a paragraph is one row, and it shares the short sentences'
+    lane (one decoder call a step); at beam 2 the same sentence opens a long lane. Each gets what it gets alone."""
+    lengths = [len(source) for source in translator.encode(SENTENCES)]
+    long_text, short_text = SENTENCES[int(np.argmax(lengths))], SENTENCES[int(np.argmin(lengths))]
+    limit = (max(lengths) + min(lengths)) // 2
+    for beam, lanes in ((1, 1), (2, 2)):
+        options = DecodeOptions(beam_size=beam)
+        decoder = ContinuousDecoder(translator, long_tokens=limit)
+        results = Results()
+        decoder.add(translator.prepare([long_text, short_text], options), results.sink("both"))
+        decoder.step()
+        assert decoder.lanes == lanes, beam
+        while not decoder.idle:
+            decoder.step()
+        assert _ids(results.values["both"]) == _ids(translator.translate([long_text, short_text], options)), beam
