@@ -13,8 +13,9 @@ runner detached its state from the engine's reused buffers.
 A request's items are handed over in order, so they join together when there is room for them all, and otherwise
 take the next free rows (a row left empty would finish nothing sooner). Long items (paragraphs sent as one text)
 hold their rows for many more steps than sentences do: under load they would end up holding every row while short
-requests queue behind them. So at most ``max_long`` long items are in flight (half the rows by default), and the
-short items queued behind the long ones beyond it go ahead. Likewise a request of many sentences (a document) holds
+requests queue behind them. So at most ``max_long`` long items are in flight (a quarter of the rows by default: at
+24 mixed requests/s, beam 4, both the sentences and the paragraphs finished sooner than with half; benchmarks/README.md,
+"Mixed traffic"), and the short items queued behind the long ones beyond it go ahead. Likewise a request of many sentences (a document) holds
 at most ``max_request`` rows (half by default) while other requests wait: those join at the next free rows instead
 of after the whole document. The admission estimate
 (:class:`serving.server.batching.estimate.StepEstimate`) is the decode-step rate: the drive loop times every step (by
@@ -190,8 +191,8 @@ class StepBatcher(Batcher[P, R]):
             if it has ``on_step(sentences)``, the sentences in flight at every decoder step (from the worker thread).
         name: used in the worker thread's name and in log lines.
         long_cost: items of a larger cost (source tokens: a paragraph sent as one text, not a sentence) are long.
-        max_long: most long items in flight (default: half of ``max_items``, at least 1); short items overtake the
-            long ones queued beyond it.
+        max_long: most long items in flight (default: a quarter of ``max_items``, at least 1); short items overtake
+            the long ones queued beyond it.
         max_request: most items of one request in flight while other requests' items wait (default: half of
             ``max_items``, at least 1); alone in the queue, a request takes every free row.
     """
@@ -210,7 +211,7 @@ class StepBatcher(Batcher[P, R]):
         super().__init__(limits, observer, name)
         self._make_runner = make_runner
         self.long_cost = long_cost
-        self.max_long = max(1, limits.max_items // 2) if max_long is None else max_long
+        self.max_long = max(1, limits.max_items // 4) if max_long is None else max_long
         self.max_request = max(1, limits.max_items // 2) if max_request is None else max_request
         self._runner: StepRunner | None = None
         self._lock = threading.Lock()

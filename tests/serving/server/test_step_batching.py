@@ -264,8 +264,8 @@ def test_long_items_hold_at_most_max_long_rows_and_short_ones_go_ahead() -> None
     at once and is done within a few steps although paragraphs hold the batch, and the paragraphs still all finish."""
     async def scenario() -> None:
         runner = FakeRunner(step_delay=0.001)
-        batcher, _ = make(runner, max_items=4)
-        assert batcher.max_long == 2  # half the rows by default
+        batcher, _ = make(runner, max_items=8)
+        assert batcher.max_long == 2  # a quarter of the rows by default
         paragraphs = [asyncio.ensure_future(batcher.submit([f"p{i}:40"], [100])) for i in range(4)]
         await asyncio.sleep(0)
         short = await batcher.submit(["s:2"], [12])
