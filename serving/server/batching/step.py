@@ -14,10 +14,10 @@ A request's items are handed over in order, so they join together when there is 
 take the next free rows (a row left empty would finish nothing sooner). Long items (paragraphs sent as one text)
 hold their rows for many more steps than sentences do: under load they would end up holding every row while short
 requests queue behind them. So at most ``max_long`` long items are in flight (a quarter of the rows by default: at
-24 mixed requests/s, beam 4, both the sentences and the paragraphs finished sooner than with half; benchmarks/README.md,
-"Mixed traffic"), and the short items queued behind the long ones beyond it go ahead. Likewise a request of many sentences (a document) holds
-at most ``max_request`` rows (half by default) while other requests wait: those join at the next free rows instead
-of after the whole document. The admission estimate
+24 mixed requests/s, beam 4, both the sentences and the paragraphs finished sooner than with half;
+benchmarks/README.md, "Mixed traffic"), and the short items queued behind the long ones beyond it go ahead. Likewise
+a request of many sentences (a document) holds at most ``max_request`` rows (half by default) while other requests
+wait: those join at the next free rows instead of after the whole document. The admission estimate
 (:class:`serving.server.batching.estimate.StepEstimate`) is the decode-step rate: the drive loop times every step (by
 sentences in flight) and each finished chunk says how many steps its longest sentence took per unit of cost. A
 request whose learned latency would end after its deadline fails before it joins (``Batcher.drop_hopeless``).
