@@ -63,7 +63,8 @@ W = TypeVar("W")
 
 LONG_COST = LONG_TOKENS
 """Items of more source tokens than this are long (``StepBatcher``'s ``long_cost``): the bound of the engine's long
-lanes, so that what the batcher caps is what decodes apart."""
+lanes. The batcher caps every such item, greedy ones too (they hold their row as long); the engine decodes apart only
+those with a beam (``serving.engine.continuous``)."""
 
 OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
 """``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
