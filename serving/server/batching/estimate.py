@@ -102,9 +102,10 @@ class BySize:
         """The value at ``size`` and whether it was observed (its own class, or for a shrinking value the class just
         below)."""
         wanted = size_class(size)
+        own = self.classes.get(wanted)
+        if own is not None and own.units > 0:  # the common case, asked at every request: no scan
+            return own.seconds / own.units, True
         observed = {k: r.value for k, r in self.classes.items() if r.value is not None}
-        if wanted in observed:
-            return observed[wanted], True
         if not observed:
             return self.prior(size), False
         nearest = min(observed, key=lambda k: (abs(k - wanted), k))

@@ -220,6 +220,13 @@ class StepBatcher(Batcher[P, R]):
         self._driving = False  # a drive loop is running or scheduled (guarded by _lock)
         self._stopping = False
         self._chunks: set[_Chunk] = set()  # handed over and not finished (event loop only)
+        # What is in flight, kept as the chunks come and go (event loop only): the admission estimate and the
+        # collector ask for it at every request, and summing over every item then cost more than the rest of them.
+        self._in_flight = 0  # sentences of the chunks
+        self._long_in_flight = 0  # of them long (cost > long_cost)
+        self._held: dict[int, int] = {}  # id of a request -> its items in flight
+        self._ahead: tuple[tuple[int, int, float], float] | None = None  # (steps, changes, per_cost) -> work
+        self._changes = 0  # hand-overs and finished chunks so far: part of _ahead's key
         self._calls: list[_Call] = []  # call_in_worker while the drive loop runs: run between steps (guarded by _lock)
         self._steps = 0  # decoder steps started (written by the drive loop only)
         self.estimator: StepEstimate = StepEstimate(limits.prior_s_per_cost)
@@ -227,7 +234,7 @@ class StepBatcher(Batcher[P, R]):
     @property
     def in_flight(self) -> int:
         """Sentences handed to the decode batch and not finished."""
-        return sum(len(chunk.items) for chunk in self._chunks)
+        return self._in_flight
 
     def estimate(self, costs: Sequence[int]) -> Estimate:
         limits = self.limits
@@ -239,13 +246,23 @@ class StepBatcher(Batcher[P, R]):
             return Estimate(wait_s=0.0, own_s=own, learned=steps_learned and step_learned)
         # The work ahead in sentence-steps (what each sentence in flight still needs, then the queued ones), done
         # max_items at a time; the request's rows free up before all of it is done, so this errs on the long side.
-        ahead = per_cost * self.queued_cost
-        for chunk in self._chunks:
-            done = self._steps - chunk.joined_step if chunk.joined_step is not None else 0
-            ahead += sum(max(1.0, per_cost * item.cost - done) for item in chunk.items)
+        ahead = per_cost * self.queued_cost + self._work_in_flight(per_cost)
         full_step_s, full_learned = self.estimator.step_seconds(limits.max_items)
         return Estimate(wait_s=ahead / limits.max_items * full_step_s, own_s=own,
                         learned=steps_learned and full_learned)
+
+    def _work_in_flight(self, per_cost: float) -> float:
+        """The sentence-steps the sentences in flight still need (at least one each), by ``per_cost`` steps per unit
+        of cost; the same until a step runs or a chunk comes or goes (an estimate per request would sum it again)."""
+        steps = self._steps
+        key = (steps, self._changes, per_cost)
+        if self._ahead is None or self._ahead[0] != key:
+            work = 0.0
+            for chunk in self._chunks:
+                done = steps - chunk.joined_step if chunk.joined_step is not None else 0
+                work += sum(max(1.0, per_cost * item.cost - done) for item in chunk.items)
+            self._ahead = (key, work)
+        return self._ahead[1]
 
     async def call_in_worker(self, fn: Callable[..., W], *args: Any) -> W:
         """Run ``fn(*args)`` on the worker thread. While the drive loop runs, between two of its steps, so that
@@ -297,6 +314,7 @@ class StepBatcher(Batcher[P, R]):
             else:
                 chunks.append(_Chunk(item.request.key, [item], now))
         self._chunks.update(chunks)
+        self._count(chosen, +1)
         with self._lock:
             self._joining.extend(chunks)
             start = not self._driving
@@ -310,11 +328,8 @@ class StepBatcher(Batcher[P, R]):
         """The first ``room`` of the ``queued`` items (oldest first), passing over the long items beyond
         ``max_long`` long ones in flight; the items of a request beyond ``max_request`` in flight go after every
         other request's (they take what room is left)."""
-        in_flight = [item for chunk in self._chunks for item in chunk.items]
-        long_room = self.max_long - sum(item.cost > self.long_cost for item in in_flight)
-        held: dict[int, int] = {}  # request -> its items in flight or chosen
-        for item in in_flight:
-            held[id(item.request)] = held.get(id(item.request), 0) + 1
+        long_room = self.max_long - self._long_in_flight
+        held = dict(self._held)  # request -> its items in flight or chosen
         chosen: list[Item[P]] = []
         later: list[Item[P]] = []  # items of requests past their share
         for item in queued:
@@ -334,6 +349,19 @@ class StepBatcher(Batcher[P, R]):
         position = {id(item): i for i, item in enumerate(queued)}
         return sorted(chosen + later[: room - len(chosen)], key=lambda item: position[id(item)])
 
+    def _count(self, items: Sequence[Item[P]], sign: int) -> None:
+        """Count ``items`` in flight (``sign`` +1: handed over) or out of it (-1: their chunk finished)."""
+        self._changes += 1
+        self._in_flight += sign * len(items)
+        self._long_in_flight += sign * sum(item.cost > self.long_cost for item in items)
+        for item in items:
+            key = id(item.request)
+            held = self._held.get(key, 0) + sign
+            if held:
+                self._held[key] = held
+            else:
+                del self._held[key]
+
     def _drop_hopeless(self, chosen: list[Item[P]]) -> bool:
         """Fail the requests of ``chosen`` whose learned latency in the batch would end after their deadline."""
         per_cost, steps_learned = self.estimator.steps_per_cost()
@@ -350,6 +378,7 @@ class StepBatcher(Batcher[P, R]):
         if chunk not in self._chunks:
             return
         self._chunks.discard(chunk)
+        self._count(chunk.items, -1)
         ok = not isinstance(outcome, BaseException)
         if isinstance(outcome, BaseException) and all(item.request.done for item in chunk.items):
             if self.observer is not None:  # cancelled or expired while decoding: its rows left the batch
