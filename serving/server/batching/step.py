@@ -22,9 +22,8 @@ wait: those join at the next free rows instead of after the whole document. The 
 sentences in flight) and each finished chunk says how many steps its longest sentence took per unit of cost. A
 request whose learned latency would end after its deadline fails before it joins (``Batcher.drop_hopeless``).
 
-The batcher knows nothing of models: a :class:`StepRunner` does the decoding. :class:`DecoderRunner` is the runner
-over the engine's ``serving.engine.continuous.ContinuousDecoder``, whose payloads are prepared sentences
-(``serving.engine.request.Sentence``).
+The batcher knows nothing of models: a :class:`serving.server.batching.runner.StepRunner` does the decoding
+(``DecoderRunner``: over the engine's ``serving.engine.continuous.ContinuousDecoder``).
 """
 
 from __future__ import annotations
@@ -35,11 +34,10 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from serving.engine.continuous import LONG_TOKENS
 from serving.engine.errors import InferenceFailed, ModelNotReady, ServingError
-from serving.engine.request import OnPartial, Prepared
 from serving.server.batching.estimate import Estimate, StepEstimate
 from serving.server.batching.queue import (
     Batcher,
@@ -51,9 +49,7 @@ from serving.server.batching.queue import (
     as_serving_error,
     relay_partials,
 )
-
-if TYPE_CHECKING:  # the service builds the decoder; this module only drives it
-    from serving.engine.continuous import ContinuousDecoder
+from serving.server.batching.runner import StepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -65,77 +61,6 @@ LONG_COST = LONG_TOKENS
 """Items of more source tokens than this are long (``StepBatcher``'s ``long_cost``): the bound of the engine's long
 lanes. The batcher caps every such item, greedy ones too (they hold their row as long); the engine decodes apart only
 those with a beam (``serving.engine.continuous``)."""
-
-OnChunkResult = Callable[[Sequence[Any] | BaseException], None]
-"""``on_result(results or error)``: one result per payload of the chunk, in order, or why the chunk failed."""
-
-
-class StepRunner(Protocol):
-    """Decodes chunks of payloads together, one step at a time; used from the worker thread only."""
-
-    def add(
-        self,
-        key: Hashable,
-        payloads: list[Any],
-        on_result: OnChunkResult,
-        on_partial: OnPartial | None,
-        alive: Callable[[], bool],
-    ) -> None:
-        """Let a chunk join at the next step (``on_partial(i, partial)`` for payload ``i``; ``alive()`` False: drop
-        it). Raises for a chunk it refuses (nothing joins)."""
-        ...
-
-    def step(self) -> None:
-        """One step for every chunk in flight; finished chunks get their ``on_result``."""
-        ...
-
-    def fail(self, error: BaseException) -> None:
-        """Fail every chunk in flight with ``error``."""
-        ...
-
-    def detach(self) -> None:
-        """Let other work use the engine between two steps (``StepBatcher.call_in_worker``)."""
-        ...
-
-    @property
-    def idle(self) -> bool:
-        """Nothing in flight."""
-        ...
-
-    @property
-    def sentences(self) -> int:
-        """Sentences in flight."""
-        ...
-
-
-class DecoderRunner:
-    """The step runner over the engine's continuous decoder: a chunk's payloads are prepared sentences
-    (``serving.engine.request.Sentence``), gathered into one group (they share their search options when they share
-    a key)."""
-
-    def __init__(self, decoder: ContinuousDecoder) -> None:
-        self.decoder = decoder
-
-    @property
-    def idle(self) -> bool:
-        return self.decoder.idle
-
-    @property
-    def sentences(self) -> int:
-        return self.decoder.sentences
-
-    def add(self, key: Hashable, payloads: list[Any], on_result: OnChunkResult, on_partial: OnPartial | None,
-            alive: Callable[[], bool]) -> None:
-        self.decoder.add(Prepared.gather(payloads), on_result, on_partial=on_partial, alive=alive)
-
-    def step(self) -> None:
-        self.decoder.step()
-
-    def fail(self, error: BaseException) -> None:
-        self.decoder.fail(error if isinstance(error, ServingError) else InferenceFailed(f"{error}"))
-
-    def detach(self) -> None:
-        self.decoder.detach()
 
 
 @dataclass(eq=False)
