@@ -212,6 +212,7 @@ class Canary:
             self.rolled_back_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.metrics.fraction.set(0)
         self.metrics.rollbacks.inc()
+        self.metrics.rolled_back.set(1)
         logger.error("canary rolled back to 0: candidate %s: %s; production answers every request of model %s",
                      self.candidate, reason, self.model)
 
@@ -233,6 +234,7 @@ class Canary:
             else:
                 self.state, self.reason = "off", "set to 0 by an operator (POST /v1/shadow/canary)"
         self.metrics.fraction.set(fraction)
+        self.metrics.rolled_back.set(0)
         self.metrics.error_rate.set(0)
         self.metrics.p95.set(0)
         self.metrics.sets.inc()

@@ -114,6 +114,7 @@ def test_a_failing_or_slow_candidate_is_rolled_back_and_clients_get_production_a
         labels = f'{{candidate="{shadow.candidate}",model="echo"}}'
         assert _metric(url, "mtgate_canary_fraction" + labels) == 0
         assert _metric(url, "mtgate_canary_rollbacks_total" + labels) == 1
+        assert _metric(url, "mtgate_canary_rolled_back" + labels) == 1
         assert _metric(url, f'mtgate_canary_requests_total{{candidate="{shadow.candidate}",model="echo",'
                             'outcome="fallback"}') == (3 if "error" in reason else 0)
     rollbacks = [r.getMessage() for r in caplog.records if "canary rolled back" in r.getMessage()]
@@ -219,6 +220,7 @@ def test_an_operator_re_arms_a_rolled_back_canary(tmp_path: Path, caplog: pytest
         assert _metric(url, "mtgate_canary_fraction" + labels) == 1
         assert _metric(url, "mtgate_canary_fraction_sets_total" + labels) == 1
         assert _metric(url, "mtgate_canary_rollbacks_total" + labels) == 1
+        assert _metric(url, "mtgate_canary_rolled_back" + labels) == 0  # re-armed
 
         canary = post({"fraction": 0}).json()["canary"]  # an operator's 0: off, production answers
         assert canary["state"] == "off" and canary["fraction"] == 0
