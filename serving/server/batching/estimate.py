@@ -103,8 +103,9 @@ class BySize:
         below)."""
         wanted = size_class(size)
         own = self.classes.get(wanted)
-        if own is not None and own.units > 0:  # the common case, asked at every request: no scan
-            return own.seconds / own.units, True
+        own_value = None if own is None else own.value
+        if own_value is not None:  # the common case, asked at every request: no scan
+            return own_value, True
         observed = {k: r.value for k, r in self.classes.items() if r.value is not None}
         if not observed:
             return self.prior(size), False
