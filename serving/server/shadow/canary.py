@@ -105,7 +105,9 @@ class Canary:
         self.rolled_back_at: str | None = None
         self.counts = {"sampled": 0, "candidate": 0, "fallback": 0}
         self.metrics = CanaryMetrics(registry, model, candidate)
-        self.metrics.fraction.set(self.fraction)
+        # Read at every scrape: the gauges cannot disagree with the state they show.
+        self.metrics.fraction.set_function(lambda: self.fraction)
+        self.metrics.rolled_back.set_function(lambda: float(self.state == "rolled_back"))
         self._submit = submit
         self._window: collections.deque[tuple[bool, float]] = collections.deque(maxlen=settings.canary_window)
         self._lock = threading.Lock()
@@ -210,9 +212,7 @@ class Canary:
                 return
             self.state, self.fraction, self.reason = "rolled_back", 0.0, reason
             self.rolled_back_at = datetime.now(UTC).isoformat(timespec="milliseconds")
-        self.metrics.fraction.set(0)
         self.metrics.rollbacks.inc()
-        self.metrics.rolled_back.set(1)
         logger.error("canary rolled back to 0: candidate %s: %s; production answers every request of model %s",
                      self.candidate, reason, self.model)
 
@@ -233,8 +233,6 @@ class Canary:
                 self._window.clear()
             else:
                 self.state, self.reason = "off", "set to 0 by an operator (POST /v1/shadow/canary)"
-        self.metrics.fraction.set(fraction)
-        self.metrics.rolled_back.set(0)
         self.metrics.error_rate.set(0)
         self.metrics.p95.set(0)
         self.metrics.sets.inc()

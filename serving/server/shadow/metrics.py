@@ -87,7 +87,6 @@ class CanaryMetrics:
         self.rolled_back = Gauge("mtgate_canary_rolled_back", "1 from an automatic rollback until an operator sets the "
                                  "fraction again (POST /v1/shadow/canary), else 0", labels,
                                  registry=r).labels(model, candidate)
-        self.rolled_back.set(0)
         self.sets = Counter("mtgate_canary_fraction_sets_total", "fractions set by an operator (POST "
                             "/v1/shadow/canary; above 0 re-arms a rolled-back canary)", labels,
                             registry=r).labels(model, candidate)
