@@ -29,7 +29,10 @@ MAX_OUTPUT_TOKENS = 512
 # the engine batches the server decoded before the batcher and the engine shared one budget).
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_TOKENS = 4096
-DEFAULT_MAX_QUEUE_DELAY_US = 5000
+# No wait for a fuller batch (Triton's default): while a batch runs the next one fills anyway, and an idle engine
+# starts at once. Against 5000 us (benchmarks/README.md, "Queue delay"): p50 22-24 against 29-32 ms at 8 req/s, p95
+# 250-320 against 480-490 ms at 72 req/s, the same highest rate held or higher.
+DEFAULT_MAX_QUEUE_DELAY_US = 0
 # batch-score's records wait for nothing and it runs a worker per core, each holding a batch: more sentences per batch
 # (64 gave 1.1x the tokens/s of 32 on the demo, 1 worker x 1 thread, beam 4) but fewer tokens (a batch of long
 # sentences is smaller). Its state records both, so a run started with these resumes with them.
@@ -90,7 +93,8 @@ class ServingSettings(BaseSettings):
             (``request`` only); the batcher cuts under it and the engine is loaded with it
             (``serving.engine.planner``), so a batch is never cut twice.
         max_queue_delay_us: how long the oldest queued sentence may wait for a fuller batch, in microseconds
-            (``request`` only); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
+            (``request`` only; 0, as Triton's default: a batch starts as soon as the engine is free, and fills while
+            the one before it runs); the old ``MTGATE_MAX_BATCH_DELAY_MS`` (milliseconds) still works.
         max_queue_size: most sentences waiting per model; beyond it requests get 503 with Retry-After; the old
             ``MTGATE_QUEUE_CAPACITY`` still works.
         retry_after_s: the least Retry-After sent with a 503 for a full queue or a deadline the queued work would

@@ -84,7 +84,7 @@ def test_default_config_parses_and_unbounded_queue_has_no_policy(model_package: 
     [model_dir] = tmp_path.iterdir()
     config = parse_config(model_dir)
     assert config.name == model_dir.name == json.loads((model_package / "manifest.json").read_text())["name"]
-    assert config.max_batch_size == 32 and config.dynamic_batching.max_queue_delay_microseconds == 5000
+    assert config.max_batch_size == 32 and config.dynamic_batching.max_queue_delay_microseconds == 0
     assert not config.dynamic_batching.HasField("default_queue_policy")
     assert config.parameters["threads"].string_value == ""
     # --precision auto (the default) writes the precision it chose: what the model will load
