@@ -30,8 +30,8 @@ MAX_OUTPUT_TOKENS = 512
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_TOKENS = 4096
 # No wait for a fuller batch (Triton's default): while a batch runs the next one fills anyway, and an idle engine
-# starts at once. Against 5000 us (benchmarks/README.md, "Queue delay"): p50 22-24 against 29-32 ms at 8 req/s, p95
-# 250-320 against 480-490 ms at 72 req/s, the same highest rate held or higher.
+# starts at once. Against 5000 us (the demo, uniform served ladder, 2026-12-07; "Queue delay" in the benchmark notes):
+# p50 22-24 against 29-32 ms at 8 req/s, p95 250-320 against 480-490 ms at 72 req/s, the same highest rate or higher.
 DEFAULT_MAX_QUEUE_DELAY_US = 0
 # batch-score's records wait for nothing and it runs a worker per core, each holding a batch: more sentences per batch
 # (64 gave 1.1x the tokens/s of 32 on the demo, 1 worker x 1 thread, beam 4) but fewer tokens (a batch of long
